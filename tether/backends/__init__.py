@@ -1,0 +1,1 @@
+"""Inference backends: one small interface (base.py), one module per adapter, a registry."""

@@ -1,0 +1,135 @@
+"""The backend contract: what the turn pipeline hands an inference adapter and what comes back.
+
+A backend turns a fully resolved request (the whole effective context, already validated and
+tokenised by the pipeline) into a stream of small chunks. The session core alone turns chunks into
+Responses events, so adapters stay ignorant of ids, sequence numbers and transports.
+
+Cancellation: the pipeline consumes `stream()` as an async generator and calls `aclose()` on it
+when the client goes away or cancels; adapters must release the upstream (close the HTTP
+response) in a `finally`/`async with`, so the upstream stops generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2, request_pb2
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter supports; the pipeline rejects requests that need more (clear 400)."""
+
+    tools: bool = True
+    parallel_tool_calls: bool = True
+    reasoning: bool = False
+    json_schema: bool = False
+    images: bool = False
+    # Hosted tool types (web_search, namespace, ...) are dropped, not forwarded, when False.
+    hosted_tools: bool = False
+
+
+@dataclass
+class BackendRequest:
+    """One model call. `items` is the complete effective context, oldest first."""
+
+    model: str  # the upstream model name (after routing)
+    instructions: str | None
+    items: Sequence[items_pb2.Item]
+    tools: Sequence[request_pb2.Tool] = ()
+    tool_choice: request_pb2.ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning_effort: str | None = None
+    text_format: request_pb2.TextFormat | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+    # Tokens of the rendered input, counted by Tether's tokenizer (for simulated timing, limits).
+    input_tokens: int = 0
+    # Free-form per-request hints (e.g. the simulated backend's script step); never sent upstream.
+    hints: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A fragment of tool call number `index`; `call_id`/`name` arrive on its first fragment."""
+
+    index: int
+    arguments: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_time: float = 0.0
+    prompt_time: float = 0.0
+    completion_time: float = 0.0
+    total_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last chunk. reason: stop | tool_calls | length | content_filter."""
+
+    reason: str = "stop"
+    usage: Usage | None = None
+    timing: Timing | None = None
+
+
+Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+
+
+class BackendError(TetherError):
+    """An upstream failure. Raised before the first chunk (the pipeline may retry) or mid-stream."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int = 502,
+        retry_after: float | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(code, message, status=status, retry_after=retry_after)
+        self.retryable = retryable
+
+
+class Backend(Protocol):
+    """An inference adapter. One instance per configured backend, shared by all sessions."""
+
+    kind: ClassVar[str]  # registry key: "simulated", "cerebras", "openai"
+    name: str  # the configured instance name
+    capabilities: Capabilities
+
+    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+        """Yield chunks, ending with exactly one `Finish`. Raise `BackendError` on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections (called once at server shutdown)."""
+        ...

@@ -1,0 +1,1 @@
+"""The transport-free core: sessions (connection state), the turn pipeline, event building."""

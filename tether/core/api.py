@@ -1,0 +1,59 @@
+"""`ResponsesAPI`: the one interface every transport adapter talks to.
+
+The in-process engine (`tether.core.engine.Engine`) implements it directly; the gRPC client
+adapter (`tether.service.remote.RemoteResponsesAPI`) implements it over a channel, so the JSON
+bridge runs unchanged in-process or as a separate process. Adapters authenticate first and pass
+the resulting tenant; they never interpret protocol semantics themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
+
+
+class SessionHandle(Protocol):
+    """One open connection-scoped session (a WebSocket connection or a gRPC Session stream).
+
+    `send` never raises for per-turn problems: those come back in-band as `error` events. It
+    raises `TetherError` only when the session is closed. `events()` yields batches of server
+    events (whatever is ready; deltas already coalesced) and ends when the session closes;
+    after a connection-fatal error its last batch holds that `error` event.
+    """
+
+    async def send(self, request: service_pb2.SessionRequest) -> None: ...
+
+    def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+
+    async def close(self) -> None:
+        """Client went away: cancel active and queued responses, free the session's state."""
+        ...
+
+
+class ResponsesAPI(Protocol):
+    """Everything a transport can ask for, tenant-scoped."""
+
+    async def open_session(self, tenant: str, *, transport: str) -> SessionHandle: ...
+
+    def create(self, tenant: str, params: request_pb2.ResponseCreateParams) -> AsyncIterator[events_pb2.ServerEvent]:
+        """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
+        errors come back as a single `error` event (nothing is created)."""
+        ...
+
+    async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...
+
+    async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse: ...
+
+    async def list_input_items(
+        self, tenant: str, request: service_pb2.ListInputItemsRequest
+    ) -> service_pb2.ListInputItemsResponse: ...
+
+    async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int: ...
+
+    async def compact(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> service_pb2.CompactResponseResponse: ...
+
+    async def list_models(self) -> service_pb2.ListModelsResponse: ...

@@ -1,0 +1,1 @@
+"""Generated protobuf code for the Tether Responses protocol (see proto/)."""
