@@ -37,6 +37,7 @@ SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
 BACKEND_ERROR = "backend_error"
 BACKEND_TIMEOUT = "backend_timeout"
+BACKEND_AUTH_FAILED = "backend_auth_failed"
 CANCELLED = "cancelled"
 UNSUPPORTED = "unsupported_feature"
 

@@ -76,6 +76,7 @@ class Response(_message.Message):
     BACKGROUND_FIELD_NUMBER: _builtins.int
     BACKEND_TIMING_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    SERVER_TIMING_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     created_at: _builtins.int
     completed_at: _builtins.int
@@ -122,6 +123,10 @@ class Response(_message.Message):
     def backend_timing(self) -> Global___BackendTiming:
         """Tether extension: the upstream's own timing (Cerebras `time_info`), when it reports one."""
 
+    @_builtins.property
+    def server_timing(self) -> Global___ServerTiming:
+        """Tether extension, present when the create's `include` lists "tether:server_timing"."""
+
     def __init__(
         self,
         *,
@@ -155,10 +160,11 @@ class Response(_message.Message):
         background: _builtins.bool = ...,
         backend_timing: Global___BackendTiming | None = ...,
         extra_json: _builtins.str = ...,
+        server_timing: Global___ServerTiming | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "completed_at", b"completed_at", "error", b"error", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "reasoning", b"reasoning", "text", b"text", "tool_choice", b"tool_choice", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "completed_at", b"completed_at", "error", b"error", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "reasoning", b"reasoning", "server_timing", b"server_timing", "text", b"text", "tool_choice", b"tool_choice", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "background", b"background", "completed_at", b"completed_at", "created_at", b"created_at", "error", b"error", "extra_json", b"extra_json", "id", b"id", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "output", b"output", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "status", b"status", "store", b"store", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "usage", b"usage", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "background", b"background", "completed_at", b"completed_at", "created_at", b"created_at", "error", b"error", "extra_json", b"extra_json", "id", b"id", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "output", b"output", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "server_timing", b"server_timing", "service_tier", b"service_tier", "status", b"status", "store", b"store", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "usage", b"usage", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__completed_at: _TypeAlias = _typing.Literal["completed_at"]  # noqa: Y015
     _WhichOneofArgType__completed_at: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at"]  # noqa: Y015
@@ -292,3 +298,50 @@ class BackendTiming(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BackendTiming: _TypeAlias = BackendTiming  # noqa: Y015
+
+@_typing.final
+class ServerTiming(_message.Message):
+    """Where the server spent a turn's time, per pipeline stage (milliseconds). `overhead_ms` is the
+    time not spent waiting for the backend: what a transport's cached state is meant to shrink.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StagesMsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STAGES_MS_FIELD_NUMBER: _builtins.int
+    OVERHEAD_MS_FIELD_NUMBER: _builtins.int
+    overhead_ms: _builtins.float
+    @_builtins.property
+    def stages_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        stages_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        overhead_ms: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["overhead_ms", b"overhead_ms", "stages_ms", b"stages_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServerTiming: _TypeAlias = ServerTiming  # noqa: Y015

@@ -1,0 +1,416 @@
+"""The Responses -> Chat Completions mapping (asserted on what the fake upstream recorded), the SSE
+decoder, the chunk parser, error mapping and the retry-delay rules."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from tests.fakes.items import (
+    assistant,
+    compaction,
+    function_call,
+    function_output,
+    function_tool,
+    message,
+    other_tool,
+    reasoning,
+    request,
+    user,
+    user_parts,
+)
+from tether.backends.base import BackendError, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.backends.chat_completions import (
+    MappingOptions,
+    SSEDecoder,
+    StreamParser,
+    error_from_status,
+    parse_error_body,
+    retry_after_seconds,
+    retry_delay,
+    should_retry,
+    to_chat_request,
+)
+from tether.backends.registry import build_backend
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2, request_pb2
+
+NEVER_SENT = {
+    "store",
+    "metadata",
+    "previous_response_id",
+    "include",
+    "truncation",
+    "background",
+    "hints",
+    "input",
+}
+
+
+def rich_request(**kw):
+    items = [
+        message("developer", "Prefer short answers."),
+        user_parts("What's the weather", "in Paris and the time?"),
+        reasoning("I should call both tools."),
+        assistant("Let me check."),
+        function_call("call_w", "get_weather", {"city": "Paris"}),
+        function_call("call_t", "get_time", {"tz": "Europe/Paris"}),
+        function_output("call_w", "18C, cloudy"),
+        function_output("call_t", "14:05"),
+        assistant("It is 18C and 14:05."),
+        items_pb2.Item(item_reference=items_pb2.ItemReference(id="msg_x")),
+        items_pb2.Item(other=items_pb2.OtherItem(type="web_search_call", json='{"type":"web_search_call"}')),
+        user("thanks"),
+    ]
+    tools = [
+        function_tool(
+            "get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}, "Weather"
+        ),
+        function_tool("get_time"),
+        other_tool({"type": "web_search"}),
+    ]
+    params = dict(
+        instructions="You are terse.",
+        tools=tools,
+        tool_choice=request_pb2.ToolChoice(mode="auto"),
+        max_output_tokens=256,
+        temperature=0.5,
+        top_p=0.9,
+        reasoning_effort="minimal",
+        user="u-1",
+        prompt_cache_key="pck",
+        hints={"script": "never-sent"},
+        input_tokens=42,
+    )
+    params.update(kw)
+    return request(*items, **params)
+
+
+async def test_mapping_on_the_wire(fake_chat_server):
+    b = build_backend("c", "cerebras", {"base_url": fake_chat_server.base_url, "api_key": "test-key"})
+    try:
+        chunks = [c async for c in b.stream(rich_request())]
+    finally:
+        await b.aclose()
+    assert isinstance(chunks[-1], Finish)  # the strict fake accepted every field
+    body = fake_chat_server.last_body
+    assert not NEVER_SENT & set(body)
+    assert body["model"] == "gpt-oss-120b" and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["max_completion_tokens"] == 256 and "max_tokens" not in body
+    assert body["temperature"] == 0.5 and body["top_p"] == 0.9
+    assert body["reasoning_effort"] == "low"  # minimal -> low
+    assert body["user"] == "u-1" and body["prompt_cache_key"] == "pck"
+    assert body["tool_choice"] == "auto" and "parallel_tool_calls" not in body
+    # Tools nested under "function"; the hosted web_search tool dropped.
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        },
+        {
+            "type": "function",
+            "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+        },
+    ]
+    msgs = body["messages"]
+    assert [m["role"] for m in msgs] == [
+        "system",
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    assert msgs[0] == {"role": "system", "content": "You are terse."}  # instructions first
+    assert msgs[1]["content"] == "Prefer short answers."  # developer -> system
+    assert msgs[2]["content"] == "What's the weather\nin Paris and the time?"
+    # Assistant text + both calls merged into one message, carrying the earlier reasoning.
+    merged = msgs[3]
+    assert merged["content"] == "Let me check."
+    assert merged["reasoning"] == "I should call both tools."
+    assert [tc["id"] for tc in merged["tool_calls"]] == ["call_w", "call_t"]
+    assert merged["tool_calls"][0] == {
+        "id": "call_w",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+    }
+    assert msgs[4] == {"role": "tool", "tool_call_id": "call_w", "content": "18C, cloudy"}
+    assert msgs[5] == {"role": "tool", "tool_call_id": "call_t", "content": "14:05"}
+    assert msgs[6] == {"role": "assistant", "content": "It is 18C and 14:05."}
+    assert fake_chat_server.chat_requests[-1].headers["authorization"] == "Bearer test-key"
+
+
+def test_calls_without_text_and_reasoning_dropped_when_configured():
+    opts = MappingOptions(reasoning_field=None)
+    body = to_chat_request(
+        request(
+            user("hi"),
+            reasoning("think"),
+            function_call("c1", "f"),
+            function_call("c2", "g"),
+            function_output("c1", "1"),
+            function_output("c2", "2"),
+        ),
+        opts,
+    )
+    a = body["messages"][1]
+    assert a == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+        ],
+    }
+    assert [m.get("tool_call_id") for m in body["messages"][2:]] == ["c1", "c2"]
+
+
+def test_separate_call_rounds_are_separate_messages():
+    body = to_chat_request(
+        request(
+            user("hi"),
+            function_call("c1", "f"),
+            function_output("c1", "1"),
+            function_call("c2", "g"),
+            function_output("c2", "2"),
+        ),
+        MappingOptions(),
+    )
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_compaction_item_becomes_system_summary():
+    body = to_chat_request(request(compaction("We fixed the parser ✓."), user("next")), MappingOptions())
+    assert body["messages"][0]["role"] == "system"
+    assert body["messages"][0]["content"].endswith("We fixed the parser ✓.")
+    # A blob that is not Tether's (e.g. another provider's) carries no summary: dropped.
+    foreign = items_pb2.Item(compaction=items_pb2.CompactionItem(encrypted_content="gAAAAB-opaque"))
+    assert to_chat_request(request(foreign, user("next")), MappingOptions())["messages"] == [
+        {"role": "user", "content": "next"}
+    ]
+
+
+def test_images_need_the_capability():
+    req = request(user_parts("look", image_url="https://x/img.png"))
+    with pytest.raises(TetherError) as ei:
+        to_chat_request(req, MappingOptions(images=False))
+    assert ei.value.status == 400
+    body = to_chat_request(req, MappingOptions(images=True))
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "https://x/img.png"}},
+    ]
+
+
+def test_tool_choice_text_format_and_parallel():
+    tools = [function_tool("a"), function_tool("b")]
+    fmt = request_pb2.TextFormat(type="json_schema", name="out", schema_json='{"type":"object"}', strict=True)
+    body = to_chat_request(
+        request(
+            "x",
+            tools=tools,
+            tool_choice=request_pb2.ToolChoice(function_name="b"),
+            parallel_tool_calls=False,
+            text_format=fmt,
+        ),
+        MappingOptions(),
+    )
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "b"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": True},
+    }
+    allowed = request_pb2.ToolChoice(
+        other_json=orjson.dumps(
+            {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "a"}]}
+        ).decode()
+    )
+    body = to_chat_request(request("x", tools=tools, tool_choice=allowed), MappingOptions())
+    assert body["tool_choice"] == "required" and [t["function"]["name"] for t in body["tools"]] == ["a"]
+    # No tools -> no tool_choice; reasoning_effort only with the capability.
+    body = to_chat_request(
+        request("x", tool_choice=request_pb2.ToolChoice(mode="required"), reasoning_effort="high"),
+        MappingOptions(),
+    )
+    assert "tool_choice" not in body and "tools" not in body and "reasoning_effort" not in body
+    body = to_chat_request(request("x", reasoning_effort="none"), MappingOptions(reasoning=True))
+    assert "reasoning_effort" not in body
+    body = to_chat_request(
+        request("x", text_format=request_pb2.TextFormat(type="json_object")), MappingOptions()
+    )
+    assert body["response_format"] == {"type": "json_object"}
+
+
+def test_hosted_tools_forwarded_only_with_capability():
+    tools = [other_tool({"type": "web_search"})]
+    assert "tools" not in to_chat_request(request("x", tools=tools), MappingOptions())
+    assert to_chat_request(request("x", tools=tools), MappingOptions(hosted_tools=True))["tools"] == [
+        {"type": "web_search"}
+    ]
+
+
+# --- SSE + chunk parsing ---------------------------------------------------------------------------
+
+
+def _sse(*objs) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(o) + b"\n\n" for o in objs) + b"data: [DONE]\n\n"
+
+
+def test_sse_decoder_any_split():
+    stream = b": keep-alive\r\n\r\n" + _sse({"a": 1}, {"b": "x\ny"}) + b'event: error\ndata: {"error":{}}\n\n'
+    expected = SSEDecoder().feed(stream)
+    assert expected == [
+        (None, b'{"a":1}'),
+        (None, b'{"b":"x\\ny"}'),
+        (None, b"[DONE]"),
+        ("error", b'{"error":{}}'),
+    ]
+    for size in (1, 2, 3, 7, 13):
+        dec = SSEDecoder()
+        got = []
+        for i in range(0, len(stream), size):
+            got += dec.feed(stream[i : i + size])
+        got += dec.flush()
+        assert got == expected, size
+    # A last frame without its blank line still counts at EOF.
+    dec = SSEDecoder()
+    assert dec.feed(b"data: [DONE]") == [] and dec.flush() == [(None, b"[DONE]")]
+
+
+def test_stream_parser_tool_fragments_and_usage_chunk():
+    p = StreamParser()
+    frames = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [{"index": 0, "id": "c0", "function": {"name": "f", "arguments": ""}}]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [{"index": 1, "id": "c1", "function": {"name": "g", "arguments": "{"}}]
+                    },
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 5,
+                "completion_tokens": 9,
+                "prompt_tokens_details": {"cached_tokens": 2},
+            },
+        },
+    ]
+    out = []
+    for f in frames:
+        out += p.feed(None, orjson.dumps(f))
+    assert out == [
+        ToolCallDelta(0, "", "c0", "f"),
+        ToolCallDelta(1, "{", "c1", "g"),
+        ToolCallDelta(0, "{}"),
+        ToolCallDelta(1, "}"),
+    ]
+    p.feed(None, b"[DONE]")
+    assert p.done
+    fin = p.finish()
+    assert fin.reason == "tool_calls" and fin.usage.input_tokens == 5 and fin.usage.cached_tokens == 2
+    assert fin.usage.output_tokens == 9 and fin.timing is None
+
+
+def test_stream_parser_errors():
+    with pytest.raises(BackendError) as ei:
+        StreamParser().feed(None, b'{"error":{"message":"boom","type":"server_error"},"status_code":500}')
+    assert ei.value.code == "backend_error" and ei.value.status == 502 and not ei.value.retryable
+    with pytest.raises(BackendError) as ei:
+        StreamParser().feed("error", b'{"message":"slow down","code":"queue_exceeded","status_code":429}')
+    assert ei.value.code == "rate_limit_exceeded" and ei.value.status == 429
+    with pytest.raises(BackendError):
+        StreamParser().feed(None, b"{not json")
+
+
+def test_reasoning_fields_order():
+    p = StreamParser(("reasoning_content", "reasoning"))
+    assert p.feed(None, b'{"choices":[{"index":0,"delta":{"reasoning_content":"r","content":"c"}}]}') == [
+        ReasoningDelta("r"),
+        TextDelta("c"),
+    ]
+
+
+# --- errors and retries ----------------------------------------------------------------------------
+
+
+def test_error_bodies_both_shapes():
+    top = b'{"message":"store: property \'store\' is unsupported","type":"invalid_request_error","param":"validation_error","code":"wrong_api_format"}'
+    nested = b'{"error":{"message":"bad","type":"invalid_request_error","code":null}}'
+    assert parse_error_body(top) == (
+        "store: property 'store' is unsupported",
+        "invalid_request_error",
+        "wrong_api_format",
+    )
+    assert parse_error_body(nested) == ("bad", "invalid_request_error", None)
+    assert parse_error_body(b'{"error":"model not found"}')[0] == "model not found"
+    assert parse_error_body(b"<html>bad gateway</html>")[0] == "<html>bad gateway</html>"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "mapped"),
+    [
+        (400, "invalid_request", 400),
+        (422, "invalid_request", 400),
+        (401, "backend_auth_failed", 502),
+        (403, "backend_auth_failed", 502),
+        (404, "model_not_found", 400),
+        (429, "rate_limit_exceeded", 429),
+        (500, "backend_error", 502),
+        (503, "backend_error", 502),
+    ],
+)
+def test_status_mapping(status, code, mapped):
+    err = error_from_status(status, "m", retry_after=1.5)
+    assert (err.code, err.status) == (code, mapped)
+    if status == 429:
+        assert err.retry_after == 1.5 and err.retryable
+
+
+def test_context_length_400():
+    assert (
+        error_from_status(400, "This model's maximum context length is 8192 tokens").code
+        == "context_length_exceeded"
+    )
+
+
+def test_retry_rules():
+    assert should_retry(429, {}) and should_retry(503, {}) and should_retry(408, {}) and should_retry(409, {})
+    assert not should_retry(400, {}) and not should_retry(401, {})
+    assert should_retry(400, {"x-should-retry": "true"}) and not should_retry(
+        503, {"x-should-retry": "false"}
+    )
+    assert retry_delay(0, {"retry-after-ms": "50"}) == 0.05
+    assert retry_delay(0, {"retry-after": "2"}) == 2.0
+    assert retry_after_seconds(
+        {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, now=1445412470.0
+    ) == pytest.approx(10.0)
+    for n in range(6):
+        d = retry_delay(n, {"retry-after": "120"})  # > 60 s: ignored, exponential instead
+        base = min(0.5 * 2**n, 8.0)
+        assert 0.75 * base <= d <= base

@@ -1,0 +1,71 @@
+"""https:// and wss:// with a self-signed certificate made for the test (openssl; the venv has no
+`cryptography`)."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from websockets.asyncio.client import connect
+
+from tether.auth import Authenticator
+from tether.bridge import start_bridge
+from tether.core.engine import Engine
+
+from .conftest import make_config
+from .helpers import KEY_A, recv_response, send_json
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> None:
+    cert, key = self_signed(tmp_path)
+    config = make_config()
+    config.server.tls_cert, config.server.tls_key = str(cert), str(key)
+    engine = await Engine.start(config)
+    bridge = await start_bridge(engine, authenticator, config)
+    try:
+        assert bridge.tls and bridge.base_url.startswith("https://")
+        trust = ssl.create_default_context(cafile=str(cert))
+        http_client = httpx.AsyncClient(verify=trust)
+        async with AsyncOpenAI(base_url=bridge.base_url, api_key=KEY_A, http_client=http_client, max_retries=0) as c:
+            assert (await c.responses.create(model="sim-model", input="over TLS")).status == "completed"
+
+        url = f"wss://127.0.0.1:{bridge.port}/v1/responses"
+        async with connect(url, ssl=trust, additional_headers={"Authorization": f"Bearer {KEY_A}"}) as conn:
+            await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "hi"})
+            assert (await recv_response(conn))[-1]["type"] == "response.completed"
+
+        # Plain HTTP on the TLS port is not served.
+        async with httpx.AsyncClient() as plain:
+            with pytest.raises(httpx.HTTPError):
+                await plain.get(f"http://127.0.0.1:{bridge.port}/healthz")
+    finally:
+        await bridge.stop(0.5)
+        await engine.aclose()
+
+
+async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> None:
+    config = make_config()
+    config.server.tls_cert = "/nonexistent/cert.pem"
+    with pytest.raises(ValueError, match="tls_cert and server.tls_key"):
+        await start_bridge(None, authenticator, config)  # type: ignore[arg-type]

@@ -1,0 +1,5 @@
+import sys
+
+from tether.cli import main
+
+sys.exit(main())

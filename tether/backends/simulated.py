@@ -1,0 +1,542 @@
+"""The simulated backend: an offline, deterministic model with realistic timing.
+
+It sleeps `ttft_ms`, then emits tokens at `tokens_per_s`. It never sleeps per token: each wake-up
+emits every token that is due by the elapsed time, then sleeps until the next one is due (at least
+one `tick_ms`), so 4,000 tok/s costs ~250 wake-ups per second, not 4,000.
+
+A "token" is one word of a fixed vocabulary (or ~4 characters of tool-call arguments / JSON text).
+What it says is decided per turn, in this order:
+
+1. instructions starting with "Summarize"/"Summarise": a summary of ~`summary_tokens` tokens that
+   names how many items it summarised (used by compaction);
+2. a script (config `script`, or the per-request hint `script`): step N of the script, where N is
+   the number of earlier model turns in the context (maximal runs of assistant messages,
+   function_call and reasoning items), or the hint `turn`; after the last step, the script's
+   `after` step (default: a text answer);
+3. no script: when function tools are offered and the context has no function_call_output yet,
+   one call to the first function tool (arguments built from its JSON schema), else a text answer
+   of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
+
+Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
+
+    {"steps": [
+        {"reasoning_tokens": 8, "tool_calls": [{"name": "read_file", "arguments": {"path": "a.py"}}]},
+        {"text": "Two calls at once.", "tool_calls": [{"name": "a"}, {"name": "b", "arguments": "{}"}]},
+        {"text_tokens": 40}
+     ],
+     "after": {"text_tokens": 20}}
+
+Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
+`reasoning` / `reasoning_tokens` (emitted first, as reasoning), `tool_calls` (list of `name`,
+optional `arguments` object or JSON string, optional `call_id`), `finish` (override the finish
+reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `error`
+(`{"code","message","status"}`: raise a BackendError after `error_after_tokens` tokens, default 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import tomllib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+from tether import errors
+from tether.backends.base import (
+    BackendError,
+    BackendRequest,
+    Capabilities,
+    Chunk,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    Timing,
+    ToolCallDelta,
+    Usage,
+)
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2
+
+log = logging.getLogger(__name__)
+
+SCRIPTS_DIR = Path(__file__).parent / "scripts"
+
+_VOCAB = (
+    "the", "model", "reads", "a", "file", "and", "then", "runs", "tests", "to", "check", "that",
+    "each", "change", "works", "as", "expected", "so", "we", "can", "move", "on", "with", "next",
+    "step", "of", "plan", "while", "keeping", "output", "short", "clear", "results", "look", "good",
+    "here", "is", "summary", "what", "was", "done", "in", "this", "session", "code", "now", "passes",
+    "all", "checks", "without", "errors", "or", "warnings", "update", "config", "function", "returns",
+    "value", "from", "cache", "when", "present", "otherwise", "computes", "it",
+)  # fmt: skip
+_SENTENCE = 12  # words per sentence
+_ARG_CHARS = 4  # characters of JSON text per "token"
+
+_STEP_KEYS = frozenset(
+    {
+        "text", "text_tokens", "reasoning", "reasoning_tokens", "tool_calls", "finish",
+        "ttft_ms", "tokens_per_s", "error", "error_after_tokens", "comment",
+    }
+)  # fmt: skip
+_CALL_KEYS = frozenset({"name", "arguments", "call_id"})
+
+
+@dataclass(kw_only=True)
+class SimulatedConfig:
+    ttft_ms: float = 150.0  # time to first token
+    tokens_per_s: float = 1000.0  # 0 means "as fast as possible"
+    output_tokens: int = 60  # length of an unscripted text answer
+    reasoning_tokens: int = 0  # reasoning emitted before an unscripted answer
+    summary_tokens: int = 120  # length of a compaction summary
+    script: str | None = None  # path of a JSON/TOML script (relative paths also tried in scripts/)
+    call_tools: bool = True  # unscripted: call the first function tool before answering
+    tokens_per_chunk: int = 1  # tokens merged into one delta (1 = one delta per token, like upstreams)
+    tick_ms: float = 4.0  # the shortest sleep between emissions
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    name: str
+    arguments: str
+    call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ScriptStep:
+    text: str | None = None
+    text_tokens: int = 0
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    tool_calls: tuple[ScriptCall, ...] = ()
+    finish: str | None = None
+    ttft_ms: float | None = None
+    tokens_per_s: float | None = None
+    error: dict[str, Any] | None = None
+    error_after_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Script:
+    steps: tuple[ScriptStep, ...]
+    after: ScriptStep | None = None
+    source: str = ""
+
+    def step_for(self, turn: int) -> ScriptStep | None:
+        if turn < len(self.steps):
+            return self.steps[turn]
+        return self.after
+
+
+# --- scripts -----------------------------------------------------------------------------------
+
+
+def resolve_script_path(path: str) -> Path:
+    p = Path(os.path.expanduser(path))
+    if p.is_file():
+        return p
+    if not p.is_absolute() and (SCRIPTS_DIR / p).is_file():
+        return SCRIPTS_DIR / p
+    raise ValueError(f"simulated backend: script file not found: {path}")
+
+
+def _parse_step(raw: Any, where: str) -> ScriptStep:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: a step must be an object, got {type(raw).__name__}")
+    unknown = set(raw) - _STEP_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown step key(s) {sorted(unknown)}; allowed: {sorted(_STEP_KEYS)}")
+    calls = []
+    raw_calls = raw.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise ValueError(f"{where}: tool_calls must be a list")
+    for j, c in enumerate(raw_calls):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
+            raise ValueError(f"{where}.tool_calls[{j}]: needs a non-empty string 'name'")
+        bad = set(c) - _CALL_KEYS
+        if bad:
+            raise ValueError(f"{where}.tool_calls[{j}]: unknown key(s) {sorted(bad)}")
+        args = c.get("arguments", {})
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode()
+        calls.append(ScriptCall(c["name"], args, c.get("call_id")))
+    err = raw.get("error")
+    if err is not None and not (isinstance(err, dict) and "message" in err):
+        raise ValueError(f"{where}: error must be an object with a 'message'")
+    try:
+        return ScriptStep(
+            text=raw.get("text"),
+            text_tokens=int(raw.get("text_tokens", 0)),
+            reasoning=raw.get("reasoning"),
+            reasoning_tokens=int(raw.get("reasoning_tokens", 0)),
+            tool_calls=tuple(calls),
+            finish=raw.get("finish"),
+            ttft_ms=None if raw.get("ttft_ms") is None else float(raw["ttft_ms"]),
+            tokens_per_s=None if raw.get("tokens_per_s") is None else float(raw["tokens_per_s"]),
+            error=err,
+            error_after_tokens=int(raw.get("error_after_tokens", 0)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def parse_script(data: Any, source: str = "<script>") -> Script:
+    if isinstance(data, list):
+        data = {"steps": data}
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+        raise ValueError(f"{source}: a script needs a 'steps' list")
+    unknown = set(data) - {"steps", "after", "description", "comment"}
+    if unknown:
+        raise ValueError(f"{source}: unknown top-level key(s) {sorted(unknown)}")
+    steps = tuple(_parse_step(s, f"{source}: steps[{i}]") for i, s in enumerate(data["steps"]))
+    after = _parse_step(data["after"], f"{source}: after") if data.get("after") is not None else None
+    return Script(steps, after, source)
+
+
+def load_script(path: str) -> Script:
+    p = resolve_script_path(path)
+    raw = p.read_bytes()
+    try:
+        data = tomllib.loads(raw.decode()) if p.suffix.lower() == ".toml" else orjson.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"simulated backend: cannot parse script {p}: {exc}") from exc
+    return parse_script(data, str(p))
+
+
+_SCRIPT_CACHE: dict[str, tuple[float, Script]] = {}
+
+
+def _cached_script(path: str) -> Script:
+    p = resolve_script_path(path)
+    mtime = p.stat().st_mtime
+    hit = _SCRIPT_CACHE.get(str(p))
+    if hit is None or hit[0] != mtime:
+        hit = (mtime, load_script(str(p)))
+        _SCRIPT_CACHE[str(p)] = hit
+    return hit[1]
+
+
+# --- deterministic content ---------------------------------------------------------------------
+
+
+def model_turns(items: Sequence[items_pb2.Item]) -> int:
+    """How many model turns the context holds: maximal runs of model-produced items."""
+    turns = 0
+    in_run = False
+    for item in items:
+        arm = item.WhichOneof("item")
+        produced = arm in ("function_call", "reasoning") or (
+            arm == "message" and item.message.role == "assistant"
+        )
+        if produced and not in_run:
+            turns += 1
+        in_run = produced
+    return turns
+
+
+def words(n: int, seed: int = 0) -> list[str]:
+    """n deterministic word tokens forming sentences ("The model reads ... tests.")."""
+    out: list[str] = []
+    v = len(_VOCAB)
+    for i in range(n):
+        w = _VOCAB[(seed * 7 + i * 5 + i // v) % v]
+        pos = i % _SENTENCE
+        if pos == 0:
+            w = w.capitalize()
+        if pos == _SENTENCE - 1 or i == n - 1:
+            w += "."
+        out.append(w if i == 0 else " " + w)
+    return out
+
+
+def split_text(text: str) -> list[str]:
+    """Literal text as word tokens (leading spaces kept on the words, so they join back exactly)."""
+    out: list[str] = []
+    cur = ""
+    for ch in text:
+        if ch in " \n" and cur.strip():
+            out.append(cur)
+            cur = ""
+        cur += ch
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _pieces(s: str, size: int = _ARG_CHARS) -> list[str]:
+    return [s[i : i + size] for i in range(0, len(s), size)] or [""]
+
+
+_STRING_HINTS = {
+    "path": "README.md", "file": "README.md", "filename": "README.md", "file_path": "README.md",
+    "command": "ls", "cmd": "ls", "query": "example", "url": "https://example.com",
+    "city": "Paris", "location": "Paris", "language": "python", "pattern": "TODO",
+}  # fmt: skip
+
+
+def example_from_schema(schema: Any, key: str = "", depth: int = 0) -> Any:
+    """A small value that satisfies common JSON schemas (required props only; one array element)."""
+    if not isinstance(schema, dict) or depth > 6:
+        return "example"
+    for k in ("const", "default"):
+        if k in schema:
+            return schema[k]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for k in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(k), list) and schema[k]:
+            return example_from_schema(schema[k][0], key, depth + 1)
+    t = schema.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), "null")
+    if t is None:
+        t = "object" if "properties" in schema else "string"
+    if t == "object":
+        props = schema.get("properties") or {}
+        required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+        names = required or list(props)
+        return {n: example_from_schema(props.get(n, {}), n, depth + 1) for n in names}
+    if t == "array":
+        return [example_from_schema(schema.get("items", {}), key, depth + 1)]
+    if t == "integer" or t == "number":
+        return schema.get("minimum", 1)
+    if t == "boolean":
+        return True
+    if t == "null":
+        return None
+    return _STRING_HINTS.get(key.lower(), "example")
+
+
+def _call_id(request: BackendRequest, turn: int, index: int, name: str) -> str:
+    h = hashlib.sha1(f"{turn}:{index}:{name}:{len(request.items)}".encode()).hexdigest()[:24]
+    return f"call_{h}"
+
+
+# --- the plan: a list of one-token units, then paced emission ----------------------------------
+
+
+@dataclass
+class _Plan:
+    units: list[Chunk] = field(default_factory=list)
+    reasoning_units: int = 0
+    finish: str = "stop"
+    ttft_s: float = 0.15
+    tokens_per_s: float = 1000.0
+    error: dict[str, Any] | None = None
+    error_after: int = 0
+
+
+class SimulatedBackend:
+    """Offline deterministic backend (kind "simulated")."""
+
+    kind: ClassVar[str] = "simulated"
+    Config: ClassVar[type] = SimulatedConfig
+
+    def __init__(self, name: str = "simulated", config: SimulatedConfig | None = None) -> None:
+        self.name = name
+        self.config = config or SimulatedConfig()
+        c = self.config
+        if c.ttft_ms < 0 or c.tokens_per_s < 0 or c.tick_ms <= 0:
+            raise ValueError("simulated backend: ttft_ms/tokens_per_s must be >= 0 and tick_ms > 0")
+        if c.output_tokens < 0 or c.summary_tokens < 0 or c.reasoning_tokens < 0 or c.tokens_per_chunk < 1:
+            raise ValueError("simulated backend: token counts must be >= 0 and tokens_per_chunk >= 1")
+        self.script: Script | None = load_script(c.script) if c.script else None
+        self.capabilities = Capabilities(
+            tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+    # planning ---------------------------------------------------------------------------------
+
+    def _script_for(self, request: BackendRequest) -> Script | None:
+        path = request.hints.get("script")
+        if not path:
+            return self.script
+        try:
+            return _cached_script(path)
+        except (OSError, ValueError) as exc:
+            raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
+
+    def plan(self, request: BackendRequest) -> _Plan:
+        """What this request produces (exposed for tests and for the lab)."""
+        c = self.config
+        turn = model_turns(request.items)
+        if request.hints.get("turn"):
+            try:
+                turn = int(request.hints["turn"])
+            except ValueError:
+                raise TetherError(
+                    errors.INVALID_REQUEST, "hint 'turn' must be an integer", param="turn"
+                ) from None
+        plan = _Plan(ttft_s=c.ttft_ms / 1000.0, tokens_per_s=c.tokens_per_s)
+        instructions = (request.instructions or "").lstrip().lower()
+        if instructions.startswith("summarize") or instructions.startswith("summarise"):
+            n = len(request.items)
+            head = ["Summary", " of", f" {n}", " earlier", " items" if n != 1 else " item", ":"]
+            plan.units = [
+                TextDelta(t)
+                for t in head + [" " + w.lstrip() for w in words(max(0, c.summary_tokens - len(head)), turn)]
+            ]
+            return plan
+        script = self._script_for(request)
+        step = script.step_for(turn) if script else None
+        if step is not None:
+            self._plan_step(plan, step, request, turn)
+            return plan
+        # Unscripted.
+        plan.units.extend(ReasoningDelta(w) for w in words(c.reasoning_tokens, turn + 1))
+        plan.reasoning_units = c.reasoning_tokens
+        tool = self._auto_tool(request)
+        if tool is not None:
+            name, schema = tool
+            args = orjson.dumps(example_from_schema(schema)).decode()
+            self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
+            plan.finish = "tool_calls"
+            return plan
+        plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
+        return plan
+
+    def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:
+        if not self.config.call_tools:
+            return None
+        fns = [t.function for t in request.tools if t.WhichOneof("tool") == "function"]
+        if not fns:
+            return None
+        choice = request.tool_choice
+        mode = choice.WhichOneof("choice") if choice is not None else None
+        if mode == "mode" and choice.mode == "none":
+            return None
+        target = fns[0]
+        if mode == "function_name":
+            target = next((f for f in fns if f.name == choice.function_name), fns[0])
+        forced = mode == "function_name" or (mode == "mode" and choice.mode == "required")
+        answered = any(i.WhichOneof("item") == "function_call_output" for i in request.items)
+        if answered and not forced:
+            return None
+        try:
+            schema = orjson.loads(target.parameters_json) if target.parameters_json else {}
+        except orjson.JSONDecodeError:
+            schema = {}
+        return target.name, schema
+
+    def _answer_tokens(self, request: BackendRequest, n: int, seed: int) -> list[str]:
+        fmt = request.text_format
+        if fmt is not None and fmt.type in ("json_schema", "json_object"):
+            value: Any = {"answer": " ".join(w.strip() for w in words(max(1, n // 2), seed))}
+            if fmt.type == "json_schema" and fmt.schema_json:
+                try:
+                    value = example_from_schema(orjson.loads(fmt.schema_json))
+                except orjson.JSONDecodeError:
+                    pass
+            return _pieces(orjson.dumps(value).decode())
+        return words(n, seed)
+
+    @staticmethod
+    def _add_call(plan: _Plan, index: int, call_id: str, name: str, arguments: str) -> None:
+        plan.units.append(ToolCallDelta(index=index, call_id=call_id, name=name))
+        plan.units.extend(ToolCallDelta(index=index, arguments=p) for p in _pieces(arguments) if p)
+
+    def _plan_step(self, plan: _Plan, step: ScriptStep, request: BackendRequest, turn: int) -> None:
+        if step.ttft_ms is not None:
+            plan.ttft_s = step.ttft_ms / 1000.0
+        if step.tokens_per_s is not None:
+            plan.tokens_per_s = step.tokens_per_s
+        reasoning = split_text(step.reasoning) if step.reasoning else []
+        reasoning += words(step.reasoning_tokens, turn + 1)
+        plan.units.extend(ReasoningDelta(t) for t in reasoning)
+        plan.reasoning_units = len(reasoning)
+        text = split_text(step.text) if step.text else []
+        if step.text_tokens:
+            more = words(step.text_tokens, turn)
+            text += [" " + more[0]] + more[1:] if text else more
+        if not text and not step.tool_calls and step.error is None:
+            text = self._answer_tokens(request, self.config.output_tokens, turn)
+        plan.units.extend(TextDelta(t) for t in text)
+        for i, call in enumerate(step.tool_calls):
+            self._add_call(
+                plan, i, call.call_id or _call_id(request, turn, i, call.name), call.name, call.arguments
+            )
+        plan.finish = step.finish or ("tool_calls" if step.tool_calls else "stop")
+        plan.error = step.error
+        plan.error_after = step.error_after_tokens
+
+    # emission ---------------------------------------------------------------------------------
+
+    async def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+        plan = self.plan(request)
+        units = plan.units
+        finish = plan.finish
+        limit = request.max_output_tokens
+        if limit is not None and limit >= 0 and len(units) > limit:
+            units = units[:limit]
+            finish = "length"
+        error_at = min(plan.error_after, len(units)) if plan.error is not None else -1
+        if error_at >= 0:
+            units = units[:error_at]
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        if plan.ttft_s > 0:
+            await asyncio.sleep(plan.ttft_s)
+        start = loop.time()
+        tps = plan.tokens_per_s
+        tick = self.config.tick_ms / 1000.0
+        group = self.config.tokens_per_chunk
+        n = len(units)
+        emitted = 0
+        while emitted < n:
+            due = n if tps <= 0 else min(n, 1 + int((loop.time() - start) * tps))
+            while emitted < due:
+                if group == 1:
+                    yield units[emitted]
+                    emitted += 1
+                else:
+                    chunk, emitted = _merge(units, emitted, min(due, emitted + group))
+                    yield chunk
+            if emitted < n:
+                wait = start + emitted / tps - loop.time()
+                await asyncio.sleep(max(wait, tick))
+        end = loop.time()
+        if error_at >= 0 and plan.error is not None:
+            e = plan.error
+            raise BackendError(
+                str(e.get("code", errors.BACKEND_ERROR)),
+                str(e["message"]),
+                status=int(e.get("status", 502)),
+                retry_after=e.get("retry_after"),
+                retryable=bool(e.get("retryable", False)),
+            )
+        reasoning = min(plan.reasoning_units, n)
+        yield Finish(
+            reason=finish,
+            usage=Usage(input_tokens=request.input_tokens, output_tokens=n, reasoning_tokens=reasoning),
+            timing=Timing(prompt_time=start - t0, completion_time=end - start, total_time=end - t0),
+        )
+
+
+def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
+    """Merge units[i:stop] of the same kind (and tool call) into one chunk; return it and the next index."""
+    first = units[i]
+    j = i + 1
+    if isinstance(first, TextDelta | ReasoningDelta):
+        parts = [first.text]
+        while j < stop and type(units[j]) is type(first):
+            parts.append(units[j].text)  # type: ignore[union-attr]
+            j += 1
+        return type(first)("".join(parts)), j
+    if isinstance(first, ToolCallDelta):
+        parts = [first.arguments]
+        while j < stop:
+            u = units[j]
+            if not isinstance(u, ToolCallDelta) or u.index != first.index or u.call_id is not None:
+                break
+            parts.append(u.arguments)
+            j += 1
+        return ToolCallDelta(first.index, "".join(parts), first.call_id, first.name), j
+    return first, j

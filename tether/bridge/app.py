@@ -1,0 +1,161 @@
+"""The bridge's raw ASGI app: one router for HTTP and WebSocket under `/v1`, plus health.
+
+Stack: uvicorn (h11 HTTP) with `ws="websockets-sansio"`, i.e. the `websockets` library's Sans-I/O
+`ServerProtocol` driven directly by uvicorn's asyncio protocol. Why this and not the alternatives:
+
+- `websockets-sansio` parses and frames in the same `asyncio.Protocol` callback that received the
+  bytes: no extra task or queue per connection, unlike uvicorn's `"websockets"` implementation,
+  which wraps the deprecated `websockets.legacy` server (a task per connection, its own buffering,
+  a DeprecationWarning on websockets >= 14) and `wsproto` (not installed, slower in pure Python).
+- It implements the ASGI `websocket.http.response` extension, so a refused upgrade still gets a
+  real HTTP status and our JSON error body (401 bad key, 429 per-key connection limit, 404, 503
+  draining) instead of a bare 403, which is what the contract asks for (Codex maps a non-101 reply
+  to an HTTP error).
+- Flow control both ways: reading pauses after each message until the app takes it (a client
+  cannot flood the session), and `send` waits while the transport is over its high-water mark (a
+  slow reader backs up into the core's bounded outbox, which slows that session's generation).
+- permessage-deflate is negotiated when offered (`ServerConfig.ws_compression`), pings follow
+  `ServerConfig.ws_ping_interval_s`, and the transport's hard `max_size` is 4x
+  `Limits.max_request_bytes`, so the app can answer an oversize frame in-band and keep the socket.
+- One listener serves both protocols (Codex falls back from WS to HTTP on the same base URL), and
+  a plain ASGI callable needs no web framework: routing is a table of path templates below.
+
+`python -m tether.bridge.bench_overhead` measures what this stack costs per message against a
+plain `websockets.asyncio.server` echo (the figures quoted in the README's design notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from tether.bridge import common, ws
+from tether.bridge.common import BridgeContext, Receive, Send
+from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
+from tether.errors import TetherError
+
+# (path template, {method: handler name}, needs auth). `{id}` matches one path segment; the
+# fixed names are listed before the template that would also match them.
+_ROUTES: list[tuple[tuple[str, ...], dict[str, str], bool]] = [
+    (("v1", "responses"), {"POST": "create", "GET": "upgrade_required"}, True),
+    (("v1", "responses", "input_tokens"), {"POST": "input_tokens"}, True),
+    (("v1", "responses", "compact"), {"POST": "compact"}, True),
+    (("v1", "responses", "{id}"), {"GET": "retrieve", "DELETE": "delete"}, True),
+    (("v1", "responses", "{id}", "input_items"), {"GET": "input_items"}, True),
+    (("v1", "models"), {"GET": "models"}, True),
+    (("healthz",), {"GET": "healthz"}, False),
+    (("readyz",), {"GET": "readyz"}, False),
+]
+_METRICS_ROUTE = (("metrics",), {"GET": "metrics"}, False)
+WS_PATH = ("v1", "responses")
+
+
+def _segments(path: str) -> tuple[str, ...]:
+    return tuple(part for part in path.split("/") if part)
+
+
+class BridgeApp:
+    """`BridgeApp(ctx)` is an ASGI 3 application."""
+
+    def __init__(self, ctx: BridgeContext) -> None:
+        self.ctx = ctx
+        self.http = HttpHandlers(ctx)
+        self.routes = list(_ROUTES)
+        if ctx.server.metrics_port == 0:
+            self.routes.append(_METRICS_ROUTE)
+        self.draining = False
+        self.connections: set[ws.WsConnection] = set()
+        self._no_connections = asyncio.Event()
+        self._no_connections.set()
+
+    def connection_opened(self, conn: ws.WsConnection) -> None:
+        self.connections.add(conn)
+        self._no_connections.clear()
+
+    def connection_closed(self, conn: ws.WsConnection) -> None:
+        self.connections.discard(conn)
+        if not self.connections:
+            self._no_connections.set()
+
+    async def wait_connections_closed(self, within_s: float) -> bool:
+        """True when no WebSocket connection is left (waiting at most `within_s` seconds)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_connections.wait(), max(0.0, within_s))
+        return not self.connections
+
+    def match(self, path: str) -> tuple[dict[str, str], dict[str, str], bool] | None:
+        segments = _segments(path)
+        for template, methods, auth in self.routes:
+            if len(template) != len(segments):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(template, segments, strict=True):
+                if want.startswith("{"):
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                return methods, params, auth
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if _segments(scope["path"]) != WS_PATH:
+            await receive()  # websocket.connect
+            err = TetherError(common.NOT_FOUND, f"Invalid URL (GET {scope['path']}).", status=404)
+            await ws.deny(scope, send, err)
+            return
+        await ws.serve(self.ctx, scope, receive, send, self)
+
+    async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        method, path = scope["method"], scope["path"]
+        extra: list[tuple[bytes, bytes]] = []
+        try:
+            route = self.match(path)
+            if route is None:
+                raise TetherError(common.NOT_FOUND, f"Invalid URL ({method} {path}).", status=404)
+            methods, params, auth = route
+            name = methods.get(method)
+            if name is None:
+                extra.append((b"allow", ", ".join(sorted(methods)).encode()))
+                raise TetherError(
+                    common.METHOD_NOT_ALLOWED, f"Method {method} is not allowed on {path}.", status=405
+                )
+            request = HttpRequest(scope, receive, tracked_send, params)
+            if auth:
+                request.tenant = common.authenticate(self.ctx, scope["headers"])
+            await getattr(self.http, name)(request)
+        except ClientGone:
+            return
+        except Exception as exc:
+            err = common.as_tether_error(exc)
+            if started:  # too late for a status: the stream just ends
+                return
+            await send_error(send, err, extra)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,133 @@
+"""What the HTTP and WebSocket sides of the bridge share, so neither carries its own copy.
+
+- `BridgeContext`: the API, the authenticator, the limits and the per-tenant connection counter.
+- `authenticate`: `Authorization: Bearer` -> tenant (401 `TetherError` on failure).
+- `decode_object`: size check, depth-limited JSON decode, "must be an object" check; raises the
+  same `TetherError`s (`request_too_large`, `invalid_json`, `invalid_type`) on both transports.
+- `as_tether_error`: anything raised while serving becomes a `TetherError`; an unexpected
+  exception is logged here and reported as a bare 500 `server_error` (no traceback leaks).
+- Error rendering: `http_error_body` (`{"error":{message,type,param,code}}`) and `ws_error_text`
+  (the WS envelope `{"type":"error","status",...}`), both through `json_codec` from the same
+  `events_pb2.Error`, and `encode_event` for every server event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.auth import Authenticator
+from tether.config import Limits, ServerConfig
+from tether.core.api import ResponsesAPI
+from tether.errors import (
+    INVALID_TYPE,
+    RATE_LIMIT_EXCEEDED,
+    REQUEST_TOO_LARGE,
+    SERVER_ERROR,
+    TetherError,
+)
+from tether.protocol import json_codec
+from tether.responses.v1 import events_pb2
+
+log = logging.getLogger("tether.bridge")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+# Codes of errors only the bridge raises (routing), next to the catalogue in tether.errors.
+NOT_FOUND = "not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+UPGRADE_REQUIRED = "upgrade_required"
+
+
+@dataclass
+class BridgeContext:
+    api: ResponsesAPI
+    authenticator: Authenticator
+    limits: Limits
+    server: ServerConfig
+    # Open WebSocket connections per tenant (Limits.max_connections_per_key).
+    connections: Counter[str] = field(default_factory=Counter)
+
+    def acquire_connection(self, tenant: str) -> None:
+        if self.connections[tenant] >= self.limits.max_connections_per_key:
+            raise TetherError(
+                RATE_LIMIT_EXCEEDED,
+                f"Too many open connections for this API key (limit {self.limits.max_connections_per_key}).",
+                status=429,
+            )
+        self.connections[tenant] += 1
+
+    def release_connection(self, tenant: str) -> None:
+        self.connections[tenant] -= 1
+        if self.connections[tenant] <= 0:
+            del self.connections[tenant]
+
+
+def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
+    """The first value of a (lower-case) header from an ASGI scope's header list."""
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def authenticate(ctx: BridgeContext, headers: Iterable[tuple[bytes, bytes]]) -> str:
+    return ctx.authenticator.tenant_for(header(headers, b"authorization"))
+
+
+def too_large(limit: int) -> TetherError:
+    return TetherError(
+        REQUEST_TOO_LARGE, f"The request is larger than the limit of {limit} bytes.", status=413
+    )
+
+
+def decode_object(data: bytes | str, limits: Limits) -> dict[str, Any]:
+    """One JSON object from an HTTP body or a WebSocket text frame."""
+    limit = limits.max_request_bytes
+    # A str's UTF-8 size is between len and 4*len: encode only when the bound is undecided.
+    size = len(data) if isinstance(data, bytes) or len(data) * 4 <= limit else len(data.encode())
+    if size > limit:
+        raise too_large(limit)
+    obj = json_codec.loads(data, max_depth=limits.max_json_depth)
+    if not isinstance(obj, dict):
+        raise TetherError(INVALID_TYPE, f"Expected a JSON object, got {_json_kind(obj)}.")
+    return obj
+
+
+def _json_kind(obj: object) -> str:
+    if isinstance(obj, list):
+        return "an array"
+    if isinstance(obj, str):
+        return "a string"
+    if obj is None:
+        return "null"
+    if isinstance(obj, bool):
+        return "a boolean"
+    return "a number"
+
+
+def as_tether_error(exc: BaseException) -> TetherError:
+    if isinstance(exc, TetherError):
+        return exc
+    log.error("unexpected error in the bridge", exc_info=exc)
+    return TetherError(SERVER_ERROR, "The server had an error while processing your request.", status=500)
+
+
+def http_error_body(err: TetherError) -> bytes:
+    return json_codec.dumps(json_codec.error_to_http_json(err.to_proto()))
+
+
+def error_event(err: TetherError, stream_id: str = "") -> events_pb2.ServerEvent:
+    return events_pb2.ServerEvent(stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto()))
+
+
+def encode_event(ev: events_pb2.ServerEvent, *, ws: bool) -> bytes:
+    return json_codec.dumps(json_codec.event_to_json(ev, ws=ws))
+
+
+def ws_error_text(err: TetherError, stream_id: str = "") -> str:
+    return encode_event(error_event(err, stream_id), ws=True).decode()

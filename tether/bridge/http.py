@@ -1,0 +1,337 @@
+"""HTTP endpoints of the bridge (raw ASGI, no framework).
+
+Each handler takes an `HttpRequest` and either sends its response or raises `TetherError`; the
+app renders every error the same way (`common.http_error_body`). Create streams SSE frames
+(`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape) or collects the final Response
+(HTTP 200 also for a failed response: the failure is in the body). A request error of a create
+arrives as the stream's first event, before anything is sent, so it still becomes a proper HTTP
+status. A client that disconnects cancels its create (the generator is closed, which cancels the
+generation in the core).
+
+Query parameters OpenAI defines but Tether does not implement are accepted and ignored:
+`GET /v1/responses/{id}` ignores `stream`, `starting_after`, `include`/`include[]` and
+`include_obfuscation` (it always returns the stored Response as JSON); `input_items` ignores
+`include`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from tether.bridge import common
+from tether.bridge.common import BridgeContext, Receive, Send
+from tether.errors import INVALID_TYPE, SERVER_ERROR, TetherError
+from tether.protocol import json_codec
+from tether.responses.v1 import events_pb2, service_pb2
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_TERMINAL_ARMS = ("completed", "failed", "incomplete")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before we answered."""
+
+
+@dataclass
+class HttpRequest:
+    scope: dict[str, Any]
+    receive: Receive
+    send: Send
+    path_params: dict[str, str]
+    tenant: str = ""
+
+    @property
+    def headers(self) -> Iterable[tuple[bytes, bytes]]:
+        return self.scope["headers"]
+
+    def query(self) -> dict[str, str]:
+        """Last value of each query parameter."""
+        raw = self.scope.get("query_string", b"").decode("latin-1")
+        return {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+
+    async def body(self, limit: int) -> bytes:
+        length = common.header(self.headers, b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise common.too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise common.too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, err: TetherError, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    extra = list(headers)
+    if err.retry_after is not None:
+        extra.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+    if err.status == 401:
+        extra.append((b"www-authenticate", b"Bearer"))
+    await send_json(send, err.status, common.http_error_body(err), extra)
+
+
+class HttpHandlers:
+    """The `/v1` endpoints plus health. Handlers raise `TetherError`; the app renders it."""
+
+    def __init__(self, ctx: BridgeContext) -> None:
+        self.ctx = ctx
+
+    async def _params(self, req: HttpRequest) -> Any:
+        body = await req.body(self.ctx.limits.max_request_bytes)
+        return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
+
+    # POST /v1/responses
+    async def create(self, req: HttpRequest) -> None:
+        params = await self._params(req)
+        stream = params.HasField("stream") and params.stream
+        events = self.ctx.api.create(req.tenant, params)
+        async with _cancel_on_disconnect(req.receive) as watch:
+            try:
+                first = await anext(aiter(events), None)
+                if first is not None and first.WhichOneof("event") == "error":
+                    raise TetherError.from_proto(first.error.error)
+                if stream:
+                    await self._stream_sse(req, first, events, watch)
+                else:
+                    body = await _final_response(first, events)
+                    watch.finishing()
+                    await send_json(req.send, 200, body)
+            finally:
+                await _aclose(events)
+
+    async def _stream_sse(
+        self,
+        req: HttpRequest,
+        first: events_pb2.ServerEvent | None,
+        events: AsyncIterator[events_pb2.ServerEvent],
+        watch: _DisconnectWatch,
+    ) -> None:
+        send = req.send
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        try:
+            if first is not None:
+                await send({"type": "http.response.body", "body": sse_frame(first), "more_body": True})
+                async for ev in events:
+                    await send({"type": "http.response.body", "body": sse_frame(ev), "more_body": True})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the headers are out: report in-band, as the core would
+            frame = sse_frame(common.error_event(common.as_tether_error(exc)))
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+        watch.finishing()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    # GET /v1/responses (without an upgrade)
+    async def upgrade_required(self, req: HttpRequest) -> None:
+        err = TetherError(
+            common.UPGRADE_REQUIRED,
+            "GET /v1/responses is the WebSocket endpoint: send an `Upgrade: websocket` request, "
+            "or POST /v1/responses for HTTP.",
+            status=426,
+        )
+        await send_error(req.send, err, [(b"upgrade", b"websocket"), (b"connection", b"Upgrade")])
+
+    # GET /v1/responses/{id}
+    async def retrieve(self, req: HttpRequest) -> None:
+        resp = await self.ctx.api.get_response(req.tenant, req.path_params["id"])
+        await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(resp)))
+
+    # DELETE /v1/responses/{id}
+    async def delete(self, req: HttpRequest) -> None:
+        response_id = req.path_params["id"]
+        result = await self.ctx.api.delete_response(req.tenant, response_id)
+        body = {"id": result.id or response_id, "object": "response", "deleted": result.deleted}
+        await send_json(req.send, 200, json_codec.dumps(body))
+
+    # GET /v1/responses/{id}/input_items
+    async def input_items(self, req: HttpRequest) -> None:
+        q = req.query()
+        request = service_pb2.ListInputItemsRequest(
+            response_id=req.path_params["id"],
+            after=q.get("after", ""),
+            limit=_int_param(q, "limit"),
+            order=q.get("order", ""),
+        )
+        result = await self.ctx.api.list_input_items(req.tenant, request)
+        await send_json(req.send, 200, json_codec.dumps(json_codec.input_items_to_json(result)))
+
+    # POST /v1/responses/input_tokens
+    async def input_tokens(self, req: HttpRequest) -> None:
+        count = await self.ctx.api.count_input_tokens(req.tenant, await self._params(req))
+        body = {"object": "response.input_tokens", "input_tokens": count}
+        await send_json(req.send, 200, json_codec.dumps(body))
+
+    # POST /v1/responses/compact
+    async def compact(self, req: HttpRequest) -> None:
+        result = await self.ctx.api.compact(req.tenant, await self._params(req))
+        await send_json(req.send, 200, json_codec.dumps(json_codec.compact_response_to_json(result)))
+
+    # GET /v1/models
+    async def models(self, req: HttpRequest) -> None:
+        # `ResponsesAPI.list_models()` takes no tenant; an implementation that accepts one (the
+        # credential-forwarding RemoteResponsesAPI) gets the caller's.
+        list_models = self.ctx.api.list_models
+        if "tenant" in inspect.signature(list_models).parameters:
+            result = await list_models(tenant=req.tenant)  # type: ignore[call-arg]
+        else:
+            result = await list_models()
+        data = [
+            {"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by} for m in result.data
+        ]
+        await send_json(req.send, 200, json_codec.dumps({"object": "list", "data": data}))
+
+    # GET /healthz: the process is serving.
+    async def healthz(self, req: HttpRequest) -> None:
+        await send_json(req.send, 200, b'{"status":"ok"}')
+
+    # GET /readyz: the API says it can take work (an optional `ready()` on the API object).
+    async def readyz(self, req: HttpRequest) -> None:
+        ready = getattr(self.ctx.api, "ready", None)
+        ok = True
+        if ready is not None:
+            try:
+                result = ready()
+                if inspect.isawaitable(result):
+                    result = await result
+                ok = result is None or bool(result)
+            except Exception:
+                common.log.warning("readiness check failed", exc_info=True)
+                ok = False
+        if ok:
+            await send_json(req.send, 200, b'{"status":"ready"}')
+        else:
+            await send_json(req.send, 503, b'{"status":"not_ready"}')
+
+    # GET /metrics (ServerConfig.metrics_port == 0): the process's Prometheus registry.
+    async def metrics(self, req: HttpRequest) -> None:
+        try:
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        except ImportError:  # pragma: no cover - prometheus_client is a dependency
+            raise TetherError(common.NOT_FOUND, "Metrics are not available.", status=404) from None
+        body = generate_latest()
+        await req.send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", CONTENT_TYPE_LATEST.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await req.send({"type": "http.response.body", "body": body})
+
+
+def sse_frame(ev: events_pb2.ServerEvent) -> bytes:
+    obj = json_codec.event_to_json(ev, ws=False)
+    return b"event: " + obj["type"].encode() + b"\ndata: " + json_codec.dumps(obj) + b"\n\n"
+
+
+async def _final_response(
+    first: events_pb2.ServerEvent | None, events: AsyncIterator[events_pb2.ServerEvent]
+) -> bytes:
+    """The terminal Response of a non-streamed create, as JSON."""
+
+    async def all_events() -> AsyncIterator[events_pb2.ServerEvent]:
+        if first is not None:
+            yield first
+            async for ev in events:
+                yield ev
+
+    async for ev in all_events():
+        arm = ev.WhichOneof("event")
+        if arm in _TERMINAL_ARMS:
+            return json_codec.dumps(json_codec.response_to_json(getattr(ev, arm).response))
+        if arm == "error":
+            raise TetherError.from_proto(ev.error.error)
+    raise TetherError(SERVER_ERROR, "The response ended without a terminal event.", status=500)
+
+
+def _int_param(q: dict[str, str], name: str) -> int:
+    raw = q.get(name, "")
+    if raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise TetherError(INVALID_TYPE, f"Invalid '{name}': expected an integer.", param=name) from None
+
+
+async def _aclose(it: object) -> None:
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+class _DisconnectWatch:
+    """Cancels the handling task when the client disconnects before the answer is complete."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._done = False
+        self._watcher: asyncio.Task[None] | None = None
+        self.disconnected = False
+
+    def finishing(self) -> None:
+        """The last bytes are going out: a disconnect from now on is the normal end."""
+        self._done = True
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self._done and self._task is not None:
+                    self.disconnected = True
+                    self._task.cancel()
+                return
+
+    async def __aenter__(self) -> _DisconnectWatch:
+        self._watcher = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watcher
+        if self.disconnected and self._task is not None:
+            self._task.uncancel()  # the cancel was ours: the request simply ends
+            raise ClientGone
+
+
+def _cancel_on_disconnect(receive: Receive) -> _DisconnectWatch:
+    return _DisconnectWatch(receive)

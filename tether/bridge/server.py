@@ -1,0 +1,169 @@
+"""`start_bridge`: serve the bridge app with uvicorn on a socket we bind ourselves.
+
+Binding first (instead of letting uvicorn bind) gives an `OSError` rather than `sys.exit` on a
+busy port, and makes `port=0` usable: `BridgeServer.port` is the bound port. uvicorn's `serve()`
+is not used because it installs signal handlers; the CLI owns signals and calls `stop()`.
+
+`serve_remote_forever` is `tether bridge --upstream`: the bridge alone, in front of a remote
+Tether over `RemoteResponsesAPI`, until SIGTERM/SIGINT.
+
+`stop(grace)`: stop accepting, refuse new upgrades (503), let WebSocket connections with responses
+in flight finish them (others close at once with `server_shutting_down` + 1001), then close the
+rest with 1001 when the grace period ends; in-flight HTTP requests get what is left of the grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+
+from tether.auth import Authenticator
+from tether.bridge.app import BridgeApp
+from tether.bridge.common import BridgeContext
+from tether.config import TetherConfig
+from tether.core.api import ResponsesAPI
+
+log = logging.getLogger("tether.bridge")
+
+# Transport-level frame cap relative to Limits.max_request_bytes: frames between the two get an
+# in-band `request_too_large` and the socket stays open; only beyond this is the socket failed (1009).
+WS_HARD_LIMIT_FACTOR = 4
+
+
+@dataclass
+class BridgeServer:
+    app: BridgeApp
+    host: str
+    port: int
+    tls: bool
+    shutdown_grace_s: float
+    _server: uvicorn.Server = field(repr=False)
+    _socket: socket.socket = field(repr=False)
+    _main_loop: asyncio.Task[None] = field(repr=False)
+    _stopped: bool = False
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/v1"
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.shutdown_grace_s if grace is None else grace)
+        app, server = self.app, self._server
+        app.draining = True
+        for listener in getattr(server, "servers", []):
+            listener.close()
+        for conn in list(app.connections):
+            conn.begin_drain()
+        if not await app.wait_connections_closed(deadline - loop.time()):
+            for conn in list(app.connections):
+                conn.force_close()
+            await app.wait_connections_closed(2.0)
+        server.should_exit = True
+        await self._main_loop
+        server.config.timeout_graceful_shutdown = max(0.5, deadline - loop.time())  # type: ignore[assignment]
+        await server.shutdown(sockets=[self._socket])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: TetherConfig) -> BridgeServer:
+    """Serve `api` over HTTP + WebSocket on `config.server.bridge_host:bridge_port` (0 = any free
+    port); HTTPS/WSS when `tls_cert` and `tls_key` are both set."""
+    sc, limits = config.server, config.limits
+    if bool(sc.tls_cert) != bool(sc.tls_key):
+        raise ValueError("server.tls_cert and server.tls_key must be set together")
+    app = BridgeApp(BridgeContext(api=api, authenticator=authenticator, limits=limits, server=sc))
+    ping = sc.ws_ping_interval_s if sc.ws_ping_interval_s and sc.ws_ping_interval_s > 0 else None
+    ucfg = uvicorn.Config(
+        app,
+        host=sc.bridge_host,
+        port=sc.bridge_port,
+        http="h11",
+        ws="websockets-sansio",
+        ws_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
+        ws_ping_interval=ping,
+        ws_ping_timeout=max(ping, 20.0) if ping else None,
+        ws_per_message_deflate=sc.ws_compression,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        timeout_keep_alive=sc.http_keep_alive_s,  # type: ignore[arg-type]
+        h11_max_incomplete_event_size=sc.http_max_header_bytes,
+        ssl_certfile=sc.tls_cert,
+        ssl_keyfile=sc.tls_key,
+    )
+    ucfg.load()
+    sock = _bind(sc.bridge_host, sc.bridge_port)
+    server = uvicorn.Server(ucfg)
+    try:
+        server.lifespan = ucfg.lifespan_class(ucfg)
+        await server.startup(sockets=[sock])
+    except BaseException:
+        sock.close()
+        raise
+    main_loop = asyncio.create_task(server.main_loop(), name="bridge-uvicorn")
+    port = sock.getsockname()[1]
+    tls = ucfg.ssl is not None
+    log.info("bridge listening on %s://%s:%d/v1", "https" if tls else "http", sc.bridge_host, port)
+    return BridgeServer(
+        app=app,
+        host=sc.bridge_host,
+        port=port,
+        tls=tls,
+        shutdown_grace_s=sc.shutdown_grace_s,
+        _server=server,
+        _socket=sock,
+        _main_loop=main_loop,
+    )
+
+
+async def serve_remote_forever(
+    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
+) -> None:
+    """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT.
+
+    With `api_key`, the bridge authenticates callers itself (`server.api_keys_file` /
+    TETHER_API_KEYS) and calls upstream as that one key. Without it, each caller's own key is
+    forwarded and the upstream authenticates and scopes it (`ForwardingAuthenticator`).
+    """
+    from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
+
+    authenticator: Authenticator
+    if api_key:
+        authenticator = Authenticator.from_sources(file=config.server.api_keys_file)
+        if authenticator.open:
+            log.warning(
+                "no API keys configured for the bridge: it is OPEN, and every caller uses the upstream key"
+            )
+    else:
+        authenticator = ForwardingAuthenticator()
+    api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
+    try:
+        bridge = await start_bridge(api, authenticator, config)
+        print(f"tether bridge: HTTP/WebSocket on {bridge.base_url} -> gRPC {upstream}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
+        await bridge.stop(config.server.shutdown_grace_s)
+    finally:
+        await api.aclose()

@@ -1,0 +1,227 @@
+"""WebSocket mode: one socket = one core session, JSON text frames both ways.
+
+Inbound: each text frame goes through `common.decode_object` (size limit at the app level, so an
+oversize frame is an in-band `request_too_large` and the socket stays open; depth-limited JSON)
+and `json_codec.client_event_from_json`, then `session.send`. A frame that fails to decode gets an
+`error` event in the WS envelope, echoing the frame's `stream_id` when it names a lane, so the
+SDK's lane wrapper delivers it to the right lane; the session and its state are untouched.
+
+Outbound: every batch of `session.events()` is written event by event, one text frame each. When
+`events()` ends the socket closes: 1001 (going away) if the session's last `error` was
+`server_shutting_down`, otherwise 1000 (lifetime limit, idle timeout). When the client goes away,
+`session.close()` cancels whatever the session was generating and frees its state.
+
+Draining (server stop): a connection with no response in flight closes at once (an `error`
+`server_shutting_down`, then 1001); one with responses in flight closes when they end, or when the
+grace period runs out. "In flight" is counted from the event stream itself (`response.created`
+up to the terminal event), which is bookkeeping, not protocol logic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from tether.bridge import common
+from tether.bridge.common import BridgeContext, Receive, Send
+from tether.core.api import SessionHandle
+from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
+from tether.protocol import json_codec
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+_LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+_TERMINAL_ARMS = frozenset(("completed", "failed", "incomplete"))
+
+
+async def deny(
+    scope: dict[str, Any], send: Send, err: TetherError, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """Refuse an upgrade with an HTTP status and the JSON error body (before the 101)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})  # the server can only answer 403
+        return
+    body = common.http_error_body(err)
+    extra = list(headers)
+    if err.status == 401:
+        extra.append((b"www-authenticate", b"Bearer"))
+    if err.retry_after is not None:
+        extra.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+    await send(
+        {
+            "type": "websocket.http.response.start",
+            "status": err.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ],
+        }
+    )
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+class WsConnection:
+    def __init__(self, ctx: BridgeContext, receive: Receive, send: Send, session: SessionHandle) -> None:
+        self._ctx = ctx
+        self._receive = receive
+        self._send = send
+        self._session = session
+        self._send_lock = asyncio.Lock()
+        self._closed = False  # our close frame is out (or the client is gone)
+        self._stop = asyncio.Event()  # the server wants this connection closed
+        self._draining = False
+        self.in_flight: set[str] = set()
+        self.close_code: int | None = None
+
+    # -- server side controls -------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        self._draining = True
+        if not self.in_flight:
+            self._stop.set()
+
+    def force_close(self) -> None:
+        self._stop.set()
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        reader = asyncio.create_task(self._read_frames(), name="ws-read")
+        writer = asyncio.create_task(self._write_events(), name="ws-write")
+        stopper = asyncio.create_task(self._stop.wait(), name="ws-stop")
+        tasks = {reader, writer, stopper}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done and not reader.cancelled() and reader.exception() is None and reader.result():
+                # The session refused a send (it closed): its events end next; then close.
+                done, _ = await asyncio.wait({writer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done and writer not in done:
+                await _cancel(writer, reader)
+                shutdown = TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503)
+                await self._close(CLOSE_GOING_AWAY, shutdown)
+        finally:
+            await _cancel(*tasks)
+            self._closed = True
+            await self._session.close()
+
+    async def _read_frames(self) -> bool:
+        """Client frames -> session. False: the client left; True: the session stopped taking input."""
+        ctx, session = self._ctx, self._session
+        while True:
+            message = await self._receive()
+            if message["type"] == "websocket.disconnect":
+                self._closed = True
+                return False
+            text = message.get("text")
+            if text is None:
+                err = TetherError(INVALID_REQUEST, "Binary frames are not supported: send JSON text frames.")
+                await self._send_error(err)
+                continue
+            obj: Any = None
+            try:
+                obj = common.decode_object(text, ctx.limits)
+                request = json_codec.client_event_from_json(obj)
+            except Exception as exc:
+                err = common.as_tether_error(exc)
+                await self._send_error(err, _lane_of(obj, err))
+                continue
+            try:
+                await session.send(request)
+            except TetherError:
+                return True
+
+    async def _write_events(self) -> None:
+        last_error = ""
+        in_flight = self.in_flight
+        send = self._send
+        async for batch in self._session.events():
+            frames = []
+            for ev in batch:
+                arm = ev.WhichOneof("event")
+                if arm == "created":
+                    in_flight.add(ev.created.response.id)
+                elif arm in _TERMINAL_ARMS:
+                    in_flight.discard(getattr(ev, arm).response.id)
+                elif arm == "error":
+                    last_error = ev.error.error.code
+                frames.append(common.encode_event(ev, ws=True).decode())
+            async with self._send_lock:
+                if self._closed:
+                    return
+                for text in frames:
+                    await send({"type": "websocket.send", "text": text})
+            if self._draining and not in_flight:
+                self._stop.set()
+        await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
+
+    async def _send_error(self, err: TetherError, stream_id: str = "") -> None:
+        text = common.ws_error_text(err, stream_id)
+        async with self._send_lock:
+            if not self._closed:
+                await self._send({"type": "websocket.send", "text": text})
+
+    async def _close(self, code: int, err: TetherError | None = None) -> None:
+        async with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.close_code = code
+            with contextlib.suppress(Exception):  # the client may be gone already
+                if err is not None:
+                    await self._send({"type": "websocket.send", "text": common.ws_error_text(err)})
+                await self._send({"type": "websocket.close", "code": code})
+
+
+def _lane_of(obj: Any, err: TetherError) -> str:
+    """The lane to echo on a request error: the frame's `stream_id`, when it is a valid one."""
+    if err.code == INVALID_STREAM_ID or not isinstance(obj, dict):
+        return ""
+    sid = obj.get("stream_id")
+    return sid if isinstance(sid, str) and _LANE.fullmatch(sid) else ""
+
+
+async def _cancel(*tasks: asyncio.Task[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, send: Send, app: Any) -> None:
+    """One WebSocket request: auth, limits, upgrade, then the connection until either side ends."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if app.draining:
+        await deny(scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503))
+        return
+    try:
+        tenant = common.authenticate(ctx, scope["headers"])
+        ctx.acquire_connection(tenant)
+    except TetherError as err:
+        await deny(scope, send, err)
+        return
+    try:
+        try:
+            session = await ctx.api.open_session(tenant, transport="websocket")
+        except Exception as exc:
+            await deny(scope, send, common.as_tether_error(exc))
+            return
+        conn = WsConnection(ctx, receive, send, session)
+        try:
+            await send({"type": "websocket.accept"})
+        except BaseException:
+            await session.close()
+            raise
+        app.connection_opened(conn)
+        try:
+            await conn.run()
+        finally:
+            app.connection_closed(conn)
+    finally:
+        ctx.release_connection(tenant)

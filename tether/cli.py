@@ -1,0 +1,153 @@
+"""`tether` command line: serve, bridge, migrate, bench, fuzz.
+
+Configuration precedence: embedded defaults < TOML file (--config) < TETHER_* env < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+
+from tether import __version__
+from tether.config import TetherConfig, load_config, set_path
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="TOML configuration file")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set limits.coalesce_ms=0 (repeatable)",
+    )
+    p.add_argument("--log-level", help="debug, info, warning, error")
+
+
+def _serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="bind address for gRPC and the bridge (default 127.0.0.1)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 = any free port)")
+    p.add_argument("--port", type=int, help="HTTP/WebSocket bridge port (default 8000; 0 = any)")
+    p.add_argument("--store", help="store URL: sqlite:///path.db, memory://, postgresql://..., redis://...")
+    p.add_argument("--api-keys-file", help="file of 'key tenant' lines (also TETHER_API_KEYS)")
+    p.add_argument("--tls-cert", help="certificate (PEM) for https/wss and gRPC TLS")
+    p.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
+    p.add_argument("--workers", type=int, help="worker processes sharing the ports (SO_REUSEPORT)")
+
+
+def build_config(args: argparse.Namespace) -> TetherConfig:
+    cfg = load_config(args.config)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects SECTION.KEY=VALUE, got {item!r}")
+        try:
+            set_path(cfg, key.strip().split("."), value.strip())
+        except (ValueError, AttributeError) as exc:
+            raise SystemExit(f"--set {item}: {exc}") from None
+    server = cfg.server
+    if getattr(args, "host", None):
+        server.grpc_host = server.bridge_host = args.host
+    for flag, attr in (("grpc_port", "grpc_port"), ("port", "bridge_port"), ("api_keys_file", "api_keys_file"),
+                       ("tls_cert", "tls_cert"), ("tls_key", "tls_key"), ("workers", "workers")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            setattr(server, attr, value)
+    if getattr(args, "store", None):
+        cfg.store = args.store
+    if args.log_level:
+        cfg.log_level = args.log_level
+    return cfg
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    if args.no_bridge:
+        cfg.server.bridge = False
+    from tether.logging_setup import setup_logging
+
+    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    if cfg.server.workers > 1:
+        from tether.workers import run_workers
+
+        return run_workers(cfg)
+    from tether.server import serve_forever
+
+    asyncio.run(serve_forever(cfg))
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    from tether.logging_setup import setup_logging
+
+    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    from tether.bridge.server import serve_remote_forever
+
+    asyncio.run(serve_remote_forever(cfg, upstream=args.upstream, api_key=args.upstream_api_key, tls_ca=args.upstream_ca))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    from tether.store.factory import open_store
+
+    async def run() -> None:
+        store = await open_store(cfg.store)  # opening applies pending migrations
+        await store.close()
+
+    asyncio.run(run())
+    print(f"tether: store {cfg.store.split('@')[-1]} is at the current schema")
+    return 0
+
+
+def _delegate(module: str):
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module).main(args.rest)
+
+    return run
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tether",
+        description="Tether: the OpenAI Responses API (HTTP + WebSocket mode) over a persistent gRPC session per agent.",
+    )
+    parser.add_argument("--version", action="version", version=f"tether {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the gRPC service and the HTTP/WebSocket bridge (default: simulated model)")
+    _common(p)
+    _serve_flags(p)
+    p.add_argument("--no-bridge", action="store_true", help="serve gRPC only")
+    p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("bridge", help="run only the HTTP/WebSocket bridge, in front of a remote Tether over gRPC")
+    _common(p)
+    _serve_flags(p)
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the Tether gRPC address")
+    p.add_argument("--upstream-api-key", help="API key sent upstream (default: the client's own key)")
+    p.add_argument("--upstream-ca", help="CA certificate (PEM) to verify an upstream using TLS")
+    p.set_defaults(run=cmd_bridge)
+
+    p = sub.add_parser("migrate", help="create or upgrade the store's schema")
+    _common(p)
+    p.add_argument("--store", help="store URL (default: from config)")
+    p.set_defaults(run=cmd_migrate)
+
+    for name, module, help_text in (
+        ("bench", "tether.lab.bench", "transport comparison experiments (run `tether bench --help`)"),
+        ("fuzz", "tether.lab.fuzz", "fuzz every surface of a running Tether (run `tether fuzz --help`)"),
+    ):
+        p = sub.add_parser(name, help=help_text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(run=_delegate(module))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Configuration: typed dataclasses, loaded from a TOML file, then TETHER_* env vars, then flags.
+
+Everything has an embedded default, so `tether serve` runs with no file and no network: the
+simulated backend answers every model name. Every limit the server enforces lives in `Limits`
+(one table; README "Limits" documents it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Limits:
+    # Request shape.
+    max_request_bytes: int = 32 * 1024 * 1024  # one create body / WS frame (after decompression)
+    max_json_depth: int = 64
+    max_input_items: int = 4096  # items in one create
+    max_item_bytes: int = 8 * 1024 * 1024  # one item's text
+    max_tools: int = 512
+    max_metadata_pairs: int = 16
+    # Tokens (per-model context windows can override max_input_tokens in [models]).
+    max_input_tokens: int = 1_000_000
+    max_output_tokens: int = 128_000
+    # Connection scope.
+    max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
+    max_active_responses: int = 16  # concurrently generating responses per connection
+    max_queued_responses: int = 256  # waiting creates per connection before rejecting
+    connection_lifetime_s: float = 3600.0
+    idle_timeout_s: float = 900.0  # no client event and nothing active
+    lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
+    cache_responses_per_connection: int = 64  # cached response states (LRU)
+    cache_bytes_per_process: int = 2 * 1024**3  # all sessions' cached state; LRU-evicted past it
+    # Streaming.
+    outbound_buffer_events: int = 256  # per connection; a slow reader blocks its own generation
+    coalesce_ms: float = 8.0  # delta coalescing window; 0 sends every delta as it comes
+    max_coalesced_bytes: int = 64 * 1024
+    # Per API key.
+    max_connections_per_key: int = 1000
+    requests_per_minute: int = 0  # 0 = unlimited
+    tokens_per_minute: int = 0  # 0 = unlimited
+
+
+@dataclass
+class ServerConfig:
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    bridge_host: str = "127.0.0.1"
+    bridge_port: int = 8000
+    bridge: bool = True  # serve the JSON bridge in-process next to gRPC
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    api_keys_file: str | None = None
+    ws_compression: bool = True  # permessage-deflate when the client offers it
+    ws_ping_interval_s: float = 20.0
+    http_keep_alive_s: float = 5.0
+    http_max_header_bytes: int = 16 * 1024
+    shutdown_grace_s: float = 30.0
+    workers: int = 1
+    metrics_port: int = 0  # 0 = metrics served on the bridge port at /metrics
+
+
+@dataclass
+class BackendSpec:
+    kind: str = "simulated"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Route:
+    backend: str = "sim"
+    upstream_model: str | None = None  # default: the requested model name
+    context_window: int | None = None  # overrides Limits.max_input_tokens for this model
+
+
+@dataclass
+class SafetyConfig:
+    # off | flag | block: flag records findings (logs/metrics), block rejects the request.
+    mode: str = "flag"
+
+
+@dataclass
+class TetherConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: Limits = field(default_factory=Limits)
+    store: str = "sqlite://tether-data/tether.db"
+    backends: dict[str, BackendSpec] = field(default_factory=lambda: {"sim": BackendSpec()})
+    # model name or alias -> route; "*" catches every other name.
+    models: dict[str, Route] = field(default_factory=lambda: {"*": Route(backend="sim")})
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    log_level: str = "info"
+    log_format: str = "json"  # json | text
+    log_content: bool = False  # message contents and keys are redacted from logs unless True
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> TetherConfig:
+    """TOML file (optional) -> env (`TETHER_SECTION__KEY=value`, e.g. TETHER_SERVER__GRPC_PORT=0)."""
+    data: dict[str, Any] = {}
+    if path:
+        data = tomllib.loads(Path(path).read_text())
+    cfg = from_dict(data)
+    apply_env(cfg, os.environ if env is None else env)
+    return cfg
+
+
+def from_dict(data: Mapping[str, Any]) -> TetherConfig:
+    data = dict(data)
+    cfg = TetherConfig()
+    for section in ("server", "limits", "safety"):
+        if section in data:
+            setattr(cfg, section, _build(type(getattr(cfg, section)), data.pop(section), section))
+    if "backends" in data:
+        cfg.backends = {
+            name: BackendSpec(kind=spec.get("kind", "simulated"), options={k: v for k, v in spec.items() if k != "kind"})
+            for name, spec in data.pop("backends").items()
+        }
+    if "models" in data:
+        cfg.models = {name: _build(Route, spec, f"models.{name}") for name, spec in data.pop("models").items()}
+    for key in ("store", "log_level", "log_format", "log_content"):
+        if key in data:
+            setattr(cfg, key, data.pop(key))
+    if data:
+        raise ValueError(f"unknown configuration keys: {sorted(data)}")
+    return cfg
+
+
+def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:
+    for name, raw in env.items():
+        if not name.startswith("TETHER_") or name == "TETHER_API_KEYS":
+            continue
+        path = name[len("TETHER_") :].lower().split("__")
+        if len(path) == 1 and path[0] in ("store", "log_level", "log_format", "log_content"):
+            set_path(cfg, path, raw)
+        elif len(path) == 2 and path[0] in ("server", "limits", "safety"):
+            set_path(cfg, path, raw)
+
+
+def set_path(cfg: TetherConfig, path: list[str], raw: Any) -> None:
+    """Set `section.key` (or a top-level key) from a string or typed value, coercing by field type."""
+    target: Any = cfg
+    for part in path[:-1]:
+        target = getattr(target, part)
+    key = path[-1]
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    if key not in fields:
+        raise ValueError(f"unknown setting {'.'.join(path)}")
+    setattr(target, key, _coerce(raw, getattr(target, key), ".".join(path)))
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    obj = cls()
+    known = {f.name for f in dataclasses.fields(obj)}
+    unknown = set(values) - known
+    if unknown:
+        raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}")
+    for key, value in values.items():
+        setattr(obj, key, _coerce(value, getattr(obj, key), f"{where}.{key}"))
+    return obj
+
+
+def _coerce(value: Any, current: Any, where: str) -> Any:
+    if not isinstance(value, str) or isinstance(current, str) or current is None:
+        return value
+    try:
+        if isinstance(current, bool):
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+    except ValueError:
+        raise ValueError(f"{where}: cannot read {value!r} as {type(current).__name__}") from None
+    return value

@@ -1,0 +1,207 @@
+"""From backend chunks to Responses events: a pure state machine, no I/O.
+
+`OutputBuilder.feed(chunk)` returns the events that chunk causes (item added / part added /
+delta ...), `finish()` closes every open item in output order. It owns output indices and item
+ids, so every added item is done exactly once, indices are consistent, and the final output list
+equals what the stream said. The session core stamps response ids and sequence numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tether import ids
+from tether.backends.base import Chunk, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.responses.v1 import events_pb2, items_pb2
+
+Event = events_pb2.ServerEvent
+
+
+@dataclass
+class _OpenItem:
+    index: int
+    kind: str  # message | reasoning | function_call
+    item_id: str
+    pieces: list[str] = field(default_factory=list)
+    call_id: str = ""
+    name: str = ""
+
+
+class OutputBuilder:
+    def __init__(self) -> None:
+        self._done: list[tuple[int, items_pb2.Item]] = []  # finished items with their index
+        self._open: dict[int, _OpenItem] = {}  # by output index
+        self._text: _OpenItem | None = None
+        self._reasoning: _OpenItem | None = None
+        self._calls: dict[int, _OpenItem] = {}  # by backend tool-call index
+        self._next_index = 0
+        self.finish: Finish | None = None
+
+    @property
+    def output(self) -> list[items_pb2.Item]:
+        """Finished items in output order."""
+        return [item for _, item in sorted(self._done, key=lambda pair: pair[0])]
+
+    @property
+    def next_index(self) -> int:
+        return self._next_index
+
+    def feed(self, chunk: Chunk) -> list[Event]:
+        if isinstance(chunk, TextDelta):
+            return self._text_delta(chunk.text)
+        if isinstance(chunk, ReasoningDelta):
+            return self._reasoning_delta(chunk.text)
+        if isinstance(chunk, ToolCallDelta):
+            return self._tool_delta(chunk)
+        if isinstance(chunk, Finish):
+            self.finish = chunk
+            return []
+        raise TypeError(f"unknown chunk {chunk!r}")
+
+    def close_all(self, status: str = "completed") -> list[Event]:
+        """Close every open item (in output order) and return their closing events."""
+        events: list[Event] = []
+        for index in sorted(self._open):
+            events.extend(self._close(self._open[index], status))
+        self._open.clear()
+        self._text = self._reasoning = None
+        self._calls.clear()
+        return events
+
+    # -- item lifecycles ------------------------------------------------------------------------
+
+    def _add(self, kind: str, item_id: str, item: items_pb2.Item) -> tuple[_OpenItem, Event]:
+        open_item = _OpenItem(self._next_index, kind, item_id)
+        self._open[open_item.index] = open_item
+        self._next_index += 1
+        ev = Event()
+        ev.output_item_added.output_index = open_item.index
+        ev.output_item_added.item.CopyFrom(item)
+        return open_item, ev
+
+    def _text_delta(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._reasoning is not None:
+            events.extend(self._close_one(self._reasoning))
+        if self._text is None:
+            item_id = ids.message_id()
+            item = items_pb2.Item()
+            item.message.id = item_id
+            item.message.role = "assistant"
+            item.message.status = "in_progress"
+            self._text, added = self._add("message", item_id, item)
+            part = Event()
+            part.content_part_added.item_id = item_id
+            part.content_part_added.output_index = self._text.index
+            part.content_part_added.content_index = 0
+            part.content_part_added.part.output_text.SetInParent()
+            events += [added, part]
+        self._text.pieces.append(text)
+        ev = Event()
+        d = ev.output_text_delta
+        d.item_id, d.output_index, d.content_index, d.delta = self._text.item_id, self._text.index, 0, text
+        events.append(ev)
+        return events
+
+    def _reasoning_delta(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self._reasoning is None:
+            item_id = ids.reasoning_id()
+            item = items_pb2.Item()
+            item.reasoning.id = item_id
+            item.reasoning.status = "in_progress"
+            self._reasoning, added = self._add("reasoning", item_id, item)
+            events.append(added)
+        self._reasoning.pieces.append(text)
+        ev = Event()
+        d = ev.reasoning_text_delta
+        d.item_id, d.output_index, d.content_index, d.delta = self._reasoning.item_id, self._reasoning.index, 0, text
+        events.append(ev)
+        return events
+
+    def _tool_delta(self, chunk: ToolCallDelta) -> list[Event]:
+        events: list[Event] = []
+        call = self._calls.get(chunk.index)
+        if call is None:
+            for other in (self._reasoning, self._text):
+                if other is not None:
+                    events.extend(self._close_one(other))
+            item_id = ids.function_call_id()
+            item = items_pb2.Item()
+            fc = item.function_call
+            fc.id, fc.call_id, fc.name, fc.status = item_id, chunk.call_id or ids.call_id(), chunk.name or "", "in_progress"
+            call, added = self._add("function_call", item_id, item)
+            call.call_id, call.name = fc.call_id, fc.name
+            self._calls[chunk.index] = call
+            events.append(added)
+        elif chunk.name and not call.name:
+            call.name = chunk.name
+        if chunk.arguments:
+            call.pieces.append(chunk.arguments)
+            ev = Event()
+            d = ev.function_call_arguments_delta
+            d.item_id, d.output_index, d.delta = call.item_id, call.index, chunk.arguments
+            events.append(ev)
+        return events
+
+    def _close_one(self, open_item: _OpenItem) -> list[Event]:
+        self._open.pop(open_item.index, None)
+        if open_item is self._text:
+            self._text = None
+        if open_item is self._reasoning:
+            self._reasoning = None
+        return self._close(open_item, "completed")
+
+    def _close(self, o: _OpenItem, status: str) -> list[Event]:
+        text = "".join(o.pieces)
+        item = items_pb2.Item()
+        events: list[Event] = []
+        if o.kind == "message":
+            msg = item.message
+            msg.id, msg.role, msg.status = o.item_id, "assistant", status
+            msg.content.add().output_text.text = text
+            done = Event()
+            d = done.output_text_done
+            d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
+            part = Event()
+            p = part.content_part_done
+            p.item_id, p.output_index, p.content_index = o.item_id, o.index, 0
+            p.part.output_text.text = text
+            events += [done, part]
+        elif o.kind == "reasoning":
+            r = item.reasoning
+            r.id, r.status = o.item_id, status
+            r.content.append(text)
+            done = Event()
+            d = done.reasoning_text_done
+            d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
+            events.append(done)
+        else:
+            fc = item.function_call
+            fc.id, fc.call_id, fc.name, fc.arguments, fc.status = o.item_id, o.call_id, o.name, text, status
+            done = Event()
+            d = done.function_call_arguments_done
+            d.item_id, d.output_index, d.name, d.arguments = o.item_id, o.index, o.name, text
+            events.append(done)
+        item_done = Event()
+        item_done.output_item_done.output_index = o.index
+        item_done.output_item_done.item.CopyFrom(item)
+        events.append(item_done)
+        self._record(item, o.index)
+        return events
+
+    def _record(self, item: items_pb2.Item, index: int) -> None:
+        self._done.append((index, item))
+
+    def add_finished_item(self, item: items_pb2.Item) -> tuple[int, list[Event]]:
+        """Append an item produced whole (a compaction item): added + done at the next index."""
+        index = self._next_index
+        self._next_index += 1
+        added = Event()
+        added.output_item_added.output_index = index
+        added.output_item_added.item.CopyFrom(item)
+        done = Event()
+        done.output_item_done.output_index = index
+        done.output_item_done.item.CopyFrom(item)
+        self._record(item, index)
+        return index, [added, done]

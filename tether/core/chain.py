@@ -1,0 +1,174 @@
+"""Connection-scoped conversation state: persistent chain nodes and the response cache.
+
+A `Node` holds one step of a conversation (a request's new input, or a response's output) and
+points at its parent, so a continuation shares its whole prefix with the response it continues:
+extending a conversation is O(new items) in time and memory. Each node carries the state every
+pipeline stage needs for the prefix it ends (running token count, open function calls, safety
+findings), which is what lets a cached continuation skip re-validating, re-classifying and
+re-tokenising its history.
+
+`CachedResponse` is what the connection cache keeps per response id; `ResponseCache` is the
+per-connection LRU, and `CacheBudget` the per-process byte budget shared by all connections.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from tether.responses.v1 import items_pb2, response_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One item with its storage key and its rendered tokens."""
+
+    key: str
+    item: items_pb2.Item
+    tokens: array
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Node:
+    parent: Node | None
+    segments: tuple[Segment, ...]
+    token_count: int  # tokens of the whole chain ending here
+    length: int  # items in the whole chain ending here
+    open_calls: frozenset[str]  # call_ids of function calls still waiting for an output
+    findings: int  # safety findings in the whole chain
+    nbytes: int  # approximate memory of this node's own segments
+
+    @staticmethod
+    def extend(parent: Node | None, segments: tuple[Segment, ...], findings: int = 0) -> Node:
+        open_calls = set(parent.open_calls) if parent else set()
+        nbytes = 0
+        for seg in segments:
+            arm = seg.item.WhichOneof("item")
+            if arm == "function_call":
+                open_calls.add(seg.item.function_call.call_id)
+            elif arm == "function_call_output":
+                open_calls.discard(seg.item.function_call_output.call_id)
+            nbytes += seg.item.ByteSize() + seg.tokens.itemsize * len(seg.tokens) + 64
+        return Node(
+            parent=parent,
+            segments=segments,
+            token_count=(parent.token_count if parent else 0) + sum(len(s.tokens) for s in segments),
+            length=(parent.length if parent else 0) + len(segments),
+            open_calls=frozenset(open_calls),
+            findings=(parent.findings if parent else 0) + findings,
+            nbytes=nbytes,
+        )
+
+    def all_segments(self) -> list[Segment]:
+        """Every segment of the chain, oldest first (a pointer walk; no copying of items)."""
+        chunks: list[tuple[Segment, ...]] = []
+        node: Node | None = self
+        while node is not None:
+            chunks.append(node.segments)
+            node = node.parent
+        out: list[Segment] = []
+        for chunk in reversed(chunks):
+            out.extend(chunk)
+        return out
+
+    def items(self) -> list[items_pb2.Item]:
+        return [s.item for s in self.all_segments()]
+
+    def token_ids(self) -> Iterator[int]:
+        for seg in self.all_segments():
+            yield from seg.tokens
+
+
+@dataclass(slots=True)
+class CachedResponse:
+    """A finished response as the connection remembers it."""
+
+    response: response_pb2.Response
+    input_node: Node | None  # the effective input chain (parent context + this request's input)
+    context_node: Node | None  # what a continuation builds on: input + output (or the compacted window)
+    lane: str
+    store: bool
+    tenant: str
+    # Keys of the input chain, for the store record of a child (parent keys + new keys).
+    input_keys: tuple[str, ...] = ()
+    output_keys: tuple[str, ...] = ()
+    nbytes: int = 0
+
+
+class CacheBudget:
+    """The per-process bound on cached response state, shared by all connections (global LRU)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._lru: OrderedDict[tuple[int, str], tuple[ResponseCache, int]] = OrderedDict()
+
+    def charge(self, cache: ResponseCache, response_id: str, nbytes: int) -> None:
+        key = (id(cache), response_id)
+        self._lru[key] = (cache, nbytes)
+        self.used += nbytes
+        while self.used > self.max_bytes and len(self._lru) > 1:
+            (_, victim_id), (victim_cache, _) = next(iter(self._lru.items()))
+            victim_cache.evict(victim_id, reason="process_budget")
+
+    def touch(self, cache: ResponseCache, response_id: str) -> None:
+        key = (id(cache), response_id)
+        if key in self._lru:
+            self._lru.move_to_end(key)
+
+    def release(self, cache: ResponseCache, response_id: str) -> None:
+        entry = self._lru.pop((id(cache), response_id), None)
+        if entry is not None:
+            self.used -= entry[1]
+
+
+class ResponseCache:
+    """The connection's recent responses (LRU by use, bounded by count and the process budget)."""
+
+    def __init__(
+        self, capacity: int, budget: CacheBudget, on_evict: Callable[[str], None] | None = None
+    ) -> None:
+        self.capacity = capacity
+        self._budget = budget
+        self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
+        self._on_evict = on_evict
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, response_id: str) -> bool:
+        return response_id in self._entries
+
+    def get(self, response_id: str) -> CachedResponse | None:
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            self._entries.move_to_end(response_id)
+            self._budget.touch(self, response_id)
+        return entry
+
+    def put(self, entry: CachedResponse) -> None:
+        rid = entry.response.id
+        if rid in self._entries:
+            self._budget.release(self, rid)
+        self._entries[rid] = entry
+        self._entries.move_to_end(rid)
+        self._budget.charge(self, rid, entry.nbytes)
+        while len(self._entries) > self.capacity:
+            oldest = next(iter(self._entries))
+            self.evict(oldest, reason="connection_capacity")
+
+    def evict(self, response_id: str, *, reason: str = "explicit") -> bool:
+        entry = self._entries.pop(response_id, None)
+        if entry is None:
+            return False
+        self._budget.release(self, response_id)
+        if self._on_evict is not None:
+            self._on_evict(reason)
+        return True
+
+    def clear(self) -> None:
+        for rid in list(self._entries):
+            self._budget.release(self, rid)
+        self._entries.clear()

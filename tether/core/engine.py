@@ -1,0 +1,313 @@
+"""The engine: process-wide parts (store, backends, router, classifier, post-inference worker,
+cache budget, metrics) and the in-process implementation of `ResponsesAPI`.
+
+Transports never reach past this class: the gRPC servicer and the JSON bridge both call the
+same methods, and a stateless HTTP create is a one-turn session, so there is one meaning of
+"a turn" for every transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+
+from tether import errors, ids
+from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
+from tether.backends.registry import build_backend
+from tether.compaction_codec import effective_context, encode_payload
+from tether.config import TetherConfig
+from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.postinference import PostInference
+from tether.core.session import Session
+from tether.core.stages import render, validate
+from tether.core.stages.route import Resolved, Router
+from tether.core.stages.safety import Classifier, SecretDetector
+from tether.errors import TetherError
+from tether.metrics import Metrics
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
+from tether.store.base import Store
+from tether.store.factory import open_store
+
+log = logging.getLogger("tether.engine")
+
+_TERMINAL = {"completed", "failed", "incomplete"}
+SUMMARY_INSTRUCTIONS = (
+    "Summarize the conversation so far for your own later use: the task, decisions made, files and "
+    "facts learned, tool results that still matter, and what remains to do. Be concise and complete."
+)
+_MAX_KEPT_ITEMS = 32
+
+
+class Engine:
+    def __init__(self, config: TetherConfig, store: Store, backends: dict[str, Backend]) -> None:
+        self.config = config
+        self.store = store
+        self.backends = backends
+        self.router = Router(config.models, backends, config.limits.max_input_tokens)
+        self.metrics = Metrics()
+        self.classifier: Classifier = SecretDetector()
+        self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
+        self.post = PostInference(store, on_done=self.metrics.post_inference)
+        self.sessions: set[Session] = set()
+        self._per_tenant: Counter[str] = Counter()
+        self._stopping = False
+
+    @classmethod
+    async def start(cls, config: TetherConfig) -> Engine:
+        store = await open_store(config.store)
+        backends = {name: build_backend(name, spec.kind, dict(spec.options)) for name, spec in config.backends.items()}
+        engine = cls(config, store, backends)
+        for backend in backends.values():
+            if hasattr(backend, "on_retry"):
+                backend.on_retry = engine.metrics.retry_hook(backend.name)
+        return engine
+
+    async def ready(self) -> bool:
+        return not self._stopping and await self.store.ping()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
+        self._stopping = True
+        reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.", status=503)
+        await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
+        await self.post.flush()
+
+    async def aclose(self) -> None:
+        if not self._stopping:
+            await self.shutdown(grace=0)
+        await self.post.aclose()
+        for backend in self.backends.values():
+            await backend.aclose()
+        await self.store.close()
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    async def open_session(self, tenant: str, *, transport: str) -> Session:
+        if self._stopping:
+            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503)
+        if self._per_tenant[tenant] >= self.config.limits.max_connections_per_key:
+            raise TetherError(
+                errors.RATE_LIMIT_EXCEEDED,
+                f"Too many open connections for this API key (limit {self.config.limits.max_connections_per_key}).",
+                status=429,
+            )
+        session = Session(self, tenant, transport)
+        self.sessions.add(session)
+        self._per_tenant[tenant] += 1
+        self.metrics.session_opened(transport)
+        return session
+
+    def session_closed(self, session: Session) -> None:
+        if session in self.sessions:
+            self.sessions.discard(session)
+            self._per_tenant[session.tenant] -= 1
+            self.metrics.session_closed(session.transport)
+
+    # -- shared stage helpers ---------------------------------------------------------------------
+
+    def classify(self, items: Sequence[items_pb2.Item]) -> int:
+        """Safety stage: count findings in the new items; raise when the mode is `block`."""
+        mode = self.config.safety.mode
+        if mode == "off" or not items:
+            return 0
+        texts = [render.render_item(item) for item in items]
+        findings = self.classifier.classify(texts)
+        for finding in findings:
+            self.metrics.safety_finding(finding.kind)
+        if findings:
+            kinds = sorted({f.kind for f in findings})
+            if mode == "block":
+                raise TetherError(
+                    errors.CONTENT_BLOCKED,
+                    f"The input contains what looks like a credential ({', '.join(kinds)}); remove it and retry.",
+                    param=f"input[{findings[0].index}]",
+                )
+            log.warning("safety findings in input", extra={"kinds": kinds, "count": len(findings)})
+        return len(findings)
+
+    async def hydrate(self, tenant: str, response_id: str, *, lane: str = "") -> CachedResponse | None:
+        """Load a stored response as connection state: one store read, then one tokenisation."""
+        await self.post.wait_durable(tenant, response_id)
+        hydrated = await self.store.load_context(tenant, response_id)
+        self.metrics.hydration(hydrated is not None)
+        if hydrated is None:
+            return None
+        inputs = [Segment(k.key, k.item, render.encode(render.render_item(k.item))) for k in hydrated.inputs]
+        outputs = [Segment(k.key, k.item, render.encode(render.render_item(k.item))) for k in hydrated.outputs]
+        input_node = Node.extend(None, tuple(effective_context(inputs, lambda s: s.item)))
+        if any(s.item.WhichOneof("item") == "compaction" for s in outputs):
+            context = Node.extend(None, tuple(effective_context([*inputs, *outputs], lambda s: s.item)))
+        else:
+            context = Node.extend(input_node, tuple(outputs))
+        return CachedResponse(
+            response=hydrated.response,
+            input_node=input_node,
+            context_node=context,
+            lane=lane,
+            store=True,
+            tenant=tenant,
+            nbytes=input_node.nbytes + context.nbytes,
+        )
+
+    async def summarize(
+        self, route: Resolved, context: Sequence[items_pb2.Item], instructions: str | None
+    ) -> tuple[str, int]:
+        """Compaction: ask the backend to summarise the older items; keep the recent turn verbatim.
+        Returns (summary, number of trailing items kept)."""
+        keep = _kept_tail(context)
+        older = list(context[: len(context) - keep])
+        text = [f"Earlier instructions: {instructions}"] if instructions else []
+        request = BackendRequest(
+            model=route.upstream_model,
+            instructions=SUMMARY_INSTRUCTIONS,
+            items=older,
+            input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
+        )
+        stream = route.backend.stream(request)
+        try:
+            async for chunk in stream:
+                if isinstance(chunk, TextDelta):
+                    text.append(chunk.text)
+                elif isinstance(chunk, Finish):
+                    break
+        finally:
+            await stream.aclose()
+        return "".join(text), keep
+
+    # -- ResponsesAPI -----------------------------------------------------------------------------
+
+    async def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        """A stateless create: a one-turn session (hydrating from the store when continuing)."""
+        session = await self.open_session(tenant, transport="http")
+        try:
+            request = service_pb2.SessionRequest()
+            request.create.CopyFrom(params)
+            request.create.ClearField("stream_id")
+            await session.send(request)
+            async for batch in session.events():
+                for event in batch:
+                    yield event
+                    arm = event.WhichOneof("event")
+                    if arm in _TERMINAL or (arm == "error" and not event.response_id):
+                        return
+        finally:
+            await session.close()
+
+    async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        await self.post.wait_durable(tenant, response_id)
+        response = await self.store.get_response(tenant, response_id)
+        if response is None:
+            raise _not_found(response_id)
+        return response
+
+    async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
+        await self.post.wait_durable(tenant, response_id)
+        if not await self.store.delete_response(tenant, response_id):
+            raise _not_found(response_id)
+        return service_pb2.DeleteResponseResponse(id=response_id, deleted=True)
+
+    async def list_input_items(
+        self, tenant: str, request: service_pb2.ListInputItemsRequest
+    ) -> service_pb2.ListInputItemsResponse:
+        limit = request.limit or 20
+        if not 1 <= limit <= 100:
+            raise TetherError(errors.INVALID_REQUEST, "'limit' must be between 1 and 100.", param="limit")
+        order = request.order or "desc"
+        if order not in ("asc", "desc"):
+            raise TetherError(errors.INVALID_REQUEST, "'order' must be asc or desc.", param="order")
+        await self.post.wait_durable(tenant, request.response_id)
+        page = await self.store.list_input_items(
+            tenant, request.response_id, after=request.after or None, limit=limit, order=order
+        )
+        if page is None:
+            raise _not_found(request.response_id)
+        out = service_pb2.ListInputItemsResponse(has_more=page.has_more)
+        out.data.extend(page.items)
+        if page.items:
+            out.first_id, out.last_id = _item_id(page.items[0]), _item_id(page.items[-1])
+        return out
+
+    async def _stateless_context(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> list[items_pb2.Item]:
+        """The whole context of a stateless request: the stored chain plus the new input."""
+        items: list[items_pb2.Item] = []
+        if params.previous_response_id:
+            parent = await self.hydrate(tenant, params.previous_response_id)
+            if parent is None:
+                raise TetherError(
+                    errors.PREVIOUS_RESPONSE_NOT_FOUND,
+                    f"Previous response with id '{params.previous_response_id}' not found.",
+                    param="previous_response_id",
+                )
+            items = parent.context_node.items() if parent.context_node else []
+        if params.input:
+            items.extend(params.input)
+        elif params.HasField("input_text"):
+            item = items_pb2.Item()
+            item.message.role = "user"
+            item.message.content.add().input_text.text = params.input_text
+            items.append(item)
+        return items
+
+    async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
+        if params.model:
+            self.router.resolve(params.model)
+        items = effective_context(await self._stateless_context(tenant, params))
+        instructions = params.instructions if params.HasField("instructions") else None
+        header = len(render.encode(render.render_header(instructions, list(params.tools))))
+        return header + sum(len(render.encode(render.render_item(i))) for i in items)
+
+    async def compact(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> service_pb2.CompactResponseResponse:
+        validate.validate_params(params, self.config.limits)
+        route = self.router.resolve(params.model)
+        context = effective_context(await self._stateless_context(tenant, params))
+        instructions = params.instructions if params.HasField("instructions") else None
+        summary, keep = await self.summarize(route, context, instructions)
+        item = items_pb2.Item()
+        item.compaction.id = ids.compaction_id()
+        item.compaction.encrypted_content = encode_payload(summary, keep)
+        out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
+        out.output.extend(context[len(context) - keep :])
+        out.output.append(item)
+        in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
+        out_tokens = len(render.encode(summary))
+        out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
+        out.usage.total_tokens = in_tokens + out_tokens
+        return out
+
+    async def list_models(self) -> service_pb2.ListModelsResponse:
+        out = service_pb2.ListModelsResponse()
+        for name in self.router.model_names:
+            out.data.add(id=name, created=0, owned_by="tether")
+        return out
+
+
+def _kept_tail(context: Sequence[items_pb2.Item]) -> int:
+    """How many trailing items stay verbatim: back to (and including) the last user message."""
+    keep = 0
+    for item in reversed(context):
+        keep += 1
+        if keep >= _MAX_KEPT_ITEMS:
+            break
+        if item.WhichOneof("item") == "message" and item.message.role == "user":
+            break
+    return min(keep, max(0, len(context) - 1)) if len(context) > 1 else 0
+
+
+def _item_id(item: items_pb2.Item) -> str:
+    arm = item.WhichOneof("item")
+    return getattr(getattr(item, arm), "id", "") if arm else ""
+
+
+def _not_found(response_id: str) -> TetherError:
+    return TetherError(
+        errors.RESPONSE_NOT_FOUND, f"No response found with id '{response_id}'.", param="response_id", status=404
+    )

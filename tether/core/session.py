@@ -1,0 +1,416 @@
+"""A session: one agent connection's state and its lanes, independent of any transport.
+
+Transports feed it client events (`send`) and drain server events (`events`); it never touches a
+socket. It owns:
+- the connection cache of recent responses (`ResponseCache`), so `previous_response_id` costs
+  O(new input);
+- lanes: creates on one `stream_id` run FIFO, lanes run concurrently, at most
+  `max_active_responses` generate at once and at most `max_lanes` named lanes exist over the
+  connection's life;
+- per-connection memos of the render and route stages (header tokens, model routes);
+- its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
+  timeout, and its outbox (coalescing, backpressure, sequence numbers).
+Request-scoped problems become in-band `error` events; the session stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from tether import errors, ids
+from tether.core.chain import CachedResponse, ResponseCache
+from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.stages import render
+from tether.core.stages.route import Resolved
+from tether.core.stages.validate import check_stream_id
+from tether.core.turn import Turn
+from tether.errors import TetherError
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
+
+if TYPE_CHECKING:
+    from tether.core.engine import Engine
+
+log = logging.getLogger("tether.session")
+
+LIFETIME_MESSAGE = (
+    "Responses websocket connection limit reached ({minutes} minutes). "
+    "Create a new websocket connection to continue."
+)
+
+
+class Lane:
+    """The FIFO of one stream_id."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: deque[request_pb2.ResponseCreateParams] = deque()
+        self.worker: asyncio.Task | None = None
+        self.last_response_id = ""
+        # Steers accepted for a response that stopped for tool output: merged into the next
+        # create that continues that response.
+        self.pending_steers: dict[str, list[list[items_pb2.Item]]] = {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or (self.worker is not None and not self.worker.done())
+
+    def take_pending_steer(self, previous_response_id: str) -> list[list[items_pb2.Item]]:
+        return self.pending_steers.pop(previous_response_id, []) if previous_response_id else []
+
+
+class Session:
+    def __init__(self, engine: Engine, tenant: str, transport: str) -> None:
+        self.engine = engine
+        self.tenant = tenant
+        self.transport = transport
+        self.id = ids.new_id("sess")
+        limits = engine.config.limits
+        self.limits = limits
+        self.outbox = Outbox(
+            max_events=limits.outbound_buffer_events,
+            coalesce_s=limits.coalesce_ms / 1000.0,
+            max_coalesced_bytes=limits.max_coalesced_bytes,
+        )
+        self.cache = ResponseCache(
+            limits.cache_responses_per_connection, engine.cache_budget, on_evict=engine.metrics.cache_eviction
+        )
+        self._lanes: dict[str, Lane] = {}
+        self._active = asyncio.Semaphore(limits.max_active_responses)
+        self._routes: dict[str, Resolved] = {}
+        self._headers: OrderedDict[bytes, int] = OrderedDict()
+        self._turns: dict[str, Turn] = {}  # response id -> running turn
+        self._finishing: dict[str, asyncio.Future] = {}
+        self._created = time.monotonic()
+        self._last_activity = self._created
+        self._expiring = False
+        self._closed = False
+        self._watchdog = asyncio.create_task(self._watch(), name=f"tether-watch-{self.id}")
+
+    # -- transport-facing API (SessionHandle) -----------------------------------------------------
+
+    async def send(self, request: service_pb2.SessionRequest) -> None:
+        if self._closed:
+            raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
+        self._last_activity = time.monotonic()
+        arm = request.WhichOneof("event")
+        if arm == "create":
+            await self._enqueue(request.create)
+        elif arm == "steer":
+            await self._steer(request.steer)
+        elif arm == "append":
+            await self._append(request.append)
+        elif arm == "cancel":
+            await self._cancel(request.cancel.response_id)
+        elif arm == "processed":
+            return
+        else:
+            await self.emit_error(TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"))
+
+    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+        while True:
+            batch = await self.outbox.get_batch()
+            if not batch:
+                return
+            yield batch
+
+    async def close(self) -> None:
+        """The client went away: cancel everything and free the connection's state."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watchdog.cancel()
+        tasks = [lane.worker for lane in self._lanes.values() if lane.worker]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.outbox.close()
+        self.cache.clear()
+        self.engine.session_closed(self)
+
+    # -- used by turns ----------------------------------------------------------------------------
+
+    async def emit_error(self, exc: TetherError, *, stream_id: str = "") -> None:
+        ev = events_pb2.ServerEvent(stream_id=stream_id)
+        ev.error.error.CopyFrom(exc.to_proto())
+        try:
+            await self.outbox.put(ev)
+        except OutboxClosed:
+            pass
+
+    async def resolve_parent(self, response_id: str) -> tuple[CachedResponse | None, bool]:
+        """(state, from_cache) for previous_response_id: connection cache first, then the store."""
+        if not response_id:
+            return None, False
+        finishing = self._finishing.get(response_id)
+        if finishing is not None:
+            await finishing  # its terminal event is out; its state lands in the cache right after
+        entry = self.cache.get(response_id)
+        if entry is not None:
+            self.engine.metrics.cache_lookup(hit=True)
+            return entry, True
+        self.engine.metrics.cache_lookup(hit=False)
+        entry = await self.engine.hydrate(self.tenant, response_id, lane=self._current_lane_name())
+        if entry is None:
+            raise TetherError(
+                errors.PREVIOUS_RESPONSE_NOT_FOUND,
+                f"Previous response with id '{response_id}' not found.",
+                param="previous_response_id",
+            )
+        self.cache.put(entry)
+        return entry, False
+
+    def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
+        """Tokens of the instructions+tools header, memoised per connection: (count, was_cached)."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update((instructions or "").encode())
+        for tool in tools:
+            digest.update(tool.SerializeToString())
+        key = digest.digest()
+        count = self._headers.get(key)
+        if count is not None:
+            self._headers.move_to_end(key)
+            return count, True
+        count = len(render.encode(render.render_header(instructions, list(tools))))
+        self._headers[key] = count
+        if len(self._headers) > 8:
+            self._headers.popitem(last=False)
+        return count, False
+
+    def route(self, model: str) -> Resolved:
+        resolved = self._routes.get(model)
+        if resolved is None:
+            resolved = self.engine.router.resolve(model)
+            self._routes[model] = resolved
+        return resolved
+
+    def begin_finishing(self, response_id: str) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._finishing[response_id] = fut
+        return fut
+
+    def end_finishing(self, response_id: str) -> None:
+        self._finishing.pop(response_id, None)
+
+    # -- lanes ------------------------------------------------------------------------------------
+
+    def _current_lane_name(self) -> str:
+        task = asyncio.current_task()
+        return getattr(task, "tether_lane", "") if task else ""
+
+    async def _enqueue(self, params: request_pb2.ResponseCreateParams) -> None:
+        stream_id = params.stream_id
+        try:
+            check_stream_id(stream_id)
+        except TetherError as exc:  # no valid lane to echo
+            await self.emit_error(exc)
+            return
+        if self._expiring:
+            await self.emit_error(self._lifetime_error(), stream_id=stream_id)
+            return
+        lane = self._lanes.get(stream_id)
+        if lane is None:
+            named = sum(1 for name in self._lanes if name)
+            if stream_id and named >= self.limits.max_lanes:
+                await self.emit_error(
+                    TetherError(
+                        errors.STREAM_LIMIT_REACHED,
+                        f"This WebSocket connection has reached its stream limit ({self.limits.max_lanes} stream ids).",
+                        param="stream_id",
+                    ),
+                    stream_id=stream_id,
+                )
+                return
+            lane = self._lanes[stream_id] = Lane(stream_id)
+        if len(lane.queue) >= self.limits.max_queued_responses:
+            await self.emit_error(
+                TetherError(
+                    errors.QUEUE_FULL,
+                    f"Too many queued responses on this stream (limit {self.limits.max_queued_responses}).",
+                    param="stream_id" if stream_id else None, status=429,
+                ),
+                stream_id=stream_id,
+            )
+            return
+        lane.queue.append(params)
+        if lane.worker is None or lane.worker.done():
+            lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
+            lane.worker.tether_lane = stream_id  # type: ignore[attr-defined]
+
+    async def _lane_loop(self, lane: Lane) -> None:
+        task = asyncio.current_task()
+        while lane.queue:
+            params = lane.queue.popleft()
+            async with self._active:
+                turn = Turn(self, params, lane)
+                turn.task = task
+                try:
+                    await turn.run()
+                except asyncio.CancelledError:
+                    if not turn.cancel_requested or self._closed:
+                        raise
+                    task.uncancel()  # the client cancelled this response only; the lane goes on
+                except OutboxClosed:
+                    return
+                except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
+                    log.exception("turn crashed")
+                    await self.emit_error(
+                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request.", status=500),
+                        stream_id=turn.stream_id,
+                    )
+                finally:
+                    self._turns.pop(turn.response_id, None)
+                self._after_turn(turn)
+            self._last_activity = time.monotonic()
+
+    def register_turn(self, turn: Turn) -> None:
+        self._turns[turn.response_id] = turn
+
+    def _after_turn(self, turn: Turn) -> None:
+        """Start the successors of accepted steers once their target response has ended."""
+        if not turn.steers or not turn.response_id:
+            return
+        entry = self.cache.get(turn.response_id)
+        if entry is None:
+            return
+        if entry.context_node is not None and entry.context_node.open_calls:
+            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(turn.steers)
+            return
+        successor = request_pb2.ResponseCreateParams()
+        successor.CopyFrom(turn.params)
+        del successor.input[:]
+        successor.ClearField("input_text")
+        successor.ClearField("generate")
+        successor.previous_response_id = turn.response_id
+        for steer in turn.steers:
+            successor.input.extend(steer)
+        turn.lane.queue.appendleft(successor)
+
+    # -- steer, append, cancel --------------------------------------------------------------------
+
+    async def _steer(self, steer: service_pb2.SteerRequest) -> None:
+        target = steer.previous_response_id
+        steer_id = ids.new_id("steer")
+        turn = self._turns.get(target)
+        items = list(steer.input)
+        if not items and steer.HasField("input_text"):
+            item = items_pb2.Item()
+            item.message.role = "user"
+            item.message.content.add().input_text.text = steer.input_text
+            items = [item]
+        problem = None
+        if turn is None:
+            problem = (
+                (errors.RESPONSE_NOT_FOUND, f"No response with id '{target}' is active on this connection.")
+                if target not in self.cache
+                else ("response_already_completed", f"Response '{target}' has already completed.")
+            )
+        elif not items or any(i.WhichOneof("item") != "message" or i.message.role != "user" for i in items):
+            problem = ("invalid_input", "Steer input must be a non-empty list of user messages.")
+        elif turn.params.context_management:
+            problem = ("steering_not_supported", "Steering is not supported with automatic compaction.")
+        ev = events_pb2.ServerEvent(stream_id=turn.stream_id if turn else "", response_id=target if turn else "")
+        if problem is not None:
+            failed = ev.steer_failed
+            failed.steer.id, failed.steer.previous_response_id = steer_id, target
+            failed.error.type, failed.error.code, failed.error.message = "invalid_request_error", *problem
+            failed.error.status = 400
+            ev.response_id = ""
+            await self.outbox.put(ev)
+            return
+        turn.steers.append(items)
+        ev.steer_accepted.steer.id, ev.steer_accepted.steer.previous_response_id = steer_id, target
+        ev.response_id = ""
+        await self.outbox.put(ev)
+
+    async def _append(self, append: service_pb2.AppendRequest) -> None:
+        """Legacy `response.append`: continue the default lane's last response with new input."""
+        lane = self._lanes.get("")
+        if lane is None or not lane.last_response_id:
+            await self.emit_error(
+                TetherError(errors.PREVIOUS_RESPONSE_NOT_FOUND, "response.append needs an earlier response on this connection.",
+                            param="previous_response_id")
+            )
+            return
+        entry = self.cache.get(lane.last_response_id)
+        params = request_pb2.ResponseCreateParams(model=entry.response.model if entry else "")
+        if entry is not None:
+            params.tools.extend(entry.response.tools)
+            if entry.response.HasField("instructions"):
+                params.instructions = entry.response.instructions
+        params.previous_response_id = lane.last_response_id
+        params.input.extend(append.input)
+        params.store = entry.store if entry else False
+        await self._enqueue(params)
+
+    async def _cancel(self, response_id: str) -> None:
+        turn = self._turns.get(response_id)
+        if turn is None:
+            await self.emit_error(
+                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404)
+            )
+            return
+        turn.cancel_requested = True
+        if turn.task is not None:
+            turn.task.cancel()
+
+    # -- lifetime ---------------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not any(lane.busy for lane in self._lanes.values())
+
+    def _lifetime_error(self) -> TetherError:
+        minutes = self.limits.connection_lifetime_s / 60
+        return TetherError(
+            errors.CONNECTION_LIMIT_REACHED,
+            LIFETIME_MESSAGE.format(minutes=f"{minutes:g}"),
+            status=400,
+        )
+
+    async def _watch(self) -> None:
+        limits = self.limits
+        deadline = self._created + limits.connection_lifetime_s
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                await self.end(self._lifetime_error(), grace=limits.lifetime_grace_s)
+                return
+            idle_at = self._last_activity + limits.idle_timeout_s
+            if self.idle and now >= idle_at:
+                await self.end(
+                    TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing.", status=408),
+                    grace=0,
+                )
+                return
+            wake = min(deadline, idle_at if self.idle else now + limits.idle_timeout_s)
+            await asyncio.sleep(max(0.01, min(wake - now, 5.0)))
+
+    async def end(self, reason: TetherError, *, grace: float) -> None:
+        """End the connection on the server's initiative (lifetime, idle, shutdown): stop taking
+        creates, let active turns finish within `grace`, send `reason` as the last event."""
+        if self._closed or self._expiring:
+            return
+        self._expiring = True
+        for lane in self._lanes.values():
+            lane.queue.clear()
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        ev = events_pb2.ServerEvent()
+        ev.error.error.CopyFrom(reason.to_proto())
+        self.outbox.put_nowait_final(ev)
+        self.outbox.close()
+        self._closed = True
+        if asyncio.current_task() is not self._watchdog:
+            self._watchdog.cancel()
+        self.cache.clear()
+        self.engine.session_closed(self)

@@ -1,0 +1,95 @@
+"""Render + tokenise: items become text segments, segments become o200k_base token ids.
+
+The rendered prompt is defined segment by segment: tokens(conversation) = the concatenation of
+encode(segment) over its items, with a header segment (instructions + tools) in front. Because
+segments are encoded independently, appending new items to a cached prefix gives exactly the
+tokens a full re-encode would give, so a continuation tokenises only its new input (the
+SGLang/prompt-segment idea, exact by construction). The tokenizer is `bpe-openai`, which ships the
+vocabulary in its wheel and runs offline.
+"""
+
+from __future__ import annotations
+
+from array import array
+from functools import lru_cache
+
+import bpe_openai
+
+from tether.compaction_codec import decode_payload
+from tether.responses.v1 import items_pb2, request_pb2
+
+ENCODING = "o200k_base"
+
+
+@lru_cache(maxsize=1)
+def _encoding() -> bpe_openai.Encoding:
+    return bpe_openai.get_encoding(ENCODING)
+
+
+def encode(text: str) -> array:
+    """Token ids of `text` (special-token text is encoded as ordinary text, never as control)."""
+    if not text:
+        return array("I")
+    return array("I", _encoding().encode_ordinary(text))
+
+
+def render_item(item: items_pb2.Item) -> str:
+    """One item as prompt text (a harmony-like frame per item)."""
+    arm = item.WhichOneof("item")
+    if arm == "message":
+        msg = item.message
+        return f"<|start|>{msg.role}<|message|>{message_text(msg)}<|end|>"
+    if arm == "function_call":
+        fc = item.function_call
+        return f"<|start|>assistant to=functions.{fc.name}<|call|>{fc.arguments}<|end|>"
+    if arm == "function_call_output":
+        out = item.function_call_output
+        body = out.output_text if out.WhichOneof("output") == "output_text" else out.output_json
+        return f"<|start|>tool {out.call_id}<|message|>{body}<|end|>"
+    if arm == "reasoning":
+        r = item.reasoning
+        return f"<|start|>assistant<|channel|>analysis<|message|>{' '.join([*r.summary, *r.content])}<|end|>"
+    if arm == "compaction":
+        return f"<|start|>system<|message|>Summary of the earlier conversation: {decode_payload(item.compaction.encrypted_content).summary}<|end|>"
+    if arm == "item_reference":
+        return f"<|start|>reference<|message|>{item.item_reference.id}<|end|>"
+    return f"<|start|>{item.other.type}<|message|>{item.other.json}<|end|>"
+
+
+def message_text(msg: items_pb2.Message) -> str:
+    """The text a model sees for a message's content (images and files as short placeholders)."""
+    if msg.HasField("content_text"):
+        return msg.content_text
+    parts = []
+    for part in msg.content:
+        arm = part.WhichOneof("part")
+        if arm == "input_text":
+            parts.append(part.input_text.text)
+        elif arm == "output_text":
+            parts.append(part.output_text.text)
+        elif arm == "refusal":
+            parts.append(part.refusal.refusal)
+        elif arm == "input_image":
+            parts.append("[image]")
+        elif arm == "input_file":
+            parts.append(f"[file {part.input_file.filename or part.input_file.file_id}]")
+        elif arm == "other":
+            parts.append(part.other.json)
+    return "\n".join(parts)
+
+
+def render_header(instructions: str | None, tools: list[request_pb2.Tool] | tuple) -> str:
+    """Instructions and tool definitions: the segment in front of every conversation."""
+    pieces = []
+    if instructions:
+        pieces.append(f"<|start|>developer<|message|>{instructions}<|end|>")
+    if tools:
+        defs = []
+        for tool in tools:
+            if tool.WhichOneof("tool") == "function":
+                fn = tool.function
+                defs.append(f"{fn.name}: {fn.description} {fn.parameters_json}")
+            else:
+                defs.append(tool.other.json)
+        pieces.append("<|start|>system<|message|># Tools\n" + "\n".join(defs) + "<|end|>")
+    return "".join(pieces)

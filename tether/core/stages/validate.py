@@ -1,0 +1,151 @@
+"""Validation: structure, sizes and call_id bookkeeping of a create, O(new input).
+
+Request-level checks look at the params only; item checks look only at the new items, using the
+open function calls carried on the parent chain node (a function_call_output must answer a call
+that is still open in the conversation it continues, or one made earlier in the same input).
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from tether import errors
+from tether.config import Limits
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2, request_pb2
+
+STREAM_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+_ROLES = {"user", "developer", "system", "assistant"}
+_FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_TOOL_CHOICE_MODES = {"auto", "none", "required"}
+
+
+def check_stream_id(stream_id: str) -> None:
+    if stream_id and not STREAM_ID_RE.match(stream_id):
+        raise TetherError(
+            errors.INVALID_STREAM_ID,
+            "Invalid 'stream_id': expected 1-256 characters of [A-Za-z0-9_.-].",
+            param="stream_id",
+        )
+
+
+def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
+    """Request-level checks (everything but the items' call bookkeeping)."""
+    if not params.model:
+        raise TetherError(errors.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'model'.", param="model")
+    if params.HasField("background") and params.background:
+        raise TetherError(
+            errors.BACKGROUND_NOT_SUPPORTED,
+            "background=true is not supported on a persistent connection; use HTTP polling instead.",
+            param="background",
+        )
+    check_stream_id(params.stream_id)
+    if params.HasField("max_output_tokens") and not 1 <= params.max_output_tokens <= limits.max_output_tokens:
+        raise TetherError(
+            errors.INVALID_REQUEST,
+            f"'max_output_tokens' must be between 1 and {limits.max_output_tokens}.",
+            param="max_output_tokens",
+        )
+    if params.HasField("temperature") and not 0.0 <= params.temperature <= 2.0:
+        raise TetherError(errors.INVALID_REQUEST, "'temperature' must be between 0 and 2.", param="temperature")
+    if params.HasField("top_p") and not 0.0 <= params.top_p <= 1.0:
+        raise TetherError(errors.INVALID_REQUEST, "'top_p' must be between 0 and 1.", param="top_p")
+    if len(params.metadata) > limits.max_metadata_pairs:
+        raise TetherError(
+            errors.INVALID_REQUEST, f"'metadata' may hold at most {limits.max_metadata_pairs} pairs.", param="metadata"
+        )
+    for key, value in params.metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise TetherError(
+                errors.INVALID_REQUEST, "metadata keys are at most 64 and values 512 characters.", param="metadata"
+            )
+    if len(params.input) > limits.max_input_items:
+        raise TetherError(
+            errors.TOO_MANY_ITEMS, f"'input' has {len(params.input)} items; the limit is {limits.max_input_items}.",
+            param="input",
+        )
+    if len(params.tools) > limits.max_tools:
+        raise TetherError(errors.INVALID_REQUEST, f"At most {limits.max_tools} tools are allowed.", param="tools")
+    _check_tools(params)
+    if params.tool_choice.WhichOneof("choice") == "mode" and params.tool_choice.mode not in _TOOL_CHOICE_MODES:
+        raise TetherError(errors.INVALID_REQUEST, "'tool_choice' must be auto, none or required.", param="tool_choice")
+    for i, cm in enumerate(params.context_management):
+        if cm.type != "compaction":
+            raise TetherError(
+                errors.INVALID_REQUEST, "context_management supports only type 'compaction'.",
+                param=f"context_management[{i}].type",
+            )
+        if cm.HasField("compact_threshold") and cm.compact_threshold < 1000:
+            raise TetherError(
+                errors.INVALID_REQUEST, "compact_threshold must be at least 1000.",
+                param=f"context_management[{i}].compact_threshold",
+            )
+
+
+def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
+    names = set()
+    for i, tool in enumerate(params.tools):
+        if tool.WhichOneof("tool") != "function":
+            continue  # hosted/unknown tool types are carried, not validated
+        fn = tool.function
+        if not _FUNCTION_NAME_RE.match(fn.name):
+            raise TetherError(errors.INVALID_REQUEST, f"Invalid function name {fn.name!r}.", param=f"tools[{i}].name")
+        if fn.name in names:
+            raise TetherError(errors.INVALID_REQUEST, f"Duplicate tool name {fn.name!r}.", param=f"tools[{i}].name")
+        names.add(fn.name)
+        if fn.parameters_json:
+            try:
+                schema = orjson.loads(fn.parameters_json)
+            except orjson.JSONDecodeError:
+                schema = None
+            if not isinstance(schema, dict):
+                raise TetherError(
+                    errors.INVALID_REQUEST, "Tool parameters must be a JSON Schema object.",
+                    param=f"tools[{i}].parameters",
+                )
+
+
+def validate_items(
+    items: list[items_pb2.Item] | tuple, open_calls: frozenset[str], limits: Limits, *, param: str = "input"
+) -> None:
+    """Check the new items against the conversation they extend."""
+    pending = set(open_calls)
+    for i, item in enumerate(items):
+        where = f"{param}[{i}]"
+        if item.ByteSize() > limits.max_item_bytes:
+            raise TetherError(
+                errors.REQUEST_TOO_LARGE, f"{where} is larger than {limits.max_item_bytes} bytes.", param=where
+            )
+        arm = item.WhichOneof("item")
+        if arm is None:
+            raise TetherError(errors.INVALID_ITEM, f"{where} is empty.", param=where)
+        if arm == "message":
+            if item.message.role not in _ROLES:
+                raise TetherError(
+                    errors.INVALID_ITEM, f"{where}.role must be one of user, developer, system, assistant.",
+                    param=f"{where}.role",
+                )
+        elif arm == "function_call":
+            fc = item.function_call
+            if not fc.call_id or not fc.name:
+                raise TetherError(errors.INVALID_ITEM, f"{where} needs 'call_id' and 'name'.", param=where)
+            pending.add(fc.call_id)
+        elif arm == "function_call_output":
+            call_id = item.function_call_output.call_id
+            if not call_id:
+                raise TetherError(
+                    errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id"
+                )
+            if call_id not in pending:
+                raise TetherError(
+                    errors.UNKNOWN_CALL_ID,
+                    f"No tool call found for function call output with call_id {call_id}.",
+                    param=f"{where}.call_id",
+                )
+            pending.discard(call_id)
+        elif arm == "item_reference":
+            raise TetherError(
+                errors.UNSUPPORTED, "item_reference inputs are not supported; send the item itself.", param=where
+            )

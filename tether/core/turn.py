@@ -1,0 +1,434 @@
+"""One turn: the only place that knows what answering a `response.create` means.
+
+Stages, in order (each timed, each incremental over the cached chain):
+  resolve   previous_response_id -> the connection cache, else one store read (hydration)
+  validate  params and the new items (call ids against the chain's open calls)
+  classify  the new items' text (safety)
+  render    the new items -> tokens appended to the cached prefix; the header's tokens reused
+  route     model -> backend (memoised per connection)
+  backend   stream chunks -> events (OutputBuilder) -> the session's outbox
+  finalize  terminal event; the new state goes into the connection cache; the store/ledger
+            write is queued for the post-inference worker (overlapping the client's next turn)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tether import errors, ids
+from tether.backends.base import BackendError, BackendRequest, Finish
+from tether.compaction_codec import effective_context, encode_payload
+from tether.core.builder import OutputBuilder
+from tether.core.chain import CachedResponse, Node, Segment
+from tether.core.postinference import PostJob
+from tether.core.stages import render, validate
+from tether.core.stages.route import Resolved
+from tether.core.timing import StageClock
+from tether.errors import TetherError
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
+from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
+
+if TYPE_CHECKING:
+    from tether.core.session import Lane, Session
+
+log = logging.getLogger("tether.turn")
+
+SERVER_TIMING_INCLUDE = "tether:server_timing"
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+@dataclass
+class Prepared:
+    """Everything the stages before the backend produced."""
+
+    response: response_pb2.Response
+    parent: CachedResponse | None
+    parent_from_cache: bool
+    new_segments: tuple[Segment, ...]
+    node: Node  # the effective input chain
+    route: Resolved
+    input_tokens: int
+    cached_tokens: int
+
+
+class Turn:
+    def __init__(self, session: Session, params: request_pb2.ResponseCreateParams, lane: Lane) -> None:
+        self.session = session
+        self.engine = session.engine
+        self.params = params
+        self.lane = lane
+        self.stream_id = params.stream_id
+        self.clock = StageClock()
+        self.response_id = ""
+        self.steers: list[list[items_pb2.Item]] = []
+        self.cancel_requested = False
+        self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
+
+    # -- emission ---------------------------------------------------------------------------------
+
+    def _event(self) -> events_pb2.ServerEvent:
+        return events_pb2.ServerEvent(stream_id=self.stream_id, response_id=self.response_id)
+
+    async def _emit_response(self, arm: str, response: response_pb2.Response) -> None:
+        ev = self._event()
+        getattr(ev, arm).response.CopyFrom(response)
+        await self.session.outbox.put(ev)
+
+    # -- the turn ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            prepared = await self._prepare()
+        except TetherError as exc:
+            self._evict_parent_after_error()
+            self.engine.metrics.error(exc.code)
+            await self.session.emit_error(exc, stream_id=self.stream_id)
+            return
+        self.response_id = prepared.response.id
+        self.session.register_turn(self)
+        await self._emit_response("created", prepared.response)
+        await self._emit_response("in_progress", prepared.response)
+        if self.params.HasField("generate") and not self.params.generate:
+            await self._finish(prepared, [], "completed", None, None)
+            return
+        await self._generate(prepared)
+
+    async def _prepare(self) -> Prepared:
+        params, session, limits = self.params, self.session, self.engine.config.limits
+        clock = self.clock
+        with clock.stage("validate"):
+            validate.validate_params(params, limits)
+        with clock.stage("resolve"):
+            parent, from_cache = await session.resolve_parent(params.previous_response_id)
+        parent_node = parent.context_node if parent else None
+        new_items = self._new_items()
+        with clock.stage("validate"):
+            validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
+        with clock.stage("classify"):
+            findings = self.engine.classify(new_items)
+        with clock.stage("render"):
+            new_segments = tuple(
+                Segment(ids.new_id("itm"), item, render.encode(render.render_item(item))) for item in new_items
+            )
+            if any(item.WhichOneof("item") == "compaction" for item in new_items):
+                # A compaction item in the input starts a new window: rebuild from the kept segments.
+                prefix = parent_node.all_segments() if parent_node else []
+                window = effective_context([*prefix, *new_segments], lambda s: s.item)
+                node = Node.extend(None, tuple(window), findings)
+                reused = 0
+            else:
+                node = Node.extend(parent_node, new_segments, findings)
+                reused = parent_node.token_count if (parent_node and from_cache) else 0
+            header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
+            input_tokens = header_tokens + node.token_count
+            cached_tokens = reused + (header_tokens if header_cached else 0)
+        with clock.stage("route"):
+            route = session.route(params.model)
+        if input_tokens > route.context_window:
+            raise TetherError(
+                errors.CONTEXT_LENGTH_EXCEEDED,
+                f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
+                param="input",
+            )
+        return Prepared(
+            response=self._response_skeleton(),
+            parent=parent,
+            parent_from_cache=from_cache,
+            new_segments=new_segments,
+            node=node,
+            route=route,
+            input_tokens=input_tokens,
+            cached_tokens=cached_tokens,
+        )
+
+    def _new_items(self) -> list[items_pb2.Item]:
+        """The request's new input, with ids assigned to items that came without one."""
+        params = self.params
+        if params.input:
+            items = list(params.input)
+        elif params.HasField("input_text"):
+            item = items_pb2.Item()
+            item.message.role = "user"
+            item.message.content.add().input_text.text = params.input_text
+            items = [item]
+        else:
+            items = []
+        for steer in self.lane.take_pending_steer(params.previous_response_id):
+            items.extend(steer)
+        for item in items:
+            arm = item.WhichOneof("item")
+            prefix = _ID_PREFIX.get(arm or "")
+            if prefix:
+                inner = getattr(item, arm)
+                if not inner.id:
+                    inner.id = ids.new_id(prefix)
+        return items
+
+    def _response_skeleton(self) -> response_pb2.Response:
+        p = self.params
+        r = response_pb2.Response(
+            id=ids.response_id(),
+            created_at=int(time.time()),
+            status="in_progress",
+            model=p.model,
+            previous_response_id=p.previous_response_id,
+            store=p.store if p.HasField("store") else True,
+            parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
+            temperature=p.temperature if p.HasField("temperature") else 1.0,
+            top_p=p.top_p if p.HasField("top_p") else 1.0,
+            truncation=p.truncation or "disabled",
+            user=p.user,
+            prompt_cache_key=p.prompt_cache_key,
+            safety_identifier=p.safety_identifier,
+            service_tier=p.service_tier or "default",
+        )
+        if p.HasField("instructions"):
+            r.instructions = p.instructions
+        if p.HasField("max_output_tokens"):
+            r.max_output_tokens = p.max_output_tokens
+        if p.HasField("max_tool_calls"):
+            r.max_tool_calls = p.max_tool_calls
+        r.tools.extend(p.tools)
+        if p.HasField("tool_choice"):
+            r.tool_choice.CopyFrom(p.tool_choice)
+        else:
+            r.tool_choice.mode = "auto"
+        if p.HasField("text"):
+            r.text.CopyFrom(p.text)
+        else:
+            r.text.format.type = "text"
+        if p.HasField("reasoning"):
+            r.reasoning.CopyFrom(p.reasoning)
+        r.metadata.update(p.metadata)
+        return r
+
+    # -- generation -------------------------------------------------------------------------------
+
+    async def _generate(self, prepared: Prepared) -> None:
+        p = self.params
+        builder = OutputBuilder()
+        request = BackendRequest(
+            model=prepared.route.upstream_model,
+            instructions=p.instructions if p.HasField("instructions") else None,
+            items=prepared.node.items(),
+            tools=list(p.tools),
+            tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
+            parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
+            max_output_tokens=p.max_output_tokens if p.HasField("max_output_tokens") else None,
+            temperature=p.temperature if p.HasField("temperature") else None,
+            top_p=p.top_p if p.HasField("top_p") else None,
+            reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
+            text_format=p.text.format if p.text.HasField("format") else None,
+            user=p.user or p.safety_identifier or None,
+            prompt_cache_key=p.prompt_cache_key or None,
+            input_tokens=prepared.input_tokens,
+        )
+        stream = prepared.route.backend.stream(request)
+        outbox = self.session.outbox
+        error: TetherError | None = None
+        waited = 0.0
+        started = time.perf_counter()
+        first = True
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                waited += time.perf_counter() - t0
+                if first:
+                    self.clock.add("backend_ttft", time.perf_counter() - started)
+                    first = False
+                for ev in builder.feed(chunk):
+                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
+                    await outbox.put(ev)
+        except BackendError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            if not self.cancel_requested:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
+            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
+        finally:
+            await stream.aclose()
+        self.clock.add("backend_wait", waited)
+        self.clock.add("backend", time.perf_counter() - started)
+        if error is not None:
+            await self._emit_all(builder.close_all("incomplete"))
+            self.engine.metrics.error(error.code)
+            status = "incomplete" if error.code == errors.CANCELLED else "failed"
+            await self._finish(prepared, builder.output, status, None, error)
+            return
+        await self._emit_all(builder.close_all("completed"))
+        finish = builder.finish or Finish()
+        output = builder.output
+        output = await self._maybe_compact(prepared, builder, output, finish)
+        status = "completed" if finish.reason in ("stop", "tool_calls") else "incomplete"
+        await self._finish(prepared, output, status, finish, None)
+
+    async def _emit_all(self, events: list[events_pb2.ServerEvent]) -> None:
+        for ev in events:
+            ev.stream_id, ev.response_id = self.stream_id, self.response_id
+            await self.session.outbox.put(ev)
+
+    # -- compaction -------------------------------------------------------------------------------
+
+    def _compact_threshold(self) -> int | None:
+        for cm in self.params.context_management:
+            if cm.type == "compaction":
+                return cm.compact_threshold if cm.HasField("compact_threshold") else None
+        return None
+
+    async def _maybe_compact(self, prepared: Prepared, builder: OutputBuilder, output: list, finish: Finish):
+        threshold = self._compact_threshold()
+        if threshold is None:
+            return output
+        produced = finish.usage.output_tokens if finish.usage else 0
+        if prepared.input_tokens + produced <= threshold:
+            return output
+        item_id = ids.compaction_id()
+        ev = self._event()
+        ev.compaction_compacting.item_id = item_id
+        ev.compaction_compacting.output_index = builder.next_index
+        await self.session.outbox.put(ev)
+        context = [*prepared.node.items(), *output]
+        summary, keep = await self.engine.summarize(prepared.route, context, self.params.instructions or None)
+        item = items_pb2.Item()
+        item.compaction.id = item_id
+        item.compaction.encrypted_content = encode_payload(summary, keep)
+        _, events = builder.add_finished_item(item)
+        await self._emit_all(events)
+        self.engine.metrics.compaction()
+        return builder.output
+
+    # -- finalisation -----------------------------------------------------------------------------
+
+    async def _finish(
+        self,
+        prepared: Prepared,
+        output: list[items_pb2.Item],
+        status: str,
+        finish: Finish | None,
+        error: TetherError | None,
+    ) -> None:
+        clock = self.clock
+        r = prepared.response
+        r.status = status
+        r.completed_at = int(time.time())
+        del r.output[:]
+        r.output.extend(output)
+        out_tokens = finish.usage.output_tokens if finish and finish.usage else 0
+        reasoning_tokens = finish.usage.reasoning_tokens if finish and finish.usage else 0
+        u = r.usage
+        u.input_tokens, u.cached_tokens = prepared.input_tokens, prepared.cached_tokens
+        u.output_tokens, u.reasoning_tokens = out_tokens, reasoning_tokens
+        u.total_tokens = prepared.input_tokens + out_tokens
+        if finish and finish.timing:
+            t = finish.timing
+            r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time
+            r.backend_timing.completion_time, r.backend_timing.total_time = t.completion_time, t.total_time
+        arm = "completed"
+        if error is not None and status == "failed":
+            r.error.code, r.error.message = error.code, error.message
+            arm = "failed"
+        elif status == "incomplete":
+            reason = "cancelled" if error is not None else ("content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens")
+            r.incomplete_details.reason = reason
+            arm = "incomplete"
+        if SERVER_TIMING_INCLUDE in self.params.include:
+            st = r.server_timing
+            for name, seconds in clock.stages.items():
+                st.stages_ms[name] = seconds * 1000
+            st.overhead_ms = clock.overhead() * 1000
+        finishing = self.session.begin_finishing(r.id)
+        await self._emit_response(arm, r)
+        self.engine.metrics.turn_finished(self.session.transport, arm, clock, u)
+        try:
+            await asyncio.sleep(0)  # let the terminal event go out before the bookkeeping below
+            with clock.stage("finalize"):
+                self._remember(prepared, output, status, error)
+        finally:
+            finishing.set_result(None)
+            self.session.end_finishing(r.id)
+
+    def _remember(self, prepared: Prepared, output: list, status: str, error: TetherError | None) -> None:
+        r = prepared.response
+        out_segments = tuple(Segment(item_key(item), item, render.encode(render.render_item(item))) for item in output)
+        if any(s.item.WhichOneof("item") == "compaction" for s in out_segments):
+            window = effective_context([*prepared.node.all_segments(), *out_segments], lambda s: s.item)
+            context = Node.extend(None, tuple(window))
+        else:
+            context = Node.extend(prepared.node, out_segments)
+        if error is not None:
+            self._evict_parent_after_error()
+        elif status in ("completed", "incomplete"):
+            entry = CachedResponse(
+                response=r,
+                input_node=prepared.node,
+                context_node=context,
+                lane=self.lane.name,
+                store=r.store,
+                tenant=self.session.tenant,
+                nbytes=prepared.node.nbytes + context.nbytes,
+            )
+            self.session.cache.put(entry)
+            self.lane.last_response_id = r.id
+        self.engine.post.submit(self._post_job(prepared, out_segments, context))
+
+    def _post_job(self, prepared: Prepared, out_segments: tuple[Segment, ...], context: Node) -> PostJob:
+        r = prepared.response
+        if not r.store:
+            return PostJob(usage=None, record=None)
+        usage = UsageRecord(
+            tenant=self.session.tenant,
+            response_id=r.id,
+            model=r.model,
+            backend=prepared.route.backend.name,
+            input_tokens=r.usage.input_tokens,
+            cached_tokens=r.usage.cached_tokens,
+            output_tokens=r.usage.output_tokens,
+            reasoning_tokens=r.usage.reasoning_tokens,
+            status=r.status,
+            created_at=float(r.created_at),
+        )
+        record = ResponseRecord(
+            tenant=self.session.tenant,
+            response=r,
+            input_keys=[s.key for s in prepared.node.all_segments()],
+            output_keys=[s.key for s in out_segments],
+            new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
+            conversation_tokens=context.token_count,
+        )
+        return PostJob(usage=usage, record=record)
+
+    def _evict_parent_after_error(self) -> None:
+        parent_id = self.params.previous_response_id
+        if not parent_id:
+            return
+        entry = self.session.cache.get(parent_id)
+        if entry is not None and entry.lane == self.lane.name:
+            self.session.cache.evict(parent_id, reason="error")
+
+
+def item_key(item: items_pb2.Item) -> str:
+    """Storage key of an output item: its own id (server-made, 128 random bits)."""
+    arm = item.WhichOneof("item")
+    inner = getattr(item, arm) if arm else None
+    return getattr(inner, "id", "") or ids.new_id("itm")
+
+
+def _unstored(prepared: Prepared, out_segments: tuple[Segment, ...]) -> list[Segment]:
+    """The segments this turn adds to the store: new input, plus a rebuilt window's items when
+    the parent was not stored (store=false parent continued with store=true), plus the output."""
+    parent = prepared.parent
+    if parent is not None and not parent.store:
+        return [*prepared.node.all_segments(), *out_segments]
+    if prepared.node.parent is None:  # a compaction window: its kept items may be new to the store
+        return [*prepared.node.segments, *out_segments]
+    return [*prepared.new_segments, *out_segments]

@@ -1,0 +1,83 @@
+"""Prometheus metrics for one engine (a private registry, so several engines can coexist in one
+process, e.g. in tests). The session core calls these small methods; nothing else knows metric
+names. Exposed at `/metrics` on the bridge (or `server.metrics_port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from tether.core.timing import StageClock
+
+_STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.connections = Gauge("tether_connections", "Open sessions", ["transport"], registry=r)
+        self.connections_total = Counter("tether_connections_opened", "Sessions opened", ["transport"], registry=r)
+        self.active_responses = Gauge("tether_active_responses", "Responses being generated", registry=r)
+        self.turns = Counter("tether_turns", "Finished responses", ["transport", "outcome"], registry=r)
+        self.cache_hits = Counter("tether_cache_hits", "previous_response_id found in the connection cache", registry=r)
+        self.cache_misses = Counter("tether_cache_misses", "previous_response_id not in the connection cache", registry=r)
+        self.cache_evictions = Counter("tether_cache_evictions", "Cached response states evicted", ["reason"], registry=r)
+        self.hydrations = Counter("tether_hydrations", "Responses loaded from the store", ["result"], registry=r)
+        self.stage_seconds = Histogram(
+            "tether_stage_seconds", "Time per pipeline stage", ["stage"], buckets=_STAGE_BUCKETS, registry=r
+        )
+        self.overhead_seconds = Histogram(
+            "tether_turn_overhead_seconds", "Per-turn server time not spent waiting on the backend",
+            ["transport"], buckets=_STAGE_BUCKETS, registry=r,
+        )
+        self.tokens = Counter("tether_tokens", "Tokens", ["kind"], registry=r)
+        self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
+        self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
+        self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
+        self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- hooks called by the core -----------------------------------------------------------------
+
+    def session_opened(self, transport: str) -> None:
+        self.connections.labels(transport).inc()
+        self.connections_total.labels(transport).inc()
+
+    def session_closed(self, transport: str) -> None:
+        self.connections.labels(transport).dec()
+
+    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage) -> None:
+        self.turns.labels(transport, outcome).inc()
+        for stage, seconds in clock.stages.items():
+            self.stage_seconds.labels(stage).observe(seconds)
+        self.overhead_seconds.labels(transport).observe(clock.overhead())
+        self.tokens.labels("input").inc(usage.input_tokens)
+        self.tokens.labels("cached").inc(usage.cached_tokens)
+        self.tokens.labels("output").inc(usage.output_tokens)
+
+    def post_inference(self, seconds: float) -> None:
+        self.stage_seconds.labels("post_inference").observe(seconds)
+
+    def cache_lookup(self, *, hit: bool) -> None:
+        (self.cache_hits if hit else self.cache_misses).inc()
+
+    def cache_eviction(self, reason: str) -> None:
+        self.cache_evictions.labels(reason).inc()
+
+    def hydration(self, found: bool) -> None:
+        self.hydrations.labels("found" if found else "missing").inc()
+
+    def error(self, code: str) -> None:
+        self.errors.labels(code).inc()
+
+    def compaction(self) -> None:
+        self.compactions.inc()
+
+    def retry_hook(self, backend: str):
+        """A zero-argument callback counting one upstream retry of `backend`."""
+        counter = self.backend_retries.labels(backend)
+        return lambda *_: counter.inc()
+
+    def safety_finding(self, kind: str) -> None:
+        self.safety_findings.labels(kind).inc()

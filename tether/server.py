@@ -1,0 +1,80 @@
+"""Process lifecycle: start the engine, the gRPC server and (by default) the in-process bridge;
+stop them in order on SIGTERM/SIGINT: stop accepting, let in-flight turns finish within the
+grace period, close WebSockets with 1001 and gRPC streams with UNAVAILABLE, flush post-inference
+work, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from tether.auth import Authenticator
+from tether.config import TetherConfig
+from tether.core.engine import Engine
+from tether.service.grpc_server import GrpcServer, start_grpc_server
+
+log = logging.getLogger("tether.server")
+
+
+@dataclass
+class Running:
+    engine: Engine
+    grpc: GrpcServer
+    bridge: object | None  # tether.bridge.server.BridgeServer
+
+    @property
+    def grpc_port(self) -> int:
+        return self.grpc.port
+
+    @property
+    def bridge_port(self) -> int | None:
+        return getattr(self.bridge, "port", None)
+
+    async def stop(self, grace: float) -> None:
+        await self.grpc.health.enter_graceful_shutdown()
+        await self.engine.shutdown(grace)  # sessions end: WS close 1001, gRPC UNAVAILABLE
+        if self.bridge is not None:
+            await self.bridge.stop(grace)
+        await self.grpc.stop(grace)
+        await self.engine.aclose()
+
+
+def make_authenticator(config: TetherConfig) -> Authenticator:
+    auth = Authenticator.from_sources(file=config.server.api_keys_file)
+    if auth.open:
+        log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
+    return auth
+
+
+async def start(config: TetherConfig) -> Running:
+    engine = await Engine.start(config)
+    auth = make_authenticator(config)
+    grpc_server = await start_grpc_server(engine, config, auth)
+    bridge = None
+    if config.server.bridge:
+        from tether.bridge.server import start_bridge
+
+        bridge = await start_bridge(engine, auth, config)
+    return Running(engine, grpc_server, bridge)
+
+
+async def serve_forever(config: TetherConfig) -> None:
+    running = await start(config)
+    log.info(
+        "tether serving",
+        extra={"grpc": f"{config.server.grpc_host}:{running.grpc_port}", "bridge_port": running.bridge_port},
+    )
+    print(
+        f"tether: gRPC on {config.server.grpc_host}:{running.grpc_port}"
+        + (f", HTTP/WebSocket on http://{config.server.bridge_host}:{running.bridge_port}/v1" if running.bridge else ""),
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", extra={"grace_s": config.server.shutdown_grace_s})
+    await running.stop(config.server.shutdown_grace_s)

@@ -1,0 +1,180 @@
+"""The gRPC adapter: `ResponsesService` over a `ResponsesAPI`, plus health and reflection.
+
+Nothing here interprets the protocol. The Session RPC pumps client events into the session and
+session batches out (one SessionResponse per batch); unary RPCs call the API and map a
+`TetherError` to a gRPC status with `tether-error-code`, `tether-error-param` and
+`tether-error-status` trailing metadata. The API key travels as `authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tether import errors
+from tether.auth import Authenticator
+from tether.config import TetherConfig
+from tether.core.api import ResponsesAPI
+from tether.errors import TetherError
+from tether.responses.v1 import service_pb2, service_pb2_grpc
+
+log = logging.getLogger("tether.grpc")
+
+SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["ResponsesService"].full_name
+
+_STATUS_BY_HTTP = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ABORTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def grpc_status_for(status: int) -> grpc.StatusCode:
+    if status in _STATUS_BY_HTTP:
+        return _STATUS_BY_HTTP[status]
+    return grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
+    context.set_trailing_metadata(
+        (("tether-error-code", exc.code), ("tether-error-param", exc.param or ""), ("tether-error-status", str(exc.status)))
+    )
+    await context.abort(grpc_status_for(exc.status), exc.message)
+
+
+class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
+    def __init__(self, api: ResponsesAPI, authenticator: Authenticator) -> None:
+        self._api = api
+        self._auth = authenticator
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        metadata = dict(context.invocation_metadata() or ())
+        return self._auth.tenant_for(metadata.get("authorization"))
+
+    async def _unary(self, context, call):
+        try:
+            return await call(self._tenant(context))
+        except TetherError as exc:
+            await _abort(context, exc)
+
+    async def Session(self, request_iterator, context):
+        try:
+            tenant = self._tenant(context)
+            session = await self._api.open_session(tenant, transport="grpc")
+        except TetherError as exc:
+            await _abort(context, exc)
+            return
+
+        async def pump() -> None:
+            try:
+                async for request in request_iterator:
+                    await session.send(request)
+            except TetherError:
+                pass  # the session closed under us; the writer ends the stream
+
+        reader = asyncio.create_task(pump())
+        last: list = []
+        try:
+            async for batch in session.events():
+                response = service_pb2.SessionResponse()
+                response.events.extend(batch)
+                last = batch
+                yield response
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await session.close()
+        if last and last[-1].error.error.code == errors.SERVER_SHUTTING_DOWN:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
+
+    async def CreateResponse(self, request, context):
+        try:
+            tenant = self._tenant(context)
+        except TetherError as exc:
+            await _abort(context, exc)
+            return
+        async for event in self._api.create(tenant, request.params):
+            yield service_pb2.CreateResponseResponse(events=[event])
+
+    async def GetResponse(self, request, context):
+        async def call(tenant):
+            return service_pb2.GetResponseResponse(response=await self._api.get_response(tenant, request.response_id))
+
+        return await self._unary(context, call)
+
+    async def DeleteResponse(self, request, context):
+        return await self._unary(context, lambda tenant: self._api.delete_response(tenant, request.response_id))
+
+    async def ListInputItems(self, request, context):
+        return await self._unary(context, lambda tenant: self._api.list_input_items(tenant, request))
+
+    async def CountInputTokens(self, request, context):
+        async def call(tenant):
+            count = await self._api.count_input_tokens(tenant, request.params)
+            return service_pb2.CountInputTokensResponse(input_tokens=count)
+
+        return await self._unary(context, call)
+
+    async def CompactResponse(self, request, context):
+        return await self._unary(context, lambda tenant: self._api.compact(tenant, request.params))
+
+    async def ListModels(self, request, context):
+        return await self._unary(context, lambda tenant: self._api.list_models())
+
+
+class GrpcServer:
+    def __init__(self, server: grpc.aio.Server, port: int, health_servicer: health.aio.HealthServicer) -> None:
+        self.server = server
+        self.port = port
+        self.health = health_servicer
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+def _options(config: TetherConfig) -> list[tuple[str, int]]:
+    limit = config.limits.max_request_bytes
+    return [
+        ("grpc.so_reuseport", 1 if config.server.workers > 1 else 0),
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticator: Authenticator) -> GrpcServer:
+    server = grpc.aio.server(options=_options(config))
+    service_pb2_grpc.add_ResponsesServiceServicer_to_server(ResponsesServicer(api, authenticator), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    address = f"{config.server.grpc_host}:{config.server.grpc_port}"
+    if config.server.tls_cert and config.server.tls_key:
+        with open(config.server.tls_key, "rb") as k, open(config.server.tls_cert, "rb") as c:
+            credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    await server.start()
+    ready = getattr(api, "ready", None)
+    status = health_pb2.HealthCheckResponse.SERVING
+    if ready is not None and not await ready():
+        status = health_pb2.HealthCheckResponse.NOT_SERVING
+    await health_servicer.set(SERVICE_NAME, status)
+    await health_servicer.set("", status)
+    return GrpcServer(server, port, health_servicer)

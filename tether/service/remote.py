@@ -1,0 +1,276 @@
+"""`RemoteResponsesAPI`: the `ResponsesAPI` interface over a gRPC channel to a remote Tether.
+
+With it the JSON bridge runs as its own process (`tether bridge --upstream host:port`) exactly as
+it runs next to the in-process Engine; it is also the base of a typed Python client.
+
+Mapping:
+- `open_session` -> one bidi `Session` call. `send` writes a `SessionRequest`; `events()` yields
+  each `SessionResponse`'s batch; `close()` cancels the call (the server cancels the session's
+  work). A session that ends with a non-OK gRPC status (upstream gone, auth refused) yields one
+  `error` event with the mapped error as its last batch, like a connection-fatal error in-band.
+- `create` -> the server-streaming `CreateResponse`, flattened to events; a failed call becomes a
+  single `error` event (the `ResponsesAPI.create` contract). Closing the iterator cancels the call.
+- Unary RPCs raise `TetherError` rebuilt from the status: trailing metadata `tether-error-code`,
+  `tether-error-param` and `tether-error-status` when the server set them, otherwise the status
+  code mapped to an HTTP-equivalent status (see `STATUS_BY_CODE`) and the details as message.
+
+Credentials, two modes (`call_metadata` builds the metadata; a subclass may override it):
+- `api_key="..."`: every call carries `authorization: Bearer <api_key>`, so the upstream scopes
+  everything to that key's tenant; the `tenant` argument (the caller's local identity) is not
+  sent, since the upstream would have to trust it. This is the typed-client mode.
+- `api_key=None`: credential forwarding. The `tenant` argument *is* the caller's own API key and
+  is sent as the bearer token, so the upstream authenticates each caller and scopes its data.
+  Pair it with `ForwardingAuthenticator`, which hands the bridge the raw bearer token as the
+  "tenant" (`tether bridge --upstream` without `--upstream-api-key`). `open_session` then checks
+  the key with one cheap unary call first, so a bad key is a 401 before the WebSocket upgrade.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tether.auth import Authenticator, _bearer
+from tether.errors import (
+    INVALID_API_KEY,
+    INVALID_REQUEST,
+    RATE_LIMIT_EXCEEDED,
+    RESPONSE_NOT_FOUND,
+    SERVER_ERROR,
+    TetherError,
+)
+from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2, service_pb2_grpc
+
+STATUS_BY_CODE: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+# The error code to report when the server sent no `tether-error-code`.
+_DEFAULT_ERROR_CODE = {
+    400: INVALID_REQUEST,
+    401: INVALID_API_KEY,
+    404: RESPONSE_NOT_FOUND,
+    429: RATE_LIMIT_EXCEEDED,
+}
+
+# Large inputs and long stored responses travel as single messages.
+DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+)
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> TetherError:
+    """Rebuild the `TetherError` a Tether server reported as a gRPC status."""
+    meta: dict[str, str] = {}
+    for key, value in exc.trailing_metadata() or ():
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        meta[key.lower()] = value
+    status = STATUS_BY_CODE.get(exc.code(), 500)
+    raw_status = meta.get("tether-error-status", "")
+    if raw_status.isdigit():
+        status = int(raw_status)
+    code = meta.get("tether-error-code") or _DEFAULT_ERROR_CODE.get(status, SERVER_ERROR)
+    message = exc.details() or exc.code().name.lower()
+    return TetherError(code, message, param=meta.get("tether-error-param") or None, status=status)
+
+
+def _error_event(err: TetherError) -> events_pb2.ServerEvent:
+    return events_pb2.ServerEvent(error=events_pb2.ErrorEvent(error=err.to_proto()))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _closed_error() -> TetherError:
+    return TetherError(INVALID_REQUEST, "The session is closed.", status=400)
+
+
+class ForwardingAuthenticator(Authenticator):
+    """For a bridge whose upstream authenticates: the "tenant" is the caller's bearer token,
+    which `RemoteResponsesAPI(api_key=None)` forwards. Only a missing token is refused here."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    @property
+    def open(self) -> bool:
+        return False
+
+    def tenant_for(self, authorization: str | None) -> str:
+        token = _bearer(authorization)
+        if token is None:
+            raise TetherError(
+                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'.", status=401
+            )
+        return token
+
+
+class RemoteSession:
+    """A `SessionHandle` over one bidi `Session` call."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+        self._call = call
+        self._closed = False
+
+    async def send(self, request: service_pb2.SessionRequest) -> None:
+        if self._closed or self._call.done():
+            raise _closed_error()
+        try:
+            await self._call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            raise _closed_error() from None
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            raise _closed_error() from None  # the call was cancelled under us (close())
+
+    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+        ended_with_error = False  # the server already said why in-band (e.g. server_shutting_down)
+        while True:
+            try:
+                message = await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                if not ended_with_error and not (self._closed and exc.code() == grpc.StatusCode.CANCELLED):
+                    yield [_error_event(error_from_rpc(exc))]
+                return
+            except asyncio.CancelledError:
+                if self._closed and not _cancelling():
+                    return
+                raise
+            if message is grpc.aio.EOF:
+                return
+            events = message.events
+            if events:
+                last = events[-1]
+                ended_with_error = last.WhichOneof("event") == "error" and not last.response_id
+            yield events
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._call.cancel()
+
+
+class RemoteResponsesAPI:
+    """`ResponsesAPI` over `grpc.aio` to a Tether gRPC server at `target` (`host:port`)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        api_key: str | None,
+        tls_ca: str | None = None,
+        tls: bool = False,
+        options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+    ) -> None:
+        """`tls_ca`: a PEM file of the roots to trust (implies TLS); `tls=True` without it uses
+        the system roots."""
+        self.target = target
+        self.forwarding = api_key is None
+        self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        if tls_ca or tls:
+            roots = Path(tls_ca).read_bytes() if tls_ca else None
+            creds = grpc.ssl_channel_credentials(root_certificates=roots)
+            self._channel = grpc.aio.secure_channel(target, creds, options=list(options))
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=list(options))
+        self._stub = service_pb2_grpc.ResponsesServiceStub(self._channel)
+
+    def call_metadata(self, tenant: str | None) -> tuple[tuple[str, str], ...]:
+        """Metadata of a call made for `tenant` (see "Credentials" in the module notes)."""
+        if self.forwarding:
+            return (("authorization", f"Bearer {tenant}"),) if tenant else ()
+        return self._auth
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> RemoteResponsesAPI:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def ready(self) -> bool:
+        """True when the upstream answers its health service (or, without one, answers at all)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=2.0
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() == grpc.StatusCode.UNIMPLEMENTED
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    # -- ResponsesAPI -------------------------------------------------------------------------
+
+    async def open_session(self, tenant: str, *, transport: str) -> RemoteSession:
+        if self.forwarding:  # refuse a bad key now (a 401 before the upgrade), not in-band later
+            await self._unary(self._stub.ListModels, service_pb2.ListModelsRequest(), tenant)
+        call = self._stub.Session(metadata=self.call_metadata(tenant))
+        try:
+            await call.wait_for_connection()
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        return RemoteSession(call)
+
+    async def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        call = self._stub.CreateResponse(
+            service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
+        )
+        try:
+            async for batch in call:
+                for ev in batch.events:
+                    yield ev
+        except grpc.aio.AioRpcError as exc:
+            yield _error_event(error_from_rpc(exc))
+        finally:
+            call.cancel()
+
+    async def _unary(self, method: Any, request: Any, tenant: str | None) -> Any:
+        try:
+            return await method(request, metadata=self.call_metadata(tenant))
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+
+    async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        request = service_pb2.GetResponseRequest(response_id=response_id)
+        return (await self._unary(self._stub.GetResponse, request, tenant)).response
+
+    async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
+        request = service_pb2.DeleteResponseRequest(response_id=response_id)
+        return await self._unary(self._stub.DeleteResponse, request, tenant)
+
+    async def list_input_items(
+        self, tenant: str, request: service_pb2.ListInputItemsRequest
+    ) -> service_pb2.ListInputItemsResponse:
+        return await self._unary(self._stub.ListInputItems, request, tenant)
+
+    async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
+        request = service_pb2.CountInputTokensRequest(params=params)
+        return (await self._unary(self._stub.CountInputTokens, request, tenant)).input_tokens
+
+    async def compact(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> service_pb2.CompactResponseResponse:
+        request = service_pb2.CompactResponseRequest(params=params)
+        return await self._unary(self._stub.CompactResponse, request, tenant)
+
+    async def list_models(self, tenant: str | None = None) -> service_pb2.ListModelsResponse:
+        """`tenant` (optional, beyond `ResponsesAPI`) supplies the forwarded key; the bridge passes it."""
+        return await self._unary(self._stub.ListModels, service_pb2.ListModelsRequest(), tenant)

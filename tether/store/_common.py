@@ -1,0 +1,137 @@
+"""Helpers every store engine shares: the API item id of an item, argument checks for
+`list_input_items`, in-process paging (memory and Redis), and the usage-record field order."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from tether.responses.v1 import items_pb2
+
+from .base import UsageRecord
+
+T = TypeVar("T")
+
+ORDERS = ("asc", "desc")
+
+# The column / field order every engine stores a UsageRecord in.
+USAGE_FIELDS = (
+    "tenant",
+    "response_id",
+    "model",
+    "backend",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "status",
+    "created_at",
+)
+_INT_USAGE_FIELDS = frozenset({"input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens"})
+
+
+def item_api_id(item: items_pb2.Item) -> str:
+    """The API-visible `id` of an item ("" when it has none): the arm's `id` field, or the `id`
+    key of the JSON of an item type the schema does not model."""
+    arm = item.WhichOneof("item")
+    if arm is None:
+        return ""
+    body = getattr(item, arm)
+    if arm == "other":
+        try:
+            obj = json.loads(body.json) if body.json else {}
+        except ValueError:
+            return ""
+        value = obj.get("id") if isinstance(obj, dict) else None
+        return value if isinstance(value, str) else ""
+    return getattr(body, "id", "") or ""
+
+
+def check_page_args(after: str | None, limit: int, order: str) -> str | None:
+    """Validate `list_input_items` arguments (same errors on every engine); returns the
+    normalized cursor ("" means no cursor)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
+    return after or None
+
+
+def page(entries: Sequence[tuple[str, T]], after: str | None, limit: int, order: str) -> tuple[list[T], bool]:
+    """Page `(item_id, value)` entries (in input order) the way the SQL engines do.
+
+    desc lists newest (last) first. `after` is the API id of the item the previous page ended
+    with: the page starts right after its first occurrence in listing order. An `after` that
+    matches no item yields an empty page (nothing is known to come after it).
+    """
+    ordered = list(entries) if order == "asc" else list(reversed(entries))
+    start = 0
+    if after is not None:
+        for index, (item_id, _) in enumerate(ordered):
+            if item_id == after:
+                start = index + 1
+                break
+        else:
+            return [], False
+    window = ordered[start : start + limit + 1]
+    return [value for _, value in window[:limit]], len(window) > limit
+
+
+def usage_to_row(record: UsageRecord) -> tuple:
+    return tuple(getattr(record, name) for name in USAGE_FIELDS)
+
+
+def usage_from_mapping(values: dict[str, object]) -> UsageRecord:
+    """Rebuild a UsageRecord from string-ish values (Redis stream fields)."""
+    kwargs: dict[str, object] = {}
+    for name in USAGE_FIELDS:
+        raw = values[name]
+        if isinstance(raw, bytes):
+            raw = raw.decode()
+        if name in _INT_USAGE_FIELDS:
+            kwargs[name] = int(raw)  # type: ignore[arg-type]
+        elif name == "created_at":
+            kwargs[name] = float(raw)  # type: ignore[arg-type]
+        else:
+            kwargs[name] = str(raw)
+    return UsageRecord(**kwargs)  # type: ignore[arg-type]
+
+
+class MissingItemError(LookupError):
+    """A stored response references an item key the store does not hold (a dangling reference:
+    the writer referenced a key it never stored). Raised by `load_context` / `list_input_items`
+    rather than returning a silently shortened context."""
+
+    def __init__(self, tenant: str, response_id: str, key: str) -> None:
+        super().__init__(f"response {response_id!r} references missing item key {key!r}")
+        self.tenant = tenant
+        self.response_id = response_id
+        self.key = key
+
+
+def split_query_options(url: str, known: Sequence[str]) -> tuple[str, dict[str, str]]:
+    """Pop the query parameters named in `known` off `url`; returns (url without them, options).
+    Other parameters stay in the URL for the driver (e.g. PostgreSQL's `sslmode`)."""
+    parts = urlsplit(url)
+    kept: list[tuple[str, str]] = []
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in known:
+            options[name] = value
+        else:
+            kept.append((name, value))
+    return urlunsplit(parts._replace(query=urlencode(kept))), options
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by `***` (for error messages and logs)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparseable store URL>"

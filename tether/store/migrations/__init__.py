@@ -1,0 +1,1 @@
+"""SQL migrations of the store engines, one folder per engine (data files, not modules)."""
