@@ -92,7 +92,7 @@ class TetherConfig:
     store: str = "sqlite://tether-data/tether.db"
     backends: dict[str, BackendSpec] = field(default_factory=lambda: {"sim": BackendSpec()})
     # model name or alias -> route; "*" catches every other name.
-    models: dict[str, Route] = field(default_factory=lambda: {"*": Route(backend="sim")})
+    models: dict[str, Route] = field(default_factory=lambda: {"tether-sim": Route(backend="sim"), "*": Route(backend="sim")})
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     log_level: str = "info"
     log_format: str = "json"  # json | text

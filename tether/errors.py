@@ -78,12 +78,16 @@ class TetherError(Exception):
 
     def to_proto(self) -> events_pb2.Error:
         return events_pb2.Error(
-            type=self.type, code=self.code, message=self.message, param=self.param or "", status=self.status
+            type=self.type, code=self.code, message=self.message, param=self.param or "", status=self.status,
+            retry_after_s=self.retry_after or 0.0,
         )
 
     @classmethod
     def from_proto(cls, err: events_pb2.Error) -> TetherError:
-        return cls(err.code, err.message, param=err.param or None, status=err.status or 400, type=err.type or None)
+        return cls(
+            err.code, err.message, param=err.param or None, status=err.status or 400, type=err.type or None,
+            retry_after=err.retry_after_s or None,
+        )
 
     def __repr__(self) -> str:
         return f"TetherError({self.code!r}, {self.message!r}, status={self.status})"

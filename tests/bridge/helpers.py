@@ -12,6 +12,8 @@ from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 from websockets.asyncio.client import ClientConnection
 
+from ..support.validator import validate_events
+
 KEY_A, KEY_B = "sk-a", "sk-b"
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
@@ -22,13 +24,21 @@ _SSE_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 def check_ws_events(events: Iterable[dict[str, Any]]) -> None:
+    """Every event parses strictly; a stream that reached its terminal event also passes the
+    project's event-sequence oracle (`tests.support.validator`)."""
+    events = list(events)
     for ev in events:
         _WS_EVENT.validate_python(ev)
+    if events and is_terminal(events[-1]):
+        validate_events(events)
 
 
 def check_sse_events(events: Iterable[dict[str, Any]]) -> None:
+    events = list(events)
     for ev in events:
         _SSE_EVENT.validate_python(ev)
+    if events and is_terminal(events[-1]):
+        validate_events(events)
 
 
 async def send_json(conn: ClientConnection, obj: Any) -> None:

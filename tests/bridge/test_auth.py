@@ -16,10 +16,16 @@ from .conftest import running_stack
 from .helpers import KEY_A, KEY_B, recv_json, recv_response, send_json, wait_for
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic sk-a"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Basic sk-a"}]
+)
 async def test_http_requires_a_valid_key(stack: Any, headers: dict[str, str]) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as h:
-        for method, path in (("POST", "/v1/responses"), ("GET", "/v1/models"), ("GET", "/v1/responses/resp_x")):
+        for method, path in (
+            ("POST", "/v1/responses"),
+            ("GET", "/v1/models"),
+            ("GET", "/v1/responses/resp_x"),
+        ):
             r = await h.request(method, path, headers=headers, json={"model": "m", "input": "x"})
             assert r.status_code == 401
             assert r.json()["error"]["code"] == "invalid_api_key"
@@ -47,12 +53,20 @@ async def test_ws_upgrade_requires_a_valid_key(stack: Any, key: str | None) -> N
 
 async def test_tenant_isolation(stack: Any) -> None:
     async with stack.ws(KEY_A) as conn:
-        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "mine", "store": True})
+        await send_json(
+            conn, {"type": "response.create", "model": "sim-model", "input": "mine", "store": True}
+        )
         mine = (await recv_response(conn))[-1]["response"]["id"]
         # Same tenant, new connection: continues from the store.
         async with stack.ws(KEY_A) as again:
             await send_json(
-                again, {"type": "response.create", "model": "sim-model", "input": "go", "previous_response_id": mine}
+                again,
+                {
+                    "type": "response.create",
+                    "model": "sim-model",
+                    "input": "go",
+                    "previous_response_id": mine,
+                },
             )
             assert (await recv_response(again))[-1]["type"] == "response.completed"
 
@@ -71,7 +85,8 @@ async def test_tenant_isolation(stack: Any) -> None:
 
     async with stack.ws(KEY_B) as conn:
         await send_json(
-            conn, {"type": "response.create", "model": "sim-model", "input": "steal", "previous_response_id": mine}
+            conn,
+            {"type": "response.create", "model": "sim-model", "input": "steal", "previous_response_id": mine},
         )
         ev = await recv_json(conn)
         assert ev["type"] == "error" and ev["error"]["code"] == "previous_response_not_found"

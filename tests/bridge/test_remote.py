@@ -28,7 +28,9 @@ from .helpers import KEY_A, KEY_B, WEATHER_TOOL, recv_json, recv_response, send_
 
 
 class RemoteStack(Stack):
-    def __init__(self, engine: Engine, bridge: Any, config: Any, grpc_server: Any, api: RemoteResponsesAPI) -> None:
+    def __init__(
+        self, engine: Engine, bridge: Any, config: Any, grpc_server: Any, api: RemoteResponsesAPI
+    ) -> None:
         super().__init__(engine, bridge, config)
         self.grpc = grpc_server
         self.api = api
@@ -68,7 +70,9 @@ async def remote(request: pytest.FixtureRequest) -> AsyncIterator[RemoteStack]:
 
 async def test_ws_tool_loop_and_warmup_over_grpc(remote: Any) -> None:
     async with remote.client(remote.key) as client, client.responses.connect() as conn:
-        await conn.send({"type": "response.create", "model": "sim-model", "input": "setup", "generate": False})
+        await conn.send(
+            {"type": "response.create", "model": "sim-model", "input": "setup", "generate": False}
+        )
         warm = None
         async for ev in conn:
             if ev.type == "response.completed":
@@ -76,7 +80,11 @@ async def test_ws_tool_loop_and_warmup_over_grpc(remote: Any) -> None:
                 break
         assert warm is not None and warm.output == []
         await conn.response.create(
-            model="sim-model", input="weather?", tools=[WEATHER_TOOL], previous_response_id=warm.id, store=False
+            model="sim-model",
+            input="weather?",
+            tools=[WEATHER_TOOL],
+            previous_response_id=warm.id,
+            store=False,
         )
         async for ev in conn:
             if ev.type == "response.completed":
@@ -115,7 +123,11 @@ async def test_http_endpoints_over_grpc(remote: Any) -> None:
         assert count.input_tokens > 0
         compacted = await client.responses.compact(
             model="sim-model",
-            input=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+            input=[
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+            ],
         )
         assert compacted.output[-1].type == "compaction"
         assert [m.id for m in (await client.models.list()).data] == ["sim-model"]
@@ -190,7 +202,11 @@ def test_error_mapping_from_status() -> None:
     err = error_from_rpc(
         rpc(
             grpc.StatusCode.INVALID_ARGUMENT,
-            (("tether-error-code", "invalid_type"), ("tether-error-param", "input[0]"), ("tether-error-status", "413")),
+            (
+                ("tether-error-code", "invalid_type"),
+                ("tether-error-param", "input[0]"),
+                ("tether-error-status", "413"),
+            ),
         )
     )
     assert (err.code, err.param, err.status, err.message) == ("invalid_type", "input[0]", 413, "details here")

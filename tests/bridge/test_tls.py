@@ -47,7 +47,9 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
         assert bridge.tls and bridge.base_url.startswith("https://")
         trust = ssl.create_default_context(cafile=str(cert))
         http_client = httpx.AsyncClient(verify=trust)
-        async with AsyncOpenAI(base_url=bridge.base_url, api_key=KEY_A, http_client=http_client, max_retries=0) as c:
+        async with AsyncOpenAI(
+            base_url=bridge.base_url, api_key=KEY_A, http_client=http_client, max_retries=0
+        ) as c:
             assert (await c.responses.create(model="sim-model", input="over TLS")).status == "completed"
 
         url = f"wss://127.0.0.1:{bridge.port}/v1/responses"

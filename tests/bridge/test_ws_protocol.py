@@ -16,6 +16,7 @@ from tether.core.engine import Engine
 from .conftest import make_config, running_stack
 from .helpers import (
     WEATHER_TOOL,
+    check_ws_events,
     is_terminal,
     recv_json,
     recv_response,
@@ -86,8 +87,25 @@ async def test_oversize_frame_is_an_in_band_error(make_stack: Any) -> None:
         # Multi-byte text: the limit counts UTF-8 bytes, not characters.
         await send_json(conn, {**CREATE, "input": "é" * (40 * 1024)})
         assert_ws_error(await recv_json(conn), "request_too_large", status=413)
+        # A named lane still gets its error, though the frame was never decoded.
+        await send_json(conn, {**big, "stream_id": "big-lane"})
+        ev = await recv_json(conn)
+        assert_ws_error(ev, "request_too_large", status=413)
+        assert ev["stream_id"] == "big-lane"
         await send_json(conn, CREATE)
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
+
+
+async def test_errors_echo_the_lane_of_the_frame(stack: Any) -> None:
+    async with stack.ws() as conn:
+        await conn.send('{"type": "response.create", "stream_id": "lane-a", "model": ')  # broken JSON
+        ev = await recv_json(conn)
+        assert_ws_error(ev, "invalid_json")
+        assert ev["stream_id"] == "lane-a"
+        await send_json(conn, {**CREATE, "stream_id": "lane-b", "tools": "not-a-list"})
+        ev = await recv_json(conn)
+        assert_ws_error(ev, "invalid_type", param="tools")
+        assert ev["stream_id"] == "lane-b"
 
 
 async def test_frames_beyond_the_transport_cap_fail_the_socket(make_stack: Any) -> None:
@@ -145,6 +163,7 @@ async def test_second_create_on_a_busy_lane_is_queued_fifo(make_stack: Any) -> N
             await send_json(conn, {**CREATE, "input": "second", **extra})
             events = await recv_until(conn, is_terminal)
             events += await recv_until(conn, is_terminal)
+            check_ws_events(events)
             created = [e["response"]["id"] for e in events if e["type"] == "response.created"]
             finished = [e["response"]["id"] for e in events if is_terminal(e)]
             assert len(created) == 2 and finished == created

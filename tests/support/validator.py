@@ -70,6 +70,10 @@ def _validate_one(rid: str, evs: list[dict], item_owner: dict[str, str]) -> None
                 raise SequenceError(f"{rid}: lifecycle event for another id")
             continue
         idx = e.get("output_index")
+        if t == "response.compaction.compacting":  # announces the compaction item added next
+            if idx != len(added):
+                raise SequenceError(f"{rid}: compacting announces index {idx}, next is {len(added)}")
+            continue
         if t == "response.output_item.added":
             if idx in added:
                 raise SequenceError(f"{rid}: output_index {idx} added twice")

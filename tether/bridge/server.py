@@ -74,6 +74,24 @@ class BridgeServer:
         await server.shutdown(sockets=[self._socket])
 
 
+class _DenialLogFilter(logging.Filter):
+    """uvicorn 0.54's websockets-sansio protocol logs "ASGI callable returned without completing
+    handshake." at ERROR after every upgrade refused through the `websocket.http.response`
+    extension (that path never marks the handshake complete). The bridge always either accepts or
+    answers with a status, so the line is noise on every 401/429; drop just that message."""
+
+    MESSAGE = "ASGI callable returned without completing handshake."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.MESSAGE
+
+
+def _install_log_filter() -> None:
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DenialLogFilter) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_DenialLogFilter())
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=2048)
@@ -110,6 +128,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         ssl_keyfile=sc.tls_key,
     )
     ucfg.load()
+    _install_log_filter()
     sock = _bind(sc.bridge_host, sc.bridge_port)
     server = uvicorn.Server(ucfg)
     try:

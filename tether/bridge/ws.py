@@ -34,6 +34,8 @@ from tether.protocol import json_codec
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 _LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# Best effort for frames that did not decode (bad JSON, too deep, too large): the lane they name.
+_LANE_IN_TEXT = re.compile(r'"stream_id"\s*:\s*"([A-Za-z0-9_.-]{1,256})"')
 _TERMINAL_ARMS = frozenset(("completed", "failed", "incomplete"))
 
 
@@ -127,7 +129,7 @@ class WsConnection:
                 request = json_codec.client_event_from_json(obj)
             except Exception as exc:
                 err = common.as_tether_error(exc)
-                await self._send_error(err, _lane_of(obj, err))
+                await self._send_error(err, _lane_of(obj, err, text))
                 continue
             try:
                 await session.send(request)
@@ -176,11 +178,18 @@ class WsConnection:
                 await self._send({"type": "websocket.close", "code": code})
 
 
-def _lane_of(obj: Any, err: TetherError) -> str:
-    """The lane to echo on a request error: the frame's `stream_id`, when it is a valid one."""
-    if err.code == INVALID_STREAM_ID or not isinstance(obj, dict):
+def _lane_of(obj: Any, err: TetherError, text: str) -> str:
+    """The lane to echo on a request error: the frame's `stream_id`, when it is a valid one.
+
+    A named lane's waiter (the SDK's `lane.get_final_response()`) only sees errors that carry its
+    `stream_id`, so even an undecodable frame gets the lane its text names, found by a regex (a
+    C-speed scan; it may pick a `"stream_id"` nested deeper when the top level has none)."""
+    if err.code == INVALID_STREAM_ID:
         return ""
-    sid = obj.get("stream_id")
+    if obj is None:
+        found = _LANE_IN_TEXT.search(text)
+        return found.group(1) if found else ""
+    sid = obj.get("stream_id") if isinstance(obj, dict) else None
     return sid if isinstance(sid, str) and _LANE.fullmatch(sid) else ""
 
 

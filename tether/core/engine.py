@@ -21,6 +21,7 @@ from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
 from tether.core.postinference import PostInference
+from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
 from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved, Router
@@ -51,6 +52,7 @@ class Engine:
         self.classifier: Classifier = SecretDetector()
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
         self.post = PostInference(store, on_done=self.metrics.post_inference)
+        self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
         self._stopping = False

@@ -90,12 +90,17 @@ class Turn:
             return
         self.response_id = prepared.response.id
         self.session.register_turn(self)
-        await self._emit_response("created", prepared.response)
-        await self._emit_response("in_progress", prepared.response)
-        if self.params.HasField("generate") and not self.params.generate:
-            await self._finish(prepared, [], "completed", None, None)
-            return
-        await self._generate(prepared)
+        active = self.engine.metrics.active_responses
+        active.inc()
+        try:
+            await self._emit_response("created", prepared.response)
+            await self._emit_response("in_progress", prepared.response)
+            if self.params.HasField("generate") and not self.params.generate:
+                await self._finish(prepared, [], "completed", None, None)
+            else:
+                await self._generate(prepared)
+        finally:
+            active.dec()
 
     async def _prepare(self) -> Prepared:
         params, session, limits = self.params, self.session, self.engine.config.limits
@@ -134,6 +139,7 @@ class Turn:
                 f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
                 param="input",
             )
+        self.engine.rate_limiter.admit(session.tenant, input_tokens)
         return Prepared(
             response=self._response_skeleton(),
             parent=parent,
@@ -329,6 +335,7 @@ class Turn:
         u.input_tokens, u.cached_tokens = prepared.input_tokens, prepared.cached_tokens
         u.output_tokens, u.reasoning_tokens = out_tokens, reasoning_tokens
         u.total_tokens = prepared.input_tokens + out_tokens
+        self.engine.rate_limiter.charge_output(self.session.tenant, out_tokens)
         if finish and finish.timing:
             t = finish.timing
             r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time

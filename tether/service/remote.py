@@ -120,7 +120,9 @@ class ForwardingAuthenticator(Authenticator):
 class RemoteSession:
     """A `SessionHandle` over one bidi `Session` call."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
+    def __init__(
+        self, call: grpc.aio.StreamStreamCall[service_pb2.SessionRequest, service_pb2.SessionResponse]
+    ) -> None:
         self._call = call
         self._closed = False
 
@@ -149,7 +151,7 @@ class RemoteSession:
                 if self._closed and not _cancelling():
                     return
                 raise
-            if message is grpc.aio.EOF:
+            if not isinstance(message, service_pb2.SessionResponse):  # grpc.aio.EOF
                 return
             events = message.events
             if events:
@@ -205,7 +207,7 @@ class RemoteResponsesAPI:
 
     async def ready(self) -> bool:
         """True when the upstream answers its health service (or, without one, answers at all)."""
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
         try:
             reply = await health_pb2_grpc.HealthStub(self._channel).Check(

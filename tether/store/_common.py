@@ -100,9 +100,13 @@ def usage_from_mapping(values: dict[str, object]) -> UsageRecord:
 
 
 class MissingItemError(LookupError):
-    """A stored response references an item key the store does not hold (a dangling reference:
-    the writer referenced a key it never stored). Raised by `load_context` / `list_input_items`
-    rather than returning a silently shortened context."""
+    """An item key that names no stored item of the tenant.
+
+    Every engine raises it from `put_response` when `input_keys` / `output_keys` name a key that
+    is neither stored nor among `new_items` (another tenant's keys included), and then writes
+    nothing; so a stored response never holds a dangling reference, even when a delete of its
+    parent races the write. `load_context` / `list_input_items` raise it too, rather than return a
+    silently shortened context, should a reference dangle anyway (a damaged database)."""
 
     def __init__(self, tenant: str, response_id: str, key: str) -> None:
         super().__init__(f"response {response_id!r} references missing item key {key!r}")

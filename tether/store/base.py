@@ -73,8 +73,8 @@ class ItemPage:
 
 
 class Store(Protocol):
-    """A response store engine. Implementations: memory.py (tests), sqlite.py (default), later
-    postgres.py and redis.py; `factory.open_store(url)` picks one from a URL."""
+    """A response store engine. Implementations: memory.py (tests), sqlite.py (default),
+    postgres.py and redis.py; `factory.open_store(url)` picks and opens one from a URL."""
 
     async def open(self) -> None:
         """Connect and create or migrate the schema."""

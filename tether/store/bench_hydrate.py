@@ -7,6 +7,9 @@ assistant message of `--chars` characters, continuing the previous response, as 
 writes them), then times `load_context` of the last response `--repeat` times (after a warm-up)
 and prints microseconds per hydration. Each run writes under a fresh random tenant and deletes
 its responses afterwards, so it can point at a shared database (use a scratch one anyway).
+On PostgreSQL it runs ANALYZE after writing each chain (`--no-analyze` to skip): freshly filled,
+never-analyzed tables can get a sequential-scan plan that autovacuum would fix within a minute in
+a real deployment (see tether/store/postgres.py).
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ async def _write_chain(store, tenant: str, run: str, turns: int, chars: int) -> 
     return ids
 
 
-async def run(url: str, turns: list[int], repeat: int, chars: int, out=None) -> list[dict]:
+async def run(
+    url: str, turns: list[int], repeat: int, chars: int, out=None, *, analyze: bool = True
+) -> list[dict]:
     out = out or sys.stdout
     store = await open_store(url)
     tenant = f"bench-{secrets.token_hex(4)}"
@@ -78,6 +83,8 @@ async def run(url: str, turns: list[int], repeat: int, chars: int, out=None) -> 
     try:
         for n in turns:
             ids = await _write_chain(store, tenant, run_id, n, chars)
+            if analyze and hasattr(store, "analyze"):
+                await store.analyze()  # PostgreSQL: statistics as autovacuum keeps them
             last = ids[-1]
             for _ in range(min(10, repeat)):
                 await store.load_context(tenant, last)
@@ -120,11 +127,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", default="10,50,200", help="comma-separated chain lengths")
     parser.add_argument("--repeat", type=int, default=200, help="timed hydrations per chain length")
     parser.add_argument("--chars", type=int, default=200, help="characters of text per item")
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="PostgreSQL: skip ANALYZE after writing each chain (measures a cold, never-analyzed table)",
+    )
     args = parser.parse_args(argv)
     turns = [int(t) for t in args.turns.split(",") if t.strip()]
     if not turns or min(turns) < 1 or args.repeat < 1:
         parser.error("--turns needs positive integers and --repeat must be >= 1")
-    asyncio.run(run(args.url, turns, args.repeat, args.chars))
+    asyncio.run(run(args.url, turns, args.repeat, args.chars, analyze=not args.no_analyze))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,13 @@ sees its references.
 Connections are returned to the pool without asyncpg's default RESET ALL round trip: the store
 leaves no session state behind (only transaction-scoped locks and settings).
 
+Query plans: asyncpg prepares each statement once per connection and PostgreSQL switches to a
+cached generic plan after five executions. A plan made while the tables were still tiny (a
+fresh database) can scan `response_items` sequentially; PostgreSQL re-plans as soon as
+autovacuum's ANALYZE updates the statistics (by default after 10% of a table changed, checked
+every minute), so a running deployment heals by itself. Something that fills fresh tables within
+seconds and measures right away (the hydration benchmark) should call `analyze()` first.
+
 Tests count statements with `set_trace()` (asyncpg query loggers; the callback runs on the next
 event-loop iteration, as asyncpg schedules it with `call_soon`).
 """
@@ -132,11 +139,8 @@ def _check_schema(schema: str | None) -> str | None:
     return schema
 
 
-def _server_settings(schema: str | None, *, custom_plans: bool = False) -> dict[str, str]:
-    settings = {"search_path": f'"{schema}"'} if schema else {}
-    if custom_plans:
-        settings["plan_cache_mode"] = "force_custom_plan"
-    return settings
+def _server_settings(schema: str | None) -> dict[str, str]:
+    return {"search_path": f'"{schema}"'} if schema else {}
 
 
 async def _apply_migrations(conn: asyncpg.Connection, schema: str | None) -> int:
@@ -242,7 +246,7 @@ class PostgresStore:
             self.dsn,
             min_size=self.min_size,
             max_size=self.max_size,
-            server_settings=_server_settings(self.schema, custom_plans=True),
+            server_settings=settings,
             init=self._init_connection,
             reset=_no_reset,
         )
@@ -267,6 +271,12 @@ class PostgresStore:
 
     async def schema_version(self) -> int:
         return await self.pool.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+
+    async def analyze(self) -> None:
+        """Refresh the planner statistics of the store's tables (autovacuum does this in a
+        running deployment; benchmarks that fill tables in seconds call it, see the module
+        docstring)."""
+        await self.pool.execute("ANALYZE items; ANALYZE responses; ANALYZE response_items; ANALYZE usage")
 
     # -- responses -----------------------------------------------------------------------
 

@@ -32,6 +32,12 @@ Schema
   this module so the default engine needs no package data), applied by `open()` inside one
   `BEGIN IMMEDIATE` transaction, so processes opening the file at once do not race.
 
+`put_response` is one `BEGIN IMMEDIATE` transaction: insert the new items (`INSERT OR IGNORE`:
+existing keys win), replace the response's key rows, check every referenced key exists (else
+MissingItemError and a rollback), upsert the response row, and collect items that a replaced
+version referenced and nothing references any more. `delete_response` deletes the row and its
+key rows, then the items no remaining response of the tenant references (index probes).
+
 `load_context` is exactly one SELECT (a UNION ALL of the response row and the joined item rows),
 whatever the chain length. Tests count statements with `set_trace()` (sqlite3's trace callback).
 """

@@ -487,6 +487,7 @@ class Error(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     PARAM_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
     type: _builtins.str
     """invalid_request_error | authentication_error | permission_error | not_found_error |
     rate_limit_error | server_error
@@ -495,6 +496,8 @@ class Error(_message.Message):
     message: _builtins.str
     param: _builtins.str
     status: _builtins.int
+    retry_after_s: _builtins.float
+    """Seconds after which a retry may succeed (rate limits); 0 when not applicable."""
     def __init__(
         self,
         *,
@@ -503,10 +506,11 @@ class Error(_message.Message):
         message: _builtins.str = ...,
         param: _builtins.str = ...,
         status: _builtins.int = ...,
+        retry_after_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "param", b"param", "status", b"status", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "param", b"param", "retry_after_s", b"retry_after_s", "status", b"status", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

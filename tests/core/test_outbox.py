@@ -1,0 +1,101 @@
+"""The transport-neutral writer: coalescing, sequence numbers, backpressure (no timing asserts)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tether.core.outbox import Outbox, OutboxClosed
+from tether.responses.v1 import events_pb2
+
+
+def delta(rid: str, text: str, item: str = "msg_1") -> events_pb2.ServerEvent:
+    ev = events_pb2.ServerEvent(response_id=rid)
+    ev.output_text_delta.item_id = item
+    ev.output_text_delta.delta = text
+    return ev
+
+
+def created(rid: str) -> events_pb2.ServerEvent:
+    ev = events_pb2.ServerEvent(response_id=rid)
+    ev.created.response.id = rid
+    return ev
+
+
+def completed(rid: str) -> events_pb2.ServerEvent:
+    ev = events_pb2.ServerEvent(response_id=rid)
+    ev.completed.response.id = rid
+    return ev
+
+
+async def test_deltas_queued_behind_a_busy_reader_merge_and_numbers_stay_contiguous():
+    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    await box.put(created("r"))
+    for piece in ["a", "b", "c", "d"]:
+        await box.put(delta("r", piece))
+    await box.put(completed("r"))
+    batch = await box.get_batch()
+    assert [ev.WhichOneof("event") for ev in batch] == ["created", "output_text_delta", "completed"]
+    assert batch[1].output_text_delta.delta == "abcd"
+    assert [ev.sequence_number for ev in batch] == [0, 1, 2]
+
+
+async def test_deltas_of_different_items_or_responses_do_not_merge():
+    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    await box.put(delta("r", "a", "msg_1"))
+    await box.put(delta("r", "b", "msg_2"))
+    await box.put(delta("s", "c", "msg_2"))
+    batch = await box.get_batch()
+    assert [ev.output_text_delta.delta for ev in batch] == ["a", "b", "c"]
+    assert [ev.sequence_number for ev in batch] == [0, 1, 0]  # per-response counters
+
+
+async def test_merge_is_bounded_by_bytes():
+    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=4)
+    for _ in range(6):
+        await box.put(delta("r", "xx"))
+    batch = await box.get_batch()
+    assert [ev.output_text_delta.delta for ev in batch] == ["xxxx", "xxxx", "xxxx"]
+
+
+async def test_full_queue_blocks_the_producer_until_the_reader_drains():
+    box = Outbox(max_events=2, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    await box.put(created("r"))
+    await box.put(completed("r"))
+    third = asyncio.create_task(box.put(created("s")))
+    await asyncio.sleep(0.01)
+    assert not third.done()  # backpressure: the producer waits
+    assert len(await box.get_batch()) == 2
+    await asyncio.wait_for(third, 5)
+    assert [ev.response_id for ev in await box.get_batch()] == ["s"]
+
+
+async def test_window_waits_for_more_deltas_then_sends_one_message():
+    box = Outbox(max_events=16, coalesce_s=0.05, max_coalesced_bytes=1 << 16)
+    await box.put(delta("r", "first"))
+    assert [ev.output_text_delta.delta for ev in await box.get_batch()] == ["first"]  # idle: sent at once
+
+    async def producer():
+        for piece in "abc":
+            await box.put(delta("r", piece))
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(producer())
+    batch = await box.get_batch()  # inside the window: later deltas merge into the queued one
+    await task
+    rest = "".join(ev.output_text_delta.delta for ev in [*batch, *(await box.get_batch() if box._queue else [])])
+    assert rest == "abc"
+    assert box.events_out < 1 + 3  # fewer messages than deltas
+
+
+async def test_close_drains_then_ends_and_rejects_new_events():
+    box = Outbox(max_events=4, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    await box.put(created("r"))
+    box.close()
+    assert len(await box.get_batch()) == 1
+    assert await box.get_batch() == []
+    try:
+        await box.put(created("s"))
+    except OutboxClosed:
+        pass
+    else:
+        raise AssertionError("put after close must raise")

@@ -1,0 +1,339 @@
+"""The WebSocket "prototype" shape: a whole tool loop as ONE long-running response.
+
+In the launched WebSocket mode every model turn is its own response: the model stops with tool
+calls, the response completes, and the client continues with a new `response.create`
+(`previous_response_id` + the tool outputs). In the prototype shape the response stays open: after
+the model's tool calls the server *blocks*, the client sends the tool outputs with
+`response.append`, and the same response goes on streaming (output indices continue) until the
+model answers without tool calls. This module implements that shape next to the normal `Turn`,
+behind a server flag and a per-create opt-in, so the lab can measure how far the launched shape is
+from it (`tether bench`, transport `ws-proto`).
+
+Protocol (opt-in per create: `include: ["tether:prototype_append"]`, honoured only when the server
+enables `[server] prototype_append = true`):
+
+1. `response.create` as usual. Events stream as usual.
+2. When the model stops with tool calls, their items are closed (`output_item.done`) and the server
+   sends one extra event, then waits::
+
+       {"type": "response.awaiting_input", "response_id": "resp_...", "call_ids": ["call_..."],
+        "sequence_number": N}
+
+   (a `ServerEvent.other` on gRPC, so neither the schema nor the bridge needs to change).
+3. The client sends `{"type": "response.append", "input": [function_call_output items...]}` (a
+   gRPC `SessionRequest.append`). Outputs may come in several appends; generation resumes once
+   every awaited call has an output. Extra items in an append (a user message) are added too. An
+   append whose items fail validation gets an in-band `error` event and the response keeps
+   waiting. An append that answers no waiting call falls through to the legacy `response.append`
+   handling (a new response continuing the lane's last one).
+4. The appended items are part of the response's `output` (in conversation order, without
+   events echoing them back), so the cached state of the finished response, and any
+   `previous_response_id` continuation of it, hold the whole loop.
+5. The response ends as usual (`response.completed`) with the final answer. `server_timing` covers
+   the whole response: the time spent waiting for the client's appends is reported as the stage
+   `append_wait` and is not server overhead. If no append comes within `append_timeout_s` (default:
+   the connection's `idle_timeout_s`) the response fails with `idle_timeout`; cancelling works as
+   for any response.
+
+Hooks (the only two places a session calls into this module):
+
+- `turn_for(session, params, lane)`: the `Turn` to run for a create (a `PrototypeTurn` when the
+  create asks for it, else a plain `Turn`);
+- `deliver_append(session, append) -> bool`: offer a `response.append` to a waiting prototype turn
+  of this session; False means "not for a prototype turn", and the session handles it as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import orjson
+
+from tether import errors
+from tether.backends.base import BackendError, BackendRequest, Finish, Usage
+from tether.core.builder import OutputBuilder
+from tether.core.stages import render, validate
+from tether.core.timing import StageClock
+from tether.core.turn import Prepared, Turn
+from tether.errors import TetherError
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
+
+if TYPE_CHECKING:
+    from tether.core.session import Lane, Session
+
+APPEND_INCLUDE = "tether:prototype_append"
+AWAITING_EVENT = "response.awaiting_input"
+APPEND_WAIT_STAGE = "append_wait"
+
+# Waiting prototype turns per session. Weak keys: a closed session's entry goes with it.
+_WAITING: weakref.WeakKeyDictionary[Session, set[PrototypeTurn]] = weakref.WeakKeyDictionary()
+
+
+def requested(params: request_pb2.ResponseCreateParams) -> bool:
+    return APPEND_INCLUDE in params.include
+
+
+def turn_for(session: Session, params: request_pb2.ResponseCreateParams, lane: Lane) -> Turn:
+    """The turn for a create on a session whose server enables the prototype shape."""
+    if requested(params):
+        return PrototypeTurn(session, params, lane)
+    return Turn(session, params, lane)
+
+
+def deliver_append(session: Session, append: service_pb2.AppendRequest) -> bool:
+    """Give `append` to the waiting prototype turn whose calls it answers; False if none."""
+    turns = _WAITING.get(session)
+    if not turns:
+        return False
+    items = list(append.input)
+    for turn in list(turns):
+        if turn.offer(items):
+            return True
+    return False
+
+
+def waiting_turns(session: Session) -> int:
+    """How many prototype turns of `session` wait for tool output (for tests and metrics)."""
+    return len(_WAITING.get(session) or ())
+
+
+class PrototypeClock(StageClock):
+    """A StageClock whose overhead also excludes the time spent waiting for the client."""
+
+    __slots__ = ()
+
+    def overhead(self) -> float:
+        return super().overhead() - self.stages.get(APPEND_WAIT_STAGE, 0.0)
+
+
+class PrototypeTurn(Turn):
+    """A turn that keeps its response open across tool calls (see the module docstring)."""
+
+    def __init__(
+        self,
+        session: Session,
+        params: request_pb2.ResponseCreateParams,
+        lane: Lane,
+        *,
+        append_timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(session, params, lane)
+        self.clock = PrototypeClock()
+        self.append_timeout_s = session.limits.idle_timeout_s if append_timeout_s is None else append_timeout_s
+        self.steps = 0  # backend calls made so far
+        self._pending: dict[str, None] = {}  # call ids waiting for output, in call order
+        self._received: list[items_pb2.Item] = []
+        self._wake = asyncio.Event()
+
+    # -- the append side (called by deliver_append, in the session's send path) ----------------
+
+    @property
+    def awaiting(self) -> tuple[str, ...]:
+        return tuple(self._pending)
+
+    def offer(self, items: list[items_pb2.Item]) -> bool:
+        """Take `items` if they answer at least one awaited call; wake the turn when all are in."""
+        if not self._pending:
+            return False
+        answers = {
+            item.function_call_output.call_id
+            for item in items
+            if item.WhichOneof("item") == "function_call_output"
+        }
+        if not answers & self._pending.keys():
+            return False
+        self._received.extend(items)
+        self._wake.set()
+        return True
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def _backend_request(self, prepared: Prepared, items: list[items_pb2.Item], input_tokens: int) -> BackendRequest:
+        p = self.params
+        return BackendRequest(
+            model=prepared.route.upstream_model,
+            instructions=p.instructions if p.HasField("instructions") else None,
+            items=items,
+            tools=list(p.tools),
+            tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
+            parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
+            max_output_tokens=p.max_output_tokens if p.HasField("max_output_tokens") else None,
+            temperature=p.temperature if p.HasField("temperature") else None,
+            top_p=p.top_p if p.HasField("top_p") else None,
+            reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
+            text_format=p.text.format if p.text.HasField("format") else None,
+            user=p.user or p.safety_identifier or None,
+            prompt_cache_key=p.prompt_cache_key or None,
+            input_tokens=input_tokens,
+        )
+
+    async def _stream_step(self, builder: OutputBuilder, request: BackendRequest) -> None:
+        """One backend call into `builder`; raises BackendError / CancelledError."""
+        stream = request_stream = self.engine and None  # placate linters; set below
+        stream = self._route_backend.stream(request)
+        del request_stream
+        outbox = self.session.outbox
+        waited = 0.0
+        started = time.perf_counter()
+        first = True
+        builder.finish = None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                waited += time.perf_counter() - t0
+                if first:
+                    self.clock.add("backend_ttft", time.perf_counter() - started)
+                    first = False
+                for ev in builder.feed(chunk):
+                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
+                    await outbox.put(ev)
+        finally:
+            await stream.aclose()
+            self.clock.add("backend_wait", waited)
+            self.clock.add("backend", time.perf_counter() - started)
+
+    async def _generate(self, prepared: Prepared) -> None:
+        self._route_backend = prepared.route.backend
+        builder = OutputBuilder()
+        base_items = prepared.node.items()
+        input_tokens = prepared.input_tokens
+        output_tokens = reasoning_tokens = 0
+        error: TetherError | None = None
+        finish: Finish | None = None
+        try:
+            while True:
+                self.steps += 1
+                request = self._backend_request(prepared, [*base_items, *builder.output], input_tokens)
+                await self._stream_step(builder, request)
+                await self._emit_all(builder.close_all("completed"))
+                finish = builder.finish or Finish()
+                if finish.usage:
+                    output_tokens += finish.usage.output_tokens
+                    reasoning_tokens += finish.usage.reasoning_tokens
+                    input_tokens += finish.usage.output_tokens
+                calls = [
+                    item.function_call.call_id
+                    for item in builder.output
+                    if item.WhichOneof("item") == "function_call"
+                ]
+                answered = {
+                    item.function_call_output.call_id
+                    for item in builder.output
+                    if item.WhichOneof("item") == "function_call_output"
+                }
+                open_calls = [c for c in calls if c not in answered]
+                if finish.reason != "tool_calls" or not open_calls:
+                    break
+                appended = await self._await_outputs(open_calls)
+                if appended is None:  # timed out
+                    error = TetherError(
+                        errors.IDLE_TIMEOUT,
+                        f"No response.append with the tool outputs within {self.append_timeout_s:g} s.",
+                        status=408,
+                    )
+                    break
+                for item in appended:
+                    _, _events = builder.add_finished_item(item)  # no echo: the client sent them
+                with self.clock.stage("render"):
+                    input_tokens += sum(len(render.encode(render.render_item(item))) for item in appended)
+        except BackendError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            if not self.cancel_requested:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self.cancel_requested = False
+            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
+        finally:
+            self._stop_waiting()
+        prepared.input_tokens = input_tokens
+        total = Finish(
+            reason=finish.reason if finish else "stop",
+            usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens),
+            timing=finish.timing if finish else None,
+        )
+        if error is not None:
+            await self._emit_all(builder.close_all("incomplete"))
+            self.engine.metrics.error(error.code)
+            status = "incomplete" if error.code == errors.CANCELLED else "failed"
+            await self._finish(prepared, builder.output, status, total, error)
+            return
+        output = await self._maybe_compact(prepared, builder, builder.output, total)
+        status = "completed" if total.reason in ("stop", "tool_calls") else "incomplete"
+        await self._finish(prepared, output, status, total, None)
+
+    async def _await_outputs(self, open_calls: list[str]) -> list[items_pb2.Item] | None:
+        """Announce the wait, then collect appended items until every open call has an output.
+        Returns the items in arrival order, or None on timeout."""
+        self._pending = dict.fromkeys(open_calls)
+        _WAITING.setdefault(self.session, set()).add(self)
+        ev = self._event()
+        ev.other.type = AWAITING_EVENT
+        ev.other.json = orjson.dumps(
+            {"type": AWAITING_EVENT, "response_id": self.response_id, "call_ids": open_calls}
+        ).decode()
+        await self.session.outbox.put(ev)
+        accepted: list[items_pb2.Item] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.append_timeout_s
+        t_wait = time.perf_counter()
+        try:
+            while self._pending:
+                if not self._received:
+                    self._wake.clear()
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        return None
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), remaining)
+                    except TimeoutError:
+                        return None
+                    continue
+                batch, self._received = self._received, []
+                self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
+                try:
+                    self._check(batch)
+                except TetherError as exc:
+                    self.engine.metrics.error(exc.code)
+                    await self.session.emit_error(exc, stream_id=self.stream_id)
+                    t_wait = time.perf_counter()
+                    continue
+                accepted.extend(batch)
+                for item in batch:
+                    if item.WhichOneof("item") == "function_call_output":
+                        self._pending.pop(item.function_call_output.call_id, None)
+                t_wait = time.perf_counter()
+            return accepted
+        finally:
+            if self._pending or not accepted:
+                self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
+            self._stop_waiting()
+
+    def _check(self, items: list[items_pb2.Item]) -> None:
+        """The stages a create runs on new input, for appended items: validate and classify."""
+        with self.clock.stage("validate"):
+            validate.validate_items(items, frozenset(self._pending), self.engine.config.limits, param="input")
+        with self.clock.stage("classify"):
+            self.engine.classify(items)
+
+    def _stop_waiting(self) -> None:
+        self._pending = {}
+        turns = _WAITING.get(self.session)
+        if turns is not None:
+            turns.discard(self)
+            if not turns:
+                _WAITING.pop(self.session, None)
+
+
+def awaiting_event_json(ev: events_pb2.ServerEvent) -> dict | None:
+    """The payload of a `response.awaiting_input` event, or None for any other event."""
+    if ev.WhichOneof("event") == "other" and ev.other.type == AWAITING_EVENT:
+        return orjson.loads(ev.other.json)
+    return None

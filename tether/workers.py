@@ -1,0 +1,337 @@
+"""`tether serve --workers N`: N worker processes sharing the gRPC and bridge ports.
+
+Process model (see docs/deployment.md, "Several workers on one machine"):
+
+- The parent is a small supervisor. It never creates a gRPC object (gRPC's fork rules): it checks
+  the configuration, migrates the store once (so workers do not race on the schema), reserves the
+  two ports, then starts each worker as a fresh interpreter (`python -c ...worker_main()`, the
+  configuration sent as a pickle over the child's stdin). Nothing is inherited but stdout/stderr.
+- Every worker runs the normal server, `tether.server.serve_forever`, and binds both ports itself
+  with SO_REUSEPORT: gRPC through the `grpc.so_reuseport` option (set when `server.workers > 1`),
+  the bridge through its own listening socket (see `_bridge_reuse_port`). The kernel spreads new
+  TCP connections over the workers' listening sockets; a connection then stays on the worker that
+  accepted it for its whole life, which is all the stickiness a WebSocket or a gRPC `Session`
+  stream needs (their state is connection-scoped).
+- State shared between workers lives in the store, so N > 1 refuses `memory://` (each worker
+  would have its own private store: a reconnect landing on another worker could not continue a
+  store=true response). SQLite in WAL mode is fine on one machine (one file, local disk, several
+  processes); PostgreSQL or Redis are fine anywhere.
+- Supervision: SIGTERM/SIGINT are forwarded to every worker as SIGTERM (each drains gracefully:
+  in-flight turns finish, WebSockets close 1001, gRPC streams end UNAVAILABLE, post-inference
+  writes flush); the parent waits `shutdown_grace_s` + 10 s, SIGKILLs stragglers, and exits 0 when
+  every worker stopped on its own. A second signal kills the workers at once. A worker that exits
+  while the parent is not stopping is restarted after a backoff (0.5 s doubling to 10 s); more than
+  `RESTART_LIMIT` exits of one worker slot within `RESTART_WINDOW_S` stops everything (exit 1),
+  so a worker that cannot start (port taken by someone else, store down) does not loop forever.
+- Workers get SIGTERM when the parent dies (Linux `PR_SET_PDEATHSIG`), so a killed supervisor
+  does not leave orphans serving the ports.
+
+Ports: a fixed port that something else already listens on is refused up front (a plain bind
+probe without SO_REUSEPORT), so N workers never silently join another server's port group. Port
+0 is resolved once in the parent (it keeps the bound, non-listening socket while it lives) and
+every worker binds that same port.
+
+The supervisor prints one line per worker start, `tether: worker <i> started (pid <pid>)`;
+worker log records carry `worker` (its index) and `pid` fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from tether.config import TetherConfig
+
+log = logging.getLogger("tether.workers")
+
+RESTART_LIMIT = 5  # exits of one worker slot within the window before the supervisor gives up
+RESTART_WINDOW_S = 60.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 10.0
+STOP_EXTRA_S = 10.0  # beyond shutdown_grace_s before stragglers are killed
+POLL_S = 0.1
+
+_WORKER_CMD = "import tether.workers as w; w.worker_main()"
+
+
+class WorkerConfigError(ValueError):
+    """The configuration cannot run with several workers."""
+
+
+def check_config(cfg: TetherConfig) -> None:
+    """Raise WorkerConfigError when `cfg` cannot be served by `server.workers` processes."""
+    n = cfg.server.workers
+    if n < 1:
+        raise WorkerConfigError(f"server.workers must be >= 1, got {n}")
+    scheme = cfg.store.partition("://")[0].lower()
+    if n > 1 and scheme == "memory":
+        raise WorkerConfigError(
+            "--workers > 1 needs a store the workers share: memory:// is private to each process. "
+            "Use sqlite:///path.db (WAL, one machine), postgresql://... or redis://..."
+        )
+
+
+# -- ports -------------------------------------------------------------------------------------------
+
+
+def _address(host: str, port: int) -> tuple[int, tuple]:
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    return family, addr
+
+
+def reserve_port(host: str, port: int, what: str) -> socket.socket:
+    """A bound, non-listening SO_REUSEPORT socket on (host, port): resolves port 0 to a concrete
+    port the workers then share, and refuses a fixed port some other server already listens on."""
+    family, addr = _address(host, port)
+    if port:
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+        except OSError as exc:
+            raise WorkerConfigError(f"{what} port {host}:{port} is not free: {exc.strerror}") from None
+        finally:
+            probe.close()
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise WorkerConfigError(f"cannot bind {what} port {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+# -- supervisor ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: subprocess.Popen | None = None
+    exits: collections.deque = field(default_factory=collections.deque)  # monotonic times
+    restart_at: float | None = None
+
+
+class Supervisor:
+    def __init__(self, cfg: TetherConfig) -> None:
+        self.cfg = cfg
+        self.slots = [_Slot(i) for i in range(cfg.server.workers)]
+        self.signals: list[int] = []
+        self.gave_up = False
+
+    # signals only record; the loop acts on them
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append(signum)
+
+    def _spawn(self, slot: _Slot) -> None:
+        proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD], stdin=subprocess.PIPE, close_fds=True)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(pickle.dumps((slot.index, self.cfg)))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died already; the loop sees the exit
+        slot.proc = proc
+        slot.restart_at = None
+        print(f"tether: worker {slot.index} started (pid {proc.pid})", flush=True)
+
+    def _reap(self, now: float) -> None:
+        for slot in self.slots:
+            proc = slot.proc
+            if proc is None or proc.poll() is None:
+                continue
+            slot.proc = None
+            slot.exits.append(now)
+            while slot.exits and now - slot.exits[0] > RESTART_WINDOW_S:
+                slot.exits.popleft()
+            recent = len(slot.exits)
+            if recent > RESTART_LIMIT:
+                log.error(
+                    "worker keeps exiting; stopping",
+                    extra={"worker": slot.index, "pid": proc.pid, "returncode": proc.returncode,
+                           "exits": recent, "window_s": RESTART_WINDOW_S},
+                )
+                print(f"tether: worker {slot.index} exited {recent} times in {RESTART_WINDOW_S:.0f} s; giving up",
+                      file=sys.stderr, flush=True)
+                self.gave_up = True
+                return
+            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (recent - 1))
+            slot.restart_at = now + delay
+            log.warning(
+                "worker exited; restarting",
+                extra={"worker": slot.index, "pid": proc.pid, "returncode": proc.returncode, "in_s": delay},
+            )
+            print(f"tether: worker {slot.index} (pid {proc.pid}) exited with {proc.returncode}; "
+                  f"restarting in {delay:.1f} s", file=sys.stderr, flush=True)
+
+    def _stop(self) -> int:
+        """Forward SIGTERM, wait for the workers, kill stragglers. 0 when all stopped by themselves."""
+        live = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for proc in live:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + STOP_EXTRA_S
+        seen = len(self.signals)
+        killed = False
+        while any(p.poll() is None for p in live):
+            hurry = len(self.signals) > seen  # a second signal: no more waiting
+            if hurry or time.monotonic() > deadline:
+                for proc in live:
+                    if proc.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            proc.kill()
+                        killed = True
+                for proc in live:
+                    proc.wait()
+                break
+            time.sleep(POLL_S)
+        codes = {p.pid: p.returncode for p in live}
+        log.info("workers stopped", extra={"returncodes": codes, "killed": killed})
+        return 1 if killed else 0
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            for slot in self.slots:
+                self._spawn(slot)
+            while not self.signals and not self.gave_up:
+                now = time.monotonic()
+                self._reap(now)
+                if self.gave_up:
+                    break
+                for slot in self.slots:
+                    if slot.proc is None and slot.restart_at is not None and now >= slot.restart_at:
+                        self._spawn(slot)
+                time.sleep(POLL_S)
+            if self.signals:
+                log.info("stopping workers", extra={"signal": signal.Signals(self.signals[0]).name})
+            code = self._stop()
+            return 1 if self.gave_up else code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def _prepare_store(url: str) -> None:
+    """Open the store once (creates or migrates the schema) and close it, before any worker."""
+    from tether.store.factory import open_store
+
+    store = await open_store(url)
+    await store.close()
+
+
+def run_workers(cfg: TetherConfig) -> int:
+    """Serve `cfg` with `cfg.server.workers` processes; returns the process exit status."""
+    try:
+        check_config(cfg)
+        asyncio.run(_prepare_store(cfg.store))
+        server = cfg.server
+        reserved = [reserve_port(server.grpc_host, server.grpc_port, "gRPC")]
+        server.grpc_port = reserved[0].getsockname()[1]
+        if server.bridge:
+            reserved.append(reserve_port(server.bridge_host, server.bridge_port, "bridge"))
+            server.bridge_port = reserved[-1].getsockname()[1]
+    except WorkerConfigError as exc:
+        print(f"tether: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the store could not be opened: say why and stop
+        print(f"tether: cannot open the store: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(
+        f"tether: supervisor pid {os.getpid()}, {server.workers} workers on gRPC {server.grpc_host}:{server.grpc_port}"
+        + (f", HTTP/WebSocket http://{server.bridge_host}:{server.bridge_port}/v1" if server.bridge else ""),
+        flush=True,
+    )
+    try:
+        return Supervisor(cfg).run()
+    finally:
+        for sock in reserved:
+            sock.close()
+
+
+# -- worker side --------------------------------------------------------------------------------------
+
+
+class _WorkerFields(logging.Filter):
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.index
+        record.pid = record.process
+        return True
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this worker when the supervisor dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _bridge_reuse_port() -> None:
+    """Make the bridge's listening socket SO_REUSEPORT in this worker.
+
+    The bridge binds its own socket (`tether.bridge.server._bind`). Until that function takes a
+    `reuse_port` argument (and `start_bridge` passes `reuse_port=config.server.workers > 1`), this
+    replaces it, in worker processes only, by the same bind plus SO_REUSEPORT. Once the bridge
+    has the argument, this does nothing."""
+    try:
+        from tether.bridge import server as bridge_server
+    except ImportError:
+        return
+    bind = getattr(bridge_server, "_bind", None)
+    if bind is None or "reuse_port" in inspect.signature(bind).parameters:
+        return
+
+    def _bind(host: str, port: int, *_args: object, **_kwargs: object) -> socket.socket:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
+        sock.setblocking(False)
+        return sock
+
+    bridge_server._bind = _bind  # type: ignore[attr-defined]
+
+
+def worker_main() -> None:
+    """Entry point of one worker process (started by `Supervisor`)."""
+    index, cfg = pickle.load(sys.stdin.buffer)
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+    _die_with_parent()
+    from tether.logging_setup import setup_logging
+
+    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_WorkerFields(index))
+    os.environ["TETHER_WORKER_INDEX"] = str(index)
+    _bridge_reuse_port()
+    from tether.server import serve_forever
+
+    try:
+        asyncio.run(serve_forever(cfg))
+    except KeyboardInterrupt:
+        pass
