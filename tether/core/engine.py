@@ -62,6 +62,7 @@ class Engine:
         store = await open_store(config.store)
         backends = {name: build_backend(name, spec.kind, dict(spec.options)) for name, spec in config.backends.items()}
         engine = cls(config, store, backends)
+        render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
         for backend in backends.values():
             if hasattr(backend, "on_retry"):
                 backend.on_retry = engine.metrics.retry_hook(backend.name)
@@ -110,12 +111,11 @@ class Engine:
 
     # -- shared stage helpers ---------------------------------------------------------------------
 
-    def classify(self, items: Sequence[items_pb2.Item]) -> int:
-        """Safety stage: count findings in the new items; raise when the mode is `block`."""
+    def classify(self, texts: Sequence[str]) -> int:
+        """Safety stage: count findings in the new items' rendered text; raise in `block` mode."""
         mode = self.config.safety.mode
-        if mode == "off" or not items:
+        if mode == "off" or not texts:
             return 0
-        texts = [render.render_item(item) for item in items]
         findings = self.classifier.classify(texts)
         for finding in findings:
             self.metrics.safety_finding(finding.kind)

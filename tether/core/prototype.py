@@ -170,11 +170,10 @@ class PrototypeTurn(Turn):
             input_tokens=input_tokens,
         )
 
-    async def _stream_step(self, builder: OutputBuilder, request: BackendRequest) -> None:
-        """One backend call into `builder`; raises BackendError / CancelledError."""
-        stream = request_stream = self.engine and None  # placate linters; set below
-        stream = self._route_backend.stream(request)
-        del request_stream
+    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
+        """One backend call into `builder` (the loop of `Turn._generate`); raises BackendError or
+        CancelledError like it."""
+        stream = backend.stream(request)
         outbox = self.session.outbox
         waited = 0.0
         started = time.perf_counter()
@@ -200,7 +199,6 @@ class PrototypeTurn(Turn):
             self.clock.add("backend", time.perf_counter() - started)
 
     async def _generate(self, prepared: Prepared) -> None:
-        self._route_backend = prepared.route.backend
         builder = OutputBuilder()
         base_items = prepared.node.items()
         input_tokens = prepared.input_tokens
@@ -211,28 +209,23 @@ class PrototypeTurn(Turn):
             while True:
                 self.steps += 1
                 request = self._backend_request(prepared, [*base_items, *builder.output], input_tokens)
-                await self._stream_step(builder, request)
-                await self._emit_all(builder.close_all("completed"))
+                await self._stream_step(builder, prepared.route.backend, request)
+                closing = builder.close_all("completed")
                 finish = builder.finish or Finish()
                 if finish.usage:
                     output_tokens += finish.usage.output_tokens
                     reasoning_tokens += finish.usage.reasoning_tokens
                     input_tokens += finish.usage.output_tokens
-                calls = [
-                    item.function_call.call_id
-                    for item in builder.output
-                    if item.WhichOneof("item") == "function_call"
-                ]
-                answered = {
-                    item.function_call_output.call_id
-                    for item in builder.output
-                    if item.WhichOneof("item") == "function_call_output"
-                }
-                open_calls = [c for c in calls if c not in answered]
-                if finish.reason != "tool_calls" or not open_calls:
+                open_calls = _open_calls(builder.output) if finish.reason == "tool_calls" else []
+                if open_calls:
+                    # Waiting starts before the calls' done events go out, so an append sent as
+                    # soon as the client sees them already finds this turn.
+                    self._begin_wait(open_calls)
+                await self._emit_all(closing)
+                if not open_calls:
                     break
                 appended = await self._await_outputs(open_calls)
-                if appended is None:  # timed out
+                if appended is None:
                     error = TetherError(
                         errors.IDLE_TIMEOUT,
                         f"No response.append with the tool outputs within {self.append_timeout_s:g} s.",
@@ -240,7 +233,7 @@ class PrototypeTurn(Turn):
                     )
                     break
                 for item in appended:
-                    _, _events = builder.add_finished_item(item)  # no echo: the client sent them
+                    builder.add_finished_item(item)  # recorded in the output; no events echo it back
                 with self.clock.stage("render"):
                     input_tokens += sum(len(render.encode(render.render_item(item))) for item in appended)
         except BackendError as exc:
@@ -269,11 +262,14 @@ class PrototypeTurn(Turn):
         status = "completed" if total.reason in ("stop", "tool_calls") else "incomplete"
         await self._finish(prepared, output, status, total, None)
 
+    def _begin_wait(self, open_calls: list[str]) -> None:
+        self._pending = dict.fromkeys(open_calls)
+        self._received = []
+        _WAITING.setdefault(self.session, set()).add(self)
+
     async def _await_outputs(self, open_calls: list[str]) -> list[items_pb2.Item] | None:
         """Announce the wait, then collect appended items until every open call has an output.
-        Returns the items in arrival order, or None on timeout."""
-        self._pending = dict.fromkeys(open_calls)
-        _WAITING.setdefault(self.session, set()).add(self)
+        Returns the accepted items in arrival order, or None on timeout."""
         ev = self._event()
         ev.other.type = AWAITING_EVENT
         ev.other.json = orjson.dumps(
@@ -284,6 +280,7 @@ class PrototypeTurn(Turn):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.append_timeout_s
         t_wait = time.perf_counter()
+        done = False
         try:
             while self._pending:
                 if not self._received:
@@ -296,23 +293,23 @@ class PrototypeTurn(Turn):
                     except TimeoutError:
                         return None
                     continue
-                batch, self._received = self._received, []
                 self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
+                batch, self._received = self._received, []
                 try:
                     self._check(batch)
                 except TetherError as exc:
                     self.engine.metrics.error(exc.code)
                     await self.session.emit_error(exc, stream_id=self.stream_id)
-                    t_wait = time.perf_counter()
-                    continue
-                accepted.extend(batch)
-                for item in batch:
-                    if item.WhichOneof("item") == "function_call_output":
-                        self._pending.pop(item.function_call_output.call_id, None)
+                else:
+                    accepted.extend(batch)
+                    for item in batch:
+                        if item.WhichOneof("item") == "function_call_output":
+                            self._pending.pop(item.function_call_output.call_id, None)
                 t_wait = time.perf_counter()
+            done = True
             return accepted
         finally:
-            if self._pending or not accepted:
+            if not done:
                 self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
             self._stop_waiting()
 
@@ -330,6 +327,16 @@ class PrototypeTurn(Turn):
             turns.discard(self)
             if not turns:
                 _WAITING.pop(self.session, None)
+
+
+def _open_calls(output: list[items_pb2.Item]) -> list[str]:
+    """Call ids of the function calls in `output` that have no function_call_output after them."""
+    answered = {i.function_call_output.call_id for i in output if i.WhichOneof("item") == "function_call_output"}
+    return [
+        i.function_call.call_id
+        for i in output
+        if i.WhichOneof("item") == "function_call" and i.function_call.call_id not in answered
+    ]
 
 
 def awaiting_event_json(ev: events_pb2.ServerEvent) -> dict | None:

@@ -113,11 +113,13 @@ class Turn:
         new_items = self._new_items()
         with clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
+        with clock.stage("render"):
+            texts = [render.render_item(item) for item in new_items]
         with clock.stage("classify"):
-            findings = self.engine.classify(new_items)
+            findings = self.engine.classify(texts)
         with clock.stage("render"):
             new_segments = tuple(
-                Segment(ids.new_id("itm"), item, render.encode(render.render_item(item))) for item in new_items
+                Segment(ids.new_id("itm"), item, render.encode(text)) for item, text in zip(new_items, texts, strict=True)
             )
             if any(item.WhichOneof("item") == "compaction" for item in new_items):
                 # A compaction item in the input starts a new window: rebuild from the kept segments.

@@ -150,7 +150,7 @@ def _code_lines(r: random.Random, numbered: bool = False, header: bool = True):
         name = _ident(r)
         kind = r.random()
         if kind < 0.25:
-            yield emit(f"@dataclasses.dataclass(frozen=True)")
+            yield emit("@dataclasses.dataclass(frozen=True)")
             yield emit(f"class {name.title().replace('_', '')}:")
             for _ in range(r.randint(2, 6)):
                 yield emit(f"    {_ident(r)}: {r.choice(('str', 'int', 'float', 'bool', 'list[str]', 'dict[str, Any]'))}")
@@ -184,7 +184,7 @@ def _test_log_lines(r: random.Random, failures: int):
     tests = [f"tests/{r.choice(_FILES).replace('.py', '')}_test.py::test_{_ident(r)}" for _ in range(60)]
     for i, t in enumerate(tests[:40]):
         yield f"{t} {'FAILED' if i < failures else 'PASSED'} [{(i + 1) * 100 // 40:>3}%]"
-    for i in range(failures):
+    for _ in range(failures):
         yield ""
         yield f"________________________________ test_{_ident(r)} ________________________________"
         yield ""

@@ -72,8 +72,6 @@ __all__ = [
 
 DEFAULT_MAX_DEPTH = 64
 
-# A JSON string token (the text is already valid JSON when these run, so this cannot misparse).
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # An innermost container: one removal pass over the bracket skeleton peels one nesting level.
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -90,10 +88,12 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = DEFAUL
     orjson itself stops at depth 1024; a request that deep is an attack, not a request, and the
     codec recurses over what it is given. The depth check runs only when the text holds more
     opening brackets than `max_depth` (two C-speed `count` calls, so small events cost nothing).
-    Then it strips string tokens with one regex, keeps only the brackets (`bytes.translate`) and
-    peels innermost `[]`/`{}` pairs with at most `max_depth` regex passes: the number of passes
-    that empties the skeleton is exactly the nesting depth. All of it runs in C; a 40 KB Codex
-    create body costs tens of microseconds.
+    Then it works on the raw bytes, after orjson has validated them, with C-speed bytes methods
+    only: drop escaped backslashes and escaped quotes, split on the remaining (real) quotes and
+    keep every other piece, which removes all string contents; keep only the brackets
+    (`translate`); and peel innermost `[]`/`{}` pairs with at most `max_depth` regex passes: the
+    number of passes that empties the skeleton is exactly the nesting depth. A 25 KB Codex body
+    costs a fraction of its parse time.
     """
     try:
         obj = orjson.loads(data)
@@ -114,7 +114,10 @@ def _nesting_exceeds(data: bytes | bytearray | memoryview | str, max_depth: int)
     raw = data.encode() if isinstance(data, str) else bytes(data)
     if raw.count(b"[") + raw.count(b"{") <= max_depth:
         return False
-    skeleton = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    # Backslashes occur only inside strings; pairing them from the left is exactly JSON's escape
+    # rule, so after these two replaces every remaining quote delimits a string.
+    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
     for _ in range(max_depth):
         skeleton = _INNERMOST.sub(b"", skeleton)
         if not skeleton:
