@@ -1,23 +1,51 @@
 """Prometheus metrics for one engine (a private registry, so several engines can coexist in one
 process, e.g. in tests). The session core calls these small methods; nothing else knows metric
-names. Exposed at `/metrics` on the bridge (or `server.metrics_port`)."""
+names. Exposed at `/metrics` on the bridge (`metrics_port = 0`) or on the standalone metrics
+server (`server.metrics_port`); see `tether.observability.metrics_http` and docs/operating.md.
+
+Stage names in `tether_stage_seconds{stage}` are the StageClock's (`tether.core.timing`):
+resolve, validate, classify, render, route, backend (model time: TTFT + streaming),
+backend_ttft, backend_wait (time blocked on the upstream), finalize, plus two derived here:
+`stream` (backend - backend_ttft: generation after the first token) and `post_inference` (the
+store/ledger write, off the critical path).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from tether.core.timing import StageClock
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, fds
+        PlatformCollector(registry=r)  # python_info
         self.connections = Gauge("tether_connections", "Open sessions", ["transport"], registry=r)
         self.connections_total = Counter("tether_connections_opened", "Sessions opened", ["transport"], registry=r)
-        self.active_responses = Gauge("tether_active_responses", "Responses being generated", registry=r)
+        self.active_responses = Gauge(
+            "tether_active_responses", "Turns in progress (validating, generating or finishing)", registry=r
+        )
         self.turns = Counter("tether_turns", "Finished responses", ["transport", "outcome"], registry=r)
+        self.turn_seconds = Histogram(
+            "tether_turn_seconds", "Wall time of a turn, create to terminal event", ["transport"],
+            buckets=_TURN_BUCKETS, registry=r,
+        )
         self.cache_hits = Counter("tether_cache_hits", "previous_response_id found in the connection cache", registry=r)
         self.cache_misses = Counter("tether_cache_misses", "previous_response_id not in the connection cache", registry=r)
         self.cache_evictions = Counter("tether_cache_evictions", "Cached response states evicted", ["reason"], registry=r)
@@ -34,6 +62,11 @@ class Metrics:
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
         self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
+        # Pre-create the label sets every scrape should show, so dashboards see zeros, not gaps.
+        for kind in ("input", "cached", "output", "reasoning"):
+            self.tokens.labels(kind)
+        for result in ("found", "missing"):
+            self.hydrations.labels(result)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -47,14 +80,35 @@ class Metrics:
     def session_closed(self, transport: str) -> None:
         self.connections.labels(transport).dec()
 
+    def turn_started(self) -> None:
+        self.active_responses.inc()
+
+    def turn_ended(self) -> None:
+        self.active_responses.dec()
+
+    @contextmanager
+    def active_turn(self) -> Iterator[None]:
+        """Counts a turn in `tether_active_responses` while the block runs (however it ends)."""
+        self.active_responses.inc()
+        try:
+            yield
+        finally:
+            self.active_responses.dec()
+
     def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage) -> None:
         self.turns.labels(transport, outcome).inc()
-        for stage, seconds in clock.stages.items():
-            self.stage_seconds.labels(stage).observe(seconds)
+        stages = clock.stages
+        observe = self.stage_seconds.labels
+        for stage, seconds in stages.items():
+            observe(stage).observe(seconds)
+        if "backend" in stages and "backend_ttft" in stages:
+            observe("stream").observe(max(0.0, stages["backend"] - stages["backend_ttft"]))
         self.overhead_seconds.labels(transport).observe(clock.overhead())
+        self.turn_seconds.labels(transport).observe(clock.elapsed())
         self.tokens.labels("input").inc(usage.input_tokens)
         self.tokens.labels("cached").inc(usage.cached_tokens)
         self.tokens.labels("output").inc(usage.output_tokens)
+        self.tokens.labels("reasoning").inc(usage.reasoning_tokens)
 
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)

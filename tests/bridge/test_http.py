@@ -37,13 +37,6 @@ async def test_create_without_stream(client: AsyncOpenAI) -> None:
     assert first.usage is not None and first.usage.output_tokens > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: Engine.create returns on the terminal event and closes its one-turn session, "
-    "which cancels the turn in its `await asyncio.sleep(0)` before `_remember()` submits the store "
-    "write (tether/core/turn.py); every HTTP (and gRPC CreateResponse) create is lost. Remove this "
-    "marker once the core waits for the turn to finish.",
-)
 async def test_http_create_is_stored_and_continuable(client: AsyncOpenAI) -> None:
     first = await client.responses.create(model="sim-model", input="Hello there")
     assert (await client.responses.retrieve(first.id)).id == first.id

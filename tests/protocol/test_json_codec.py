@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai._models import construct_type_unchecked
 from openai.types.responses import CompactedResponse, Response, ResponseItemList, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
 from pydantic import TypeAdapter
@@ -55,7 +56,9 @@ def obj(required: dict, optional: dict | None = None, *, extras: bool = True) ->
     return st.tuples(base, EXTRAS).map(lambda t: {**t[0], **t[1]})
 
 
-def typed(t: str, required: dict | None = None, optional: dict | None = None, **kw) -> st.SearchStrategy[dict]:
+def typed(
+    t: str, required: dict | None = None, optional: dict | None = None, **kw
+) -> st.SearchStrategy[dict]:
     return obj({"type": st.just(t), **(required or {})}, optional, **kw)
 
 
@@ -64,7 +67,11 @@ PART = st.one_of(
     typed("input_text", {"text": nullable(TEXT)}),
     typed(
         "output_text",
-        {"text": TEXT, "annotations": st.lists(JSON_OBJECTS, max_size=2), "logprobs": st.lists(JSON_OBJECTS, max_size=2)},
+        {
+            "text": TEXT,
+            "annotations": st.lists(JSON_OBJECTS, max_size=2),
+            "logprobs": st.lists(JSON_OBJECTS, max_size=2),
+        },
     ),
     typed("input_image", optional={"image_url": OPT_TEXT, "file_id": OPT_TEXT, "detail": OPT_TEXT}),
     typed("input_file", optional={k: OPT_TEXT for k in ("file_id", "file_data", "filename", "file_url")}),
@@ -78,7 +85,9 @@ SUMMARY_PART = (
     | typed("summary_text", {"text": TEXT})
     | obj({"type": st.just("something_else"), "text": TEXT}, extras=False)
 )
-REASONING_PART = obj({"type": st.just("reasoning_text"), "text": TEXT}, extras=False) | typed("odd", {"text": TEXT})
+REASONING_PART = obj({"type": st.just("reasoning_text"), "text": TEXT}, extras=False) | typed(
+    "odd", {"text": TEXT}
+)
 
 ITEM = st.one_of(
     typed(
@@ -108,7 +117,9 @@ ITEM = st.one_of(
     ),
     typed("compaction", {"encrypted_content": TEXT}, {"id": OPT_TEXT, "created_by": OPT_TEXT}),
     typed("item_reference", {"id": TEXT}),
-    obj({"type": st.sampled_from(["web_search_call", "custom_tool_call", "local_shell_call", ""]), "id": TEXT}),
+    obj(
+        {"type": st.sampled_from(["web_search_call", "custom_tool_call", "local_shell_call", ""]), "id": TEXT}
+    ),
 )
 
 FUNCTION_TOOL = typed(
@@ -132,7 +143,10 @@ TOOL_CHOICE = st.one_of(
     TEXT,
     st.fixed_dictionaries({"type": st.just("function"), "name": TEXT}),
     typed("function", {"name": TEXT}),  # with extra keys: kept as other_json
-    obj({"type": st.sampled_from(["allowed_tools", "web_search", "mcp"])}, {"mode": TEXT, "tools": st.lists(JSON_OBJECTS)}),
+    obj(
+        {"type": st.sampled_from(["allowed_tools", "web_search", "mcp"])},
+        {"mode": TEXT, "tools": st.lists(JSON_OBJECTS)},
+    ),
 )
 TEXT_FORMAT = st.one_of(
     st.just({"type": "text"}),
@@ -229,7 +243,11 @@ RESPONSE = obj(
         "safety_identifier": nullable(NONEMPTY),
         "service_tier": nullable(NONEMPTY),
     },
-    {"backend_timing": st.fixed_dictionaries({k: FLOATS for k in ("queue_time", "prompt_time", "completion_time", "total_time")})},
+    {
+        "backend_timing": st.fixed_dictionaries(
+            {k: FLOATS for k in ("queue_time", "prompt_time", "completion_time", "total_time")}
+        )
+    },
 )
 
 
@@ -246,17 +264,28 @@ STEER_REF = st.fixed_dictionaries({"id": TEXT, "previous_response_id": TEXT})
 EMPTY_LIST = st.just([])
 # (arm, JSON strategy): one entry per oneof arm of ServerEvent, so the test can check coverage.
 EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
-    *((arm, event(f"response.{arm}", {"response": RESPONSE})) for arm in
-      ("created", "in_progress", "completed", "failed", "incomplete", "queued")),
+    *(
+        (arm, event(f"response.{arm}", {"response": RESPONSE}))
+        for arm in ("created", "in_progress", "completed", "failed", "incomplete", "queued")
+    ),
     ("output_item_added", event("response.output_item.added", {"output_index": UINT31, "item": ITEM})),
     ("output_item_done", event("response.output_item.done", {"output_index": UINT31, "item": ITEM})),
     ("content_part_added", event("response.content_part.added", {**TEXT_IDX, "part": PART})),
     ("content_part_done", event("response.content_part.done", {**TEXT_IDX, "part": PART})),
-    ("output_text_delta", event("response.output_text.delta", {**TEXT_IDX, "delta": TEXT, "logprobs": EMPTY_LIST})),
-    ("output_text_done", event("response.output_text.done", {**TEXT_IDX, "text": TEXT, "logprobs": EMPTY_LIST})),
+    (
+        "output_text_delta",
+        event("response.output_text.delta", {**TEXT_IDX, "delta": TEXT, "logprobs": EMPTY_LIST}),
+    ),
+    (
+        "output_text_done",
+        event("response.output_text.done", {**TEXT_IDX, "text": TEXT, "logprobs": EMPTY_LIST}),
+    ),
     ("refusal_delta", event("response.refusal.delta", {**TEXT_IDX, "delta": TEXT})),
     ("refusal_done", event("response.refusal.done", {**TEXT_IDX, "refusal": TEXT})),
-    ("function_call_arguments_delta", event("response.function_call_arguments.delta", {**IDX, "delta": TEXT})),
+    (
+        "function_call_arguments_delta",
+        event("response.function_call_arguments.delta", {**IDX, "delta": TEXT}),
+    ),
     (
         "function_call_arguments_done",
         event("response.function_call_arguments.done", {**IDX, "name": TEXT, "arguments": TEXT}),
@@ -268,13 +297,22 @@ EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
             f"reasoning_summary_part_{s}",
             event(
                 f"response.reasoning_summary_part.{s}",
-                {**SUMMARY_IDX, "part": st.fixed_dictionaries({"type": st.just("summary_text"), "text": TEXT})},
+                {
+                    **SUMMARY_IDX,
+                    "part": st.fixed_dictionaries({"type": st.just("summary_text"), "text": TEXT}),
+                },
             ),
         )
         for s in ("added", "done")
     ),
-    ("reasoning_summary_text_delta", event("response.reasoning_summary_text.delta", {**SUMMARY_IDX, "delta": TEXT})),
-    ("reasoning_summary_text_done", event("response.reasoning_summary_text.done", {**SUMMARY_IDX, "text": TEXT})),
+    (
+        "reasoning_summary_text_delta",
+        event("response.reasoning_summary_text.delta", {**SUMMARY_IDX, "delta": TEXT}),
+    ),
+    (
+        "reasoning_summary_text_done",
+        event("response.reasoning_summary_text.done", {**SUMMARY_IDX, "text": TEXT}),
+    ),
     ("compaction_compacting", event("response.compaction.compacting", IDX)),
     (
         "error",
@@ -283,7 +321,12 @@ EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
             {
                 "status": st.integers(100, 599),
                 "error": st.fixed_dictionaries(
-                    {"type": NONEMPTY, "code": nullable(NONEMPTY), "message": TEXT, "param": nullable(NONEMPTY)}
+                    {
+                        "type": NONEMPTY,
+                        "code": nullable(NONEMPTY),
+                        "message": TEXT,
+                        "param": nullable(NONEMPTY),
+                    }
                 ),
             },
         ),
@@ -399,7 +442,9 @@ def test_event_strategies_cover_every_arm() -> None:
 
 @PROPS
 @given(
-    st.fixed_dictionaries({"previous_response_id": TEXT, "input": TEXT | st.lists(ITEM, min_size=1, max_size=3)}),
+    st.fixed_dictionaries(
+        {"previous_response_id": TEXT, "input": TEXT | st.lists(ITEM, min_size=1, max_size=3)}
+    ),
 )
 def test_steer_round_trips(body: dict) -> None:
     req = jc.client_event_from_json({"type": "response.steer", **body})
@@ -433,15 +478,41 @@ CODEX_CREATE = {
     "model": "mock-model",
     "stream": True,
     "input": [
-        {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "…"}]},
+        {
+            "type": "message",
+            "id": "msg_1",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "…"}],
+        },
         {"type": "message", "role": "user", "content": "run ls"},
-        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "exec", "arguments": "{}", "namespace": "ns"},
+        {
+            "type": "function_call",
+            "id": "fc_1",
+            "call_id": "call_1",
+            "name": "exec",
+            "arguments": "{}",
+            "namespace": "ns",
+        },
         {"type": "function_call_output", "id": "fco_1", "call_id": "call_1", "output": "ok"},
-        {"type": "function_call_output", "call_id": "call_2", "output": [{"type": "input_text", "text": "x"}]},
-        {"type": "message", "role": "assistant", "phase": "final_answer", "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}]},
+        {
+            "type": "function_call_output",
+            "call_id": "call_2",
+            "output": [{"type": "input_text", "text": "x"}],
+        },
+        {
+            "type": "message",
+            "role": "assistant",
+            "phase": "final_answer",
+            "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}],
+        },
     ],
     "tools": [
-        {"type": "function", "name": "exec_command", "strict": False, "parameters": {"type": "object", "properties": {}}},
+        {
+            "type": "function",
+            "name": "exec_command",
+            "strict": False,
+            "parameters": {"type": "object", "properties": {}},
+        },
         {"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "spawn"}]},
         {"type": "web_search", "external_web_access": False},
     ],
@@ -461,7 +532,12 @@ def test_codex_create_body_is_faithful() -> None:
     p = req.create
     assert p.model == "mock-model" and p.stream and not p.store and p.HasField("generate") and not p.generate
     assert [i.WhichOneof("item") for i in p.input] == [
-        "message", "message", "function_call", "function_call_output", "function_call_output", "message",
+        "message",
+        "message",
+        "function_call",
+        "function_call_output",
+        "function_call_output",
+        "message",
     ]
     assert p.input[1].message.content_text == "run ls"
     assert p.input[3].function_call_output.output_text == "ok"
@@ -478,7 +554,9 @@ def test_codex_create_body_is_faithful() -> None:
 
 
 def test_params_type_key() -> None:
-    assert jc.params_from_json({"type": "response.create", "model": "m"}) == request_pb2.ResponseCreateParams(model="m")
+    assert jc.params_from_json({"type": "response.create", "model": "m"}) == request_pb2.ResponseCreateParams(
+        model="m"
+    )
     other = jc.params_from_json({"type": "something", "model": "m"})
     assert json.loads(other.extra_json) == {"type": "something"}
 
@@ -486,7 +564,12 @@ def test_params_type_key() -> None:
 def test_input_string_and_nulls() -> None:
     p = jc.params_from_json({"model": "m", "input": "hi", "previous_response_id": None, "instructions": None})
     assert p.input_text == "hi" and not p.previous_response_id and not p.HasField("instructions")
-    assert jc.params_to_json(p) == {"model": "m", "input": "hi", "previous_response_id": None, "instructions": None}
+    assert jc.params_to_json(p) == {
+        "model": "m",
+        "input": "hi",
+        "previous_response_id": None,
+        "instructions": None,
+    }
 
 
 def test_normalisations() -> None:
@@ -506,7 +589,9 @@ def test_stashed_sub_objects_keep_their_meaning() -> None:
     """Shapes a message without extra_json cannot hold still fill the typed fields."""
     p = jc.params_from_json(
         {
-            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "future": 1}},
+            "text": {
+                "format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}, "future": 1}
+            },
             "context_management": [{"type": "compaction", "compact_threshold": None}],
         }
     )
@@ -522,8 +607,15 @@ def test_response_defaults() -> None:
     j = jc.response_to_json(r)
     assert j["object"] == "response"
     for key in (
-        "error", "incomplete_details", "instructions", "max_output_tokens", "max_tool_calls", "completed_at",
-        "previous_response_id", "usage", "user",
+        "error",
+        "incomplete_details",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "completed_at",
+        "previous_response_id",
+        "usage",
+        "user",
     ):
         assert key in j and j[key] is None, key
     assert j["metadata"] == {} and j["tools"] == [] and j["output"] == []
@@ -545,14 +637,18 @@ def test_response_defaults() -> None:
 
 
 def test_response_extra_json_only_adds_keys() -> None:
-    r = response_pb2.Response(id="r", model="m", extra_json='{"model": "other", "prompt_cache_retention": "24h"}')
+    r = response_pb2.Response(
+        id="r", model="m", extra_json='{"model": "other", "prompt_cache_retention": "24h"}'
+    )
     j = jc.response_to_json(r)
     assert j["model"] == "m" and j["prompt_cache_retention"] == "24h"
 
 
 def test_event_envelope() -> None:
     ev = events_pb2.ServerEvent(
-        sequence_number=7, response_id="resp_1", output_text_delta=events_pb2.TextDeltaEvent(item_id="msg", delta="x")
+        sequence_number=7,
+        response_id="resp_1",
+        output_text_delta=events_pb2.TextDeltaEvent(item_id="msg", delta="x"),
     )
     assert jc.event_to_json(ev, ws=True) == {
         "type": "response.output_text.delta",
@@ -574,7 +670,12 @@ def test_error_event_shapes() -> None:
     assert jc.event_to_json(ev, ws=True) == {
         "type": "error",
         "status": 400,
-        "error": {"type": "invalid_request_error", "code": "invalid_stream_id", "message": "bad lane", "param": "stream_id"},
+        "error": {
+            "type": "invalid_request_error",
+            "code": "invalid_stream_id",
+            "message": "bad lane",
+            "param": "stream_id",
+        },
         "sequence_number": 0,
         "stream_id": "a",
     }
@@ -587,10 +688,18 @@ def test_error_event_shapes() -> None:
         "sequence_number": 0,
     }
     assert jc.error_to_http_json(err) == {
-        "error": {"message": "bad lane", "type": "invalid_request_error", "param": "stream_id", "code": "invalid_stream_id"}
+        "error": {
+            "message": "bad lane",
+            "type": "invalid_request_error",
+            "param": "stream_id",
+            "code": "invalid_stream_id",
+        }
     }
     assert jc.error_to_http_json(events_pb2.Error(code="x", message="m", status=500))["error"] == {
-        "message": "m", "type": "server_error", "param": None, "code": "x",
+        "message": "m",
+        "type": "server_error",
+        "param": None,
+        "code": "x",
     }
 
 
@@ -607,10 +716,14 @@ def test_compact_and_input_items_bodies() -> None:
 
     empty = jc.input_items_to_json(service_pb2.ListInputItemsResponse())
     assert empty == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}
-    msg = items_pb2.Item(message=items_pb2.Message(id="msg_1", role="user", status="completed", content_text="hi"))
+    msg = items_pb2.Item(
+        message=items_pb2.Message(id="msg_1", role="user", status="completed", content_text="hi")
+    )
     page = service_pb2.ListInputItemsResponse(data=[msg], first_id="msg_1", last_id="msg_1", has_more=True)
     j = jc.input_items_to_json(page)
-    assert j["data"] == [{"type": "message", "id": "msg_1", "role": "user", "status": "completed", "content": "hi"}]
+    assert j["data"] == [
+        {"type": "message", "id": "msg_1", "role": "user", "status": "completed", "content": "hi"}
+    ]
     assert jc.input_items_from_json(j) == page
 
 
@@ -651,15 +764,33 @@ def _raises(code: str, param: str | None, fn, *args, **kwargs):
         ({"text": {"format": {"type": 1}}}, "text.format.type"),
         ({"text": {"format": "json"}}, "text.format"),
         ({"tool_choice": 1}, "tool_choice"),
-        ({"context_management": [{"type": "compaction", "compact_threshold": "1000"}]}, "context_management[0].compact_threshold"),
+        (
+            {"context_management": [{"type": "compaction", "compact_threshold": "1000"}]},
+            "context_management[0].compact_threshold",
+        ),
         ({"input": ["hi"]}, "input[0]"),
-        ({"input": [{"type": "message", "role": "user", "content": "a"}] * 3 + [{"type": "message", "content": 1}]}, "input[3].content"),
+        (
+            {
+                "input": [{"type": "message", "role": "user", "content": "a"}] * 3
+                + [{"type": "message", "content": 1}]
+            },
+            "input[3].content",
+        ),
         ({"input": [{"type": "message", "content": ["x"]}]}, "input[0].content[0]"),
-        ({"input": [{"type": "message", "content": [{"type": "input_text", "text": 1}]}]}, "input[0].content[0].text"),
+        (
+            {"input": [{"type": "message", "content": [{"type": "input_text", "text": 1}]}]},
+            "input[0].content[0].text",
+        ),
         ({"input": [{"type": 7}]}, "input[0].type"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": {"a": 1}}]}, "input[0].output"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": {"a": 1}}]},
+            "input[0].output",
+        ),
         ({"input": [{"type": "function_call", "arguments": {}}]}, "input[0].arguments"),
-        ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text"}]}]}, "input[0].summary[0].text"),
+        (
+            {"input": [{"type": "reasoning", "summary": [{"type": "summary_text"}]}]},
+            "input[0].summary[0].text",
+        ),
         ({"input": [{"type": "reasoning", "summary": "x"}]}, "input[0].summary"),
     ],
 )
@@ -674,7 +805,9 @@ def test_body_must_be_an_object() -> None:
 
 
 def test_item_path_parameter() -> None:
-    _raises(errors.INVALID_TYPE, "input[7].role", jc.item_from_json, {"type": "message", "role": 1}, "input[7]")
+    _raises(
+        errors.INVALID_TYPE, "input[7].role", jc.item_from_json, {"type": "message", "role": 1}, "input[7]"
+    )
 
 
 @pytest.mark.parametrize("event", [{}, {"type": 5}, {"type": None}, {"model": "m"}])
@@ -689,8 +822,15 @@ def test_client_event_unknown_type() -> None:
 
 def test_client_event_field_types() -> None:
     _raises(errors.INVALID_TYPE, "input", jc.client_event_from_json, {"type": "response.steer", "input": 1})
-    _raises(errors.INVALID_TYPE, "response_id", jc.client_event_from_json, {"type": "response.cancel", "response_id": 1})
-    _raises(errors.INVALID_TYPE, "input", jc.client_event_from_json, {"type": "response.append", "input": "x"})
+    _raises(
+        errors.INVALID_TYPE,
+        "response_id",
+        jc.client_event_from_json,
+        {"type": "response.cancel", "response_id": 1},
+    )
+    _raises(
+        errors.INVALID_TYPE, "input", jc.client_event_from_json, {"type": "response.append", "input": "x"}
+    )
     _raises(errors.INVALID_TYPE, "model", jc.client_event_from_json, {"type": "response.create", "model": []})
 
 
@@ -737,7 +877,7 @@ def _depth(v: object) -> int:
 
 BRACKETY_TEXT = st.text(alphabet='[]{}"\\ax', max_size=8)
 NESTED = st.recursive(
-    st.none() | st.integers() | BRACKETY_TEXT,
+    st.none() | INT64 | BRACKETY_TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(BRACKETY_TEXT, inner, max_size=3),
     max_leaves=30,
 )
@@ -784,7 +924,9 @@ def _response(status: str, output: list[items_pb2.Item], **kw) -> response_pb2.R
 
 def _with_usage(r: response_pb2.Response) -> response_pb2.Response:
     r.usage.CopyFrom(
-        response_pb2.Usage(input_tokens=36, cached_tokens=0, output_tokens=87, reasoning_tokens=0, total_tokens=123)
+        response_pb2.Usage(
+            input_tokens=36, cached_tokens=0, output_tokens=87, reasoning_tokens=0, total_tokens=123
+        )
     )
     r.completed_at = r.created_at + 2
     return r
@@ -835,34 +977,70 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
         ("reasoning_text_done", E.TextDoneEvent(item_id="rs_1", text="raw")),
         ("output_item_done", E.OutputItemEvent(output_index=0, item=_reasoning("completed"))),
         ("output_item_added", E.OutputItemEvent(output_index=1, item=_message("", "in_progress"))),
-        ("content_part_added", E.ContentPartEvent(item_id="msg_1", output_index=1, part=items_pb2.ContentPart(
-            output_text=items_pb2.OutputText()))),
+        (
+            "content_part_added",
+            E.ContentPartEvent(
+                item_id="msg_1",
+                output_index=1,
+                part=items_pb2.ContentPart(output_text=items_pb2.OutputText()),
+            ),
+        ),
         ("output_text_delta", E.TextDeltaEvent(item_id="msg_1", output_index=1, delta="Hello")),
         ("output_text_done", E.TextDoneEvent(item_id="msg_1", output_index=1, text="Hello")),
         ("content_part_done", E.ContentPartEvent(item_id="msg_1", output_index=1, part=text_part)),
-        ("content_part_added", E.ContentPartEvent(item_id="msg_1", output_index=1, content_index=1, part=refusal_part)),
+        (
+            "content_part_added",
+            E.ContentPartEvent(item_id="msg_1", output_index=1, content_index=1, part=refusal_part),
+        ),
         ("refusal_delta", E.TextDeltaEvent(item_id="msg_1", output_index=1, content_index=1, delta="no")),
         ("refusal_done", E.TextDoneEvent(item_id="msg_1", output_index=1, content_index=1, text="no")),
         ("output_item_done", E.OutputItemEvent(output_index=1, item=_message("Hello", "completed"))),
         ("output_item_added", E.OutputItemEvent(output_index=2, item=_function_call("", "in_progress"))),
-        ("function_call_arguments_delta", E.FunctionCallArgumentsDeltaEvent(item_id="fc_1", output_index=2, delta="{")),
-        ("function_call_arguments_done", E.FunctionCallArgumentsDoneEvent(
-            item_id="fc_1", output_index=2, name="exec_command", arguments="{}")),
+        (
+            "function_call_arguments_delta",
+            E.FunctionCallArgumentsDeltaEvent(item_id="fc_1", output_index=2, delta="{"),
+        ),
+        (
+            "function_call_arguments_done",
+            E.FunctionCallArgumentsDoneEvent(
+                item_id="fc_1", output_index=2, name="exec_command", arguments="{}"
+            ),
+        ),
         ("output_item_done", E.OutputItemEvent(output_index=2, item=_function_call("{}", "completed"))),
         ("compaction_compacting", E.CompactionCompactingEvent(item_id="cmp_1", output_index=3)),
-        ("output_item_done", E.OutputItemEvent(output_index=3, item=items_pb2.Item(
-            compaction=items_pb2.CompactionItem(id="cmp_1", encrypted_content="enc")))),
+        (
+            "output_item_done",
+            E.OutputItemEvent(
+                output_index=3,
+                item=items_pb2.Item(compaction=items_pb2.CompactionItem(id="cmp_1", encrypted_content="enc")),
+            ),
+        ),
         ("completed", E.ResponseEvent(response=completed)),
         ("failed", E.ResponseEvent(response=failed)),
         ("incomplete", E.ResponseEvent(response=incomplete)),
         ("steer_accepted", E.SteerAcceptedEvent(steer=steer)),
-        ("steer_pending", E.SteerPendingEvent(
-            steer=steer, reason="waiting_for_required_input",
-            required_input_json='[{"type":"function_call_output","call_id":"call_1","name":"exec_command"}]')),
-        ("steer_failed", E.SteerFailedEvent(
-            steer=steer, input_json='"go left"',
-            error=E.Error(code="response_already_completed", message="done", type="invalid_request_error"))),
-        ("error", E.ErrorEvent(error=TetherError(errors.INVALID_STREAM_ID, "bad", param="stream_id").to_proto())),
+        (
+            "steer_pending",
+            E.SteerPendingEvent(
+                steer=steer,
+                reason="waiting_for_required_input",
+                required_input_json='[{"type":"function_call_output","call_id":"call_1","name":"exec_command"}]',
+            ),
+        ),
+        (
+            "steer_failed",
+            E.SteerFailedEvent(
+                steer=steer,
+                input_json='"go left"',
+                error=E.Error(
+                    code="response_already_completed", message="done", type="invalid_request_error"
+                ),
+            ),
+        ),
+        (
+            "error",
+            E.ErrorEvent(error=TetherError(errors.INVALID_STREAM_ID, "bad", param="stream_id").to_proto()),
+        ),
     ]
     out = []
     for seq, (arm, payload) in enumerate(arms):
@@ -890,6 +1068,15 @@ def test_sdk_parses_every_ws_event(stream_id: str) -> None:
         assert getattr(parsed, "stream_id", None) == (stream_id or None)
 
 
+def test_sdk_runtime_parser_picks_the_right_event_class() -> None:
+    """Clients parse frames leniently (`construct_type_unchecked`), keyed by `type`: check it lands
+    on the same class as strict validation for every event we emit."""
+    for ev in _sdk_stream():
+        d = jc.event_to_json(ev, ws=True)
+        loose = construct_type_unchecked(value=d, type_=ResponsesServerEvent)
+        assert type(loose) is type(WS_EVENTS.validate_python(d)), d["type"]
+
+
 def test_sdk_parses_every_http_event() -> None:
     for ev in _sdk_stream():
         d = jc.event_to_json(ev, ws=False)
@@ -901,11 +1088,15 @@ def test_sdk_parses_every_http_event() -> None:
 
 
 def test_sdk_parses_text_and_function_call_responses() -> None:
-    text = Response.model_validate(jc.response_to_json(_with_usage(_response("completed", [_message("Hi", "completed")]))))
+    text = Response.model_validate(
+        jc.response_to_json(_with_usage(_response("completed", [_message("Hi", "completed")])))
+    )
     assert text.output_text == "Hi" and text.usage.total_tokens == 123
     assert text.text.format.type == "text" and text.tool_choice == "auto"
     fc = Response.model_validate(
-        jc.response_to_json(_with_usage(_response("completed", [_function_call('{"cmd":"ls"}', "completed")])))
+        jc.response_to_json(
+            _with_usage(_response("completed", [_function_call('{"cmd":"ls"}', "completed")]))
+        )
     )
     assert fc.output[0].type == "function_call" and fc.output[0].arguments == '{"cmd":"ls"}'
     assert fc.tools[0].type == "function" and fc.tools[0].parameters == {"type": "object"}
@@ -915,8 +1106,17 @@ def test_sdk_parses_text_and_function_call_responses() -> None:
 
 def test_sdk_parses_items_page() -> None:
     page = service_pb2.ListInputItemsResponse(
-        data=[jc.item_from_json({"type": "message", "id": "msg_1", "role": "user", "status": "completed",
-                                 "content": [{"type": "input_text", "text": "hi"}]})],
+        data=[
+            jc.item_from_json(
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "user",
+                    "status": "completed",
+                    "content": [{"type": "input_text", "text": "hi"}],
+                }
+            )
+        ],
         first_id="msg_1",
         last_id="msg_1",
     )

@@ -199,13 +199,7 @@ class HttpHandlers:
 
     # GET /v1/models
     async def models(self, req: HttpRequest) -> None:
-        # `ResponsesAPI.list_models()` takes no tenant; an implementation that accepts one (the
-        # credential-forwarding RemoteResponsesAPI) gets the caller's.
-        list_models = self.ctx.api.list_models
-        if "tenant" in inspect.signature(list_models).parameters:
-            result = await list_models(tenant=req.tenant)  # type: ignore[call-arg]
-        else:
-            result = await list_models()
+        result = await self.ctx.api.list_models(req.tenant)
         data = [
             {"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by} for m in result.data
         ]

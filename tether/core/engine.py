@@ -186,6 +186,7 @@ class Engine:
     ) -> AsyncIterator[events_pb2.ServerEvent]:
         """A stateless create: a one-turn session (hydrating from the store when continuing)."""
         session = await self.open_session(tenant, transport="http")
+        ended = False
         try:
             request = service_pb2.SessionRequest()
             request.create.CopyFrom(params)
@@ -193,12 +194,15 @@ class Engine:
             await session.send(request)
             async for batch in session.events():
                 for event in batch:
-                    yield event
                     arm = event.WhichOneof("event")
-                    if arm in _TERMINAL or (arm == "error" and not event.response_id):
+                    ended = arm in _TERMINAL or (arm == "error" and not event.response_id)
+                    yield event
+                    if ended:
                         return
         finally:
-            await session.close()
+            if ended:  # the caller may stop at the terminal event; the turn still files its state
+                await session.wait_idle()
+            await session.close()  # otherwise the caller went away: cancel the generation
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         await self.post.wait_durable(tenant, response_id)
@@ -285,7 +289,7 @@ class Engine:
         out.usage.total_tokens = in_tokens + out_tokens
         return out
 
-    async def list_models(self) -> service_pb2.ListModelsResponse:
+    async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         out = service_pb2.ListModelsResponse()
         for name in self.router.model_names:
             out.data.add(id=name, created=0, owned_by="tether")

@@ -126,6 +126,7 @@ class PrototypeTurn(Turn):
         self.steps = 0  # backend calls made so far
         self._pending: dict[str, None] = {}  # call ids waiting for output, in call order
         self._received: list[items_pb2.Item] = []
+        self._texts: list[str] = []  # rendered text of the accepted appended items
         self._wake = asyncio.Event()
 
     # -- the append side (called by deliver_append, in the session's send path) ----------------
@@ -235,7 +236,8 @@ class PrototypeTurn(Turn):
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back
                 with self.clock.stage("render"):
-                    input_tokens += sum(len(render.encode(render.render_item(item))) for item in appended)
+                    input_tokens += sum(len(render.encode(text)) for text in self._texts)
+                self._texts = []
         except BackendError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -265,6 +267,7 @@ class PrototypeTurn(Turn):
     def _begin_wait(self, open_calls: list[str]) -> None:
         self._pending = dict.fromkeys(open_calls)
         self._received = []
+        self._texts = []
         _WAITING.setdefault(self.session, set()).add(self)
 
     async def _await_outputs(self, open_calls: list[str]) -> list[items_pb2.Item] | None:
@@ -314,11 +317,14 @@ class PrototypeTurn(Turn):
             self._stop_waiting()
 
     def _check(self, items: list[items_pb2.Item]) -> None:
-        """The stages a create runs on new input, for appended items: validate and classify."""
+        """The stages a create runs on new input, for appended items: validate, render, classify."""
         with self.clock.stage("validate"):
             validate.validate_items(items, frozenset(self._pending), self.engine.config.limits, param="input")
+        with self.clock.stage("render"):
+            texts = [render.render_item(item) for item in items]
         with self.clock.stage("classify"):
-            self.engine.classify(items)
+            self.engine.classify(texts)
+        self._texts.extend(texts)
 
     def _stop_waiting(self) -> None:
         self._pending = {}

@@ -133,6 +133,12 @@ class Session:
         self.cache.clear()
         self.engine.session_closed(self)
 
+    async def wait_idle(self) -> None:
+        """Wait until every lane has finished its queued and running turns."""
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
+        if workers:
+            await asyncio.gather(*workers, return_exceptions=True)
+
     # -- used by turns ----------------------------------------------------------------------------
 
     async def emit_error(self, exc: TetherError, *, stream_id: str = "") -> None:

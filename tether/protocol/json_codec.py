@@ -1,8 +1,10 @@
 """OpenAI Responses JSON <-> Tether protobuf, by hand and by table.
 
 Shared by the WebSocket and HTTP bridges, so it sits on the per-event hot path. It therefore never
-uses `google.protobuf.json_format` (reflection per field, ~10x slower: see `bench_codec`); each
-JSON object type has a field table (`_Codec`) and one generic loop reads and writes it.
+uses `google.protobuf.json_format` (2-4x slower per event, and not the OpenAI shape anyway: see
+`bench_codec`). Each JSON object type has one field table (`_Codec`): a generic loop reads JSON
+with it, and at import it is compiled into a straight-line writer, so the tables stay the single
+description of the wire format while writing costs what a hand-written encoder would.
 
 Faithfulness rules (a client's JSON object must come back unchanged, dict-equal):
 
@@ -72,9 +74,9 @@ __all__ = [
 
 DEFAULT_MAX_DEPTH = 64
 
-# An innermost container: one removal pass over the bracket skeleton peels one nesting level.
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_QUOTED = re.compile(rb'"[^"]*"')
 
 
 def dumps(obj: Any) -> bytes:
@@ -86,14 +88,14 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = DEFAUL
     """Parse JSON text, rejecting bad JSON and nesting deeper than `max_depth` with INVALID_JSON.
 
     orjson itself stops at depth 1024; a request that deep is an attack, not a request, and the
-    codec recurses over what it is given. The depth check runs only when the text holds more
-    opening brackets than `max_depth` (two C-speed `count` calls, so small events cost nothing).
-    Then it works on the raw bytes, after orjson has validated them, with C-speed bytes methods
-    only: drop escaped backslashes and escaped quotes, split on the remaining (real) quotes and
-    keep every other piece, which removes all string contents; keep only the brackets
-    (`translate`); and peel innermost `[]`/`{}` pairs with at most `max_depth` regex passes: the
-    number of passes that empties the skeleton is exactly the nesting depth. A 25 KB Codex body
-    costs a fraction of its parse time.
+    codec recurses over what it is given (orjson cannot serialise beyond depth 255 either). The
+    check works on the raw bytes, which orjson has just validated, with C-speed bytes methods
+    only: drop escaped backslashes and quotes, keep only quotes and brackets (`translate`; if
+    that holds no more opening brackets than `max_depth`, stop), drop the quoted segments
+    (in-string brackets), and peel innermost `()` pairs with `replace`: the number of passes
+    that empties the skeleton is exactly the nesting depth, and it stops after `max_depth`
+    passes. Small events cost about a microsecond; a 25 KB Codex create body about half its
+    parse time.
     """
     try:
         obj = orjson.loads(data)
@@ -112,14 +114,23 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = DEFAUL
 
 def _nesting_exceeds(data: bytes | bytearray | memoryview | str, max_depth: int) -> bool:
     raw = data.encode() if isinstance(data, str) else bytes(data)
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+    if len(raw) <= 2 * max_depth:  # too short to nest deeper
         return False
-    # Backslashes occur only inside strings; pairing them from the left is exactly JSON's escape
-    # rule, so after these two replaces every remaining quote delimits a string.
-    unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    skeleton = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    if b"\\" in raw:
+        # Backslashes occur only inside strings, and pairing them from the left is JSON's escape
+        # rule: after these two replaces every remaining quote delimits a string.
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # Quotes and brackets only, `(` / `)` for either bracket kind (orjson checked the matching).
+    # Removing a `""` pair (an empty string, or the gap between two strings) keeps the quote
+    # parity, so the quoted segments that remain still hold exactly the in-string brackets.
+    skeleton = raw.translate(_BRACKETS, _NOT_STRUCTURE)
+    if skeleton.count(b"(") <= max_depth:  # most events and small bodies stop here
+        return False
+    skeleton = skeleton.replace(b'""', b"")
+    if b'"' in skeleton:
+        skeleton = _QUOTED.sub(b"", skeleton)
     for _ in range(max_depth):
-        skeleton = _INNERMOST.sub(b"", skeleton)
+        skeleton = skeleton.replace(b"()", b"")  # one pass peels one nesting level
         if not skeleton:
             return False
     return True
@@ -510,11 +521,11 @@ class _Union:
     """
 
     def __init__(
-        self, oneof: str, arms: dict[str, tuple[str, _Codec]], infer: Callable[[dict], str] | None = None
+        self, oneof: str, arms: dict[str, _Codec], infer: Callable[[dict], str] | None = None
     ) -> None:
         self.oneof = oneof
-        self.arms = arms
-        self.writers = {arm: (t, codec.encode) for t, (arm, codec) in arms.items()}
+        self.arms = arms  # JSON `type` -> codec; the oneof arm has the same name as the type
+        self.writers = {t: codec.encode for t, codec in arms.items()}
         self.infer = infer
 
     def decode(self, target: Any, d: Any, path: str) -> bool:
@@ -524,14 +535,13 @@ class _Union:
             if t is not None or "type" in d:
                 raise _type_error(_join(path, "type"), "a string", t)
             t = self.infer(d) if self.infer else ""
-        arm = self.arms.get(t)
-        if arm is None:
+        codec = self.arms.get(t)
+        if codec is None:
             other = target.other
             other.type = t
             other.json = _text(d)
             return True
-        name, codec = arm
-        sub = getattr(target, name)
+        sub = getattr(target, t)
         sub.SetInParent()
         leftovers = codec.decode(d, sub, path)
         if leftovers:
@@ -544,8 +554,7 @@ class _Union:
             return orjson.loads(target.other.json)
         if name is None:
             raise ValueError(f"{type(target).__name__} has no `{self.oneof}` arm set")
-        t, write = self.writers[name]
-        out = write(getattr(target, name), {"type": t})
+        out = self.writers[name](getattr(target, name), {"type": name})
         if target.extra_json:
             _merge_extra(out, target.extra_json)
         return out
@@ -572,33 +581,24 @@ class _OneOf(_Field):
 _PART = _Union(
     "part",
     {
-        "input_text": ("input_text", _Codec(items_pb2.InputText, _Scalar("text"))),
-        "output_text": (
-            "output_text",
-            _Codec(
-                items_pb2.OutputText,
-                _Scalar("text"),
-                _Json("annotations", "annotations_json", list),
-                _Json("logprobs", "logprobs_json", list),
-            ),
+        "input_text": _Codec(items_pb2.InputText, _Scalar("text")),
+        "output_text": _Codec(
+            items_pb2.OutputText,
+            _Scalar("text"),
+            _Json("annotations", "annotations_json", list),
+            _Json("logprobs", "logprobs_json", list),
         ),
-        "input_image": (
-            "input_image",
-            _Codec(
-                items_pb2.InputImage,
-                _Scalar("image_url", OPTIONAL),
-                _Scalar("file_id", OPTIONAL),
-                _Scalar("detail", NONEMPTY),
-            ),
+        "input_image": _Codec(
+            items_pb2.InputImage,
+            _Scalar("image_url", OPTIONAL),
+            _Scalar("file_id", OPTIONAL),
+            _Scalar("detail", NONEMPTY),
         ),
-        "input_file": (
-            "input_file",
-            _Codec(
-                items_pb2.InputFile,
-                *(_Scalar(k, OPTIONAL) for k in ("file_id", "file_data", "filename", "file_url")),
-            ),
+        "input_file": _Codec(
+            items_pb2.InputFile,
+            *(_Scalar(k, OPTIONAL) for k in ("file_id", "file_data", "filename", "file_url")),
         ),
-        "refusal": ("refusal", _Codec(items_pb2.Refusal, _Scalar("refusal"))),
+        "refusal": _Codec(items_pb2.Refusal, _Scalar("refusal")),
     },
 )
 
@@ -632,7 +632,7 @@ def _text_parts(part_type: str, attr: str, policy: int) -> _Custom:
         if not isinstance(value, list):
             raise _type_error(path, "an array", value)
         texts = getattr(msg, attr)
-        exact = bool(value) or policy == ALWAYS
+        exact = bool(value) or policy == ALWAYS  # an explicit `[]` for NONEMPTY is stashed
         for i, part in enumerate(value):
             _require_object(part, f"{path}[{i}]")
             text = part.get("text")
@@ -680,59 +680,44 @@ def _output_enc(msg: items_pb2.FunctionCallOutput, out: dict) -> None:
 _ITEM = _Union(
     "item",
     {
-        "message": (
-            "message",
-            _Codec(
-                items_pb2.Message,
-                _Scalar("id", NONEMPTY),
-                _Scalar("role", NONEMPTY),
-                _Scalar("status", NONEMPTY),
-                _Custom("content", _content_dec, _content_enc),
-                _Scalar("phase", NONEMPTY),
-            ),
+        "message": _Codec(
+            items_pb2.Message,
+            _Scalar("id", NONEMPTY),
+            _Scalar("role", NONEMPTY),
+            _Scalar("status", NONEMPTY),
+            _Custom("content", _content_dec, _content_enc),
+            _Scalar("phase", NONEMPTY),
         ),
-        "function_call": (
-            "function_call",
-            _Codec(
-                items_pb2.FunctionCall,
-                _Scalar("id", NONEMPTY),
-                _Scalar("call_id", NONEMPTY),
-                _Scalar("name", NONEMPTY),
-                _Scalar("arguments"),
-                _Scalar("status", NONEMPTY),
-            ),
+        "function_call": _Codec(
+            items_pb2.FunctionCall,
+            _Scalar("id", NONEMPTY),
+            _Scalar("call_id", NONEMPTY),
+            _Scalar("name", NONEMPTY),
+            _Scalar("arguments"),
+            _Scalar("status", NONEMPTY),
         ),
-        "function_call_output": (
-            "function_call_output",
-            _Codec(
-                items_pb2.FunctionCallOutput,
-                _Scalar("id", NONEMPTY),
-                _Scalar("call_id", NONEMPTY),
-                _Custom("output", _output_dec, _output_enc),
-                _Scalar("status", NONEMPTY),
-            ),
+        "function_call_output": _Codec(
+            items_pb2.FunctionCallOutput,
+            _Scalar("id", NONEMPTY),
+            _Scalar("call_id", NONEMPTY),
+            _Custom("output", _output_dec, _output_enc),
+            _Scalar("status", NONEMPTY),
         ),
-        "reasoning": (
-            "reasoning",
-            _Codec(
-                items_pb2.ReasoningItem,
-                _Scalar("id", NONEMPTY),
-                _text_parts("summary_text", "summary", ALWAYS),
-                _text_parts("reasoning_text", "content", NONEMPTY),
-                _Scalar("encrypted_content", OPTIONAL),
-                _Scalar("status", NONEMPTY),
-            ),
+        "reasoning": _Codec(
+            items_pb2.ReasoningItem,
+            _Scalar("id", NONEMPTY),
+            _text_parts("summary_text", "summary", ALWAYS),
+            _text_parts("reasoning_text", "content", NONEMPTY),
+            _Scalar("encrypted_content", OPTIONAL),
+            _Scalar("status", NONEMPTY),
         ),
-        "compaction": (
-            "compaction",
-            _Codec(
-                items_pb2.CompactionItem,
-                _Scalar("id", NONEMPTY),
-                _Scalar("encrypted_content", NONEMPTY),
-                _Scalar("created_by", NONEMPTY),
-            ),
+        "compaction": _Codec(
+            items_pb2.CompactionItem,
+            _Scalar("id", NONEMPTY),
+            _Scalar("encrypted_content", NONEMPTY),
+            _Scalar("created_by", NONEMPTY),
         ),
-        "item_reference": ("item_reference", _Codec(items_pb2.ItemReference, _Scalar("id", NONEMPTY))),
+        "item_reference": _Codec(items_pb2.ItemReference, _Scalar("id", NONEMPTY)),
     },
     infer=_infer_item_type,
 )
@@ -760,15 +745,12 @@ def _items_field(key: str, policy: int = ALWAYS, attr: str | None = None) -> _Li
 _TOOL = _Union(
     "tool",
     {
-        "function": (
-            "function",
-            _Codec(
-                request_pb2.FunctionTool,
-                _Scalar("name", NONEMPTY),
-                _Scalar("description", OPTIONAL),
-                _Json("parameters", "parameters_json", dict, NONEMPTY),
-                _Scalar("strict", OPTIONAL),
-            ),
+        "function": _Codec(
+            request_pb2.FunctionTool,
+            _Scalar("name", NONEMPTY),
+            _Scalar("description", OPTIONAL),
+            _Json("parameters", "parameters_json", dict, NONEMPTY),
+            _Scalar("strict", OPTIONAL),
         ),
     },
 )
@@ -926,6 +908,11 @@ _USAGE = _Codec(
 _DEFAULT_TEXT_FORMAT = {"type": "text"}
 
 
+def _response_text_dec(r: response_pb2.Response, value: Any, path: str) -> bool:
+    r.text.SetInParent()
+    return _TEXT.decode_into(value, r.text, path)
+
+
 def _response_text_enc(r: response_pb2.Response, out: dict) -> None:
     text = _TEXT.encode(r.text, {}) if r.HasField("text") else {}
     text.setdefault("format", dict(_DEFAULT_TEXT_FORMAT))
@@ -957,7 +944,7 @@ _RESPONSE = _Codec(
     _Sub("reasoning", _reasoning_codec(NULLABLE, typed_wins=True), ALWAYS),
     _Scalar("store"),
     _Scalar("temperature"),
-    _Custom("text", lambda m, v, p: _TEXT.decode_into(v, _set_in_parent(m.text), p), _response_text_enc),
+    _Custom("text", _response_text_dec, _response_text_enc),
     _Custom("tool_choice", _tool_choice_dec, _response_tool_choice_enc),
     _List("tools", _TOOL.decode, _TOOL.encode),
     _Scalar("top_p"),
@@ -978,11 +965,6 @@ _RESPONSE = _Codec(
     skip=(),
     typed_wins=True,
 )
-
-
-def _set_in_parent(sub: Any) -> Any:
-    sub.SetInParent()
-    return sub
 
 
 def response_to_json(r: response_pb2.Response) -> dict:
@@ -1325,9 +1307,7 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
     req = service_pb2.SessionRequest()
     sub = getattr(req, arm)
     sub.SetInParent()
-    leftovers = codec.decode(d, sub, "")
-    if leftovers and codec.has_extra:
-        sub.extra_json = _extra_text(leftovers)
+    codec.decode_into(d, sub, "")  # leftovers of messages without `extra_json` are dropped
     return req
 
 
@@ -1345,66 +1325,46 @@ def client_event_to_json(req: service_pb2.SessionRequest) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+_COMPACT = _Codec(
+    service_pb2.CompactResponseResponse,
+    _Scalar("id"),
+    _Const("object", "response.compaction"),
+    _Scalar("created_at"),
+    _items_field("output"),
+    _Sub("usage", _USAGE, ALWAYS),
+)
+_INPUT_ITEMS = _Codec(
+    service_pb2.ListInputItemsResponse,
+    _Const("object", "list"),
+    _items_field("data"),
+    _Scalar("first_id", NULLABLE),
+    _Scalar("last_id", NULLABLE),
+    _Scalar("has_more"),
+)
+
+
 def error_to_http_json(err: events_pb2.Error) -> dict:
     """The HTTP error body: `{"error": {"message", "type", "param", "code"}}`."""
-    body = _error_body(err)
-    return {
-        "error": {
-            "message": body["message"],
-            "type": body["type"],
-            "param": body["param"],
-            "code": body["code"],
-        }
-    }
+    return {"error": _error_body(err)}
 
 
 def compact_response_to_json(r: service_pb2.CompactResponseResponse) -> dict:
     """`POST /v1/responses/compact`: `{"id","object":"response.compaction","created_at","output","usage"}`."""
-    return {
-        "id": r.id,
-        "object": "response.compaction",
-        "created_at": r.created_at,
-        "output": [_ITEM.encode(i) for i in r.output],
-        "usage": _usage_json(r.usage),
-    }
+    return _COMPACT.encode(r, {})
 
 
 def compact_response_from_json(d: dict) -> service_pb2.CompactResponseResponse:
     r = service_pb2.CompactResponseResponse()
-    _COMPACT.decode(_require_object(d, ""), r, "")
+    _COMPACT.decode_into(d, r, "")
     return r
 
 
 def input_items_to_json(r: service_pb2.ListInputItemsResponse) -> dict:
     """`GET /v1/responses/{id}/input_items`: a list page (first/last ids null when empty)."""
-    return {
-        "object": "list",
-        "data": [_ITEM.encode(i) for i in r.data],
-        "first_id": r.first_id or None,
-        "last_id": r.last_id or None,
-        "has_more": r.has_more,
-    }
+    return _INPUT_ITEMS.encode(r, {})
 
 
 def input_items_from_json(d: dict) -> service_pb2.ListInputItemsResponse:
     r = service_pb2.ListInputItemsResponse()
-    _INPUT_ITEMS.decode(_require_object(d, ""), r, "")
+    _INPUT_ITEMS.decode_into(d, r, "")
     return r
-
-
-_COMPACT = _Codec(
-    service_pb2.CompactResponseResponse,
-    _Scalar("id"),
-    _Scalar("created_at"),
-    _items_field("output"),
-    _Sub("usage", _USAGE, ALWAYS),
-    skip=("object",),
-)
-_INPUT_ITEMS = _Codec(
-    service_pb2.ListInputItemsResponse,
-    _items_field("data"),
-    _Scalar("first_id", NULLABLE),
-    _Scalar("last_id", NULLABLE),
-    _Scalar("has_more"),
-    skip=("object",),
-)

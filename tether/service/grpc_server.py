@@ -130,7 +130,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         return await self._unary(context, lambda tenant: self._api.compact(tenant, request.params))
 
     async def ListModels(self, request, context):
-        return await self._unary(context, lambda tenant: self._api.list_models())
+        return await self._unary(context, lambda tenant: self._api.list_models(tenant))
 
 
 class GrpcServer:

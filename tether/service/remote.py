@@ -273,6 +273,5 @@ class RemoteResponsesAPI:
         request = service_pb2.CompactResponseRequest(params=params)
         return await self._unary(self._stub.CompactResponse, request, tenant)
 
-    async def list_models(self, tenant: str | None = None) -> service_pb2.ListModelsResponse:
-        """`tenant` (optional, beyond `ResponsesAPI`) supplies the forwarded key; the bridge passes it."""
+    async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         return await self._unary(self._stub.ListModels, service_pb2.ListModelsRequest(), tenant)

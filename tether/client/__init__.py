@@ -1,0 +1,77 @@
+"""`tether.client`: a typed Python client for Tether's gRPC service, async and sync.
+
+    import tether.client
+
+    async with tether.client.connect("127.0.0.1:50051", api_key="sk-...") as s:
+        stream = await s.create(model="tether-sim", input="hello")
+        async for ev in stream:                      # typed ServerEvent protos
+            ...
+        response = await stream.final_response()     # the Response proto
+
+        answer = await s.run_tool_loop("tether-sim", "fix the bug", tools={"read_file": read_file})
+        warm_id = await s.warmup("tether-sim", tools=[...], instructions="...")
+        a, b = s.lane("a"), s.lane("b")              # concurrent lanes over the one stream
+
+    with tether.client.connect_sync("127.0.0.1:50051") as s:   # blocking scripts
+        print(s.create(model="tether-sim", input="hello").text())
+
+Messages are the generated protos (`tether.responses.v1.*_pb2`); inputs may also be JSON-shaped
+dicts. Errors are `tether.errors.TetherError` (stable `code`, HTTP-equivalent `status`).
+"""
+
+from tether.client._aio import (
+    CONNECTION_LOST,
+    DEFAULT_TARGET,
+    MAX_TURNS_EXCEEDED,
+    ConnectionLost,
+    Lane,
+    ResponseStream,
+    RetryPolicy,
+    Session,
+    ToolLoopError,
+    connect,
+)
+from tether.client._params import (
+    build_params,
+    function_call_output,
+    function_calls,
+    function_tool,
+    output_text,
+    to_items,
+    to_tools,
+    user_message,
+)
+from tether.client._sync import SyncLane, SyncResponseStream, SyncSession, connect_sync
+from tether.errors import TetherError
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
+
+__all__ = [
+    "CONNECTION_LOST",
+    "DEFAULT_TARGET",
+    "MAX_TURNS_EXCEEDED",
+    "ConnectionLost",
+    "Lane",
+    "ResponseStream",
+    "RetryPolicy",
+    "Session",
+    "SyncLane",
+    "SyncResponseStream",
+    "SyncSession",
+    "TetherError",
+    "ToolLoopError",
+    "build_params",
+    "connect",
+    "connect_sync",
+    "events_pb2",
+    "function_call_output",
+    "function_calls",
+    "function_tool",
+    "items_pb2",
+    "output_text",
+    "request_pb2",
+    "response_pb2",
+    "service_pb2",
+    "to_items",
+    "to_tools",
+    "user_message",
+]

@@ -1,0 +1,187 @@
+"""The processes a bench runs against: `tether serve` and `tether bridge --upstream`, as real
+subprocesses, so their CPU time and memory can be read from /proc and the client's own work never
+shares their event loop.
+
+    python -m tether.lab.server serve --config bench.toml      # = `tether serve`, plus lab shims
+    python -m tether.lab.server bridge --upstream HOST:PORT    # = `tether bridge`, plus lab shims
+
+The entry point applies the shims named in `TETHER_LAB_SHIMS` (see `tether.lab.shims`: only what
+the core still lacks), prints `LAB_SHIMS <json list>` and hands over to `tether.cli.main`.
+
+`write_config` renders the server configuration for a set of (workload, speed) pairs: one
+simulated backend per pair, driven by the script generated from the workload, and one model name
+routed to it (`model_name(workload, speed)`), so every transport asks for the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tether.lab.metrics import ProcStat
+from tether.lab.workloads import SpeedProfile, Workload
+
+_SERVE_BANNER = re.compile(r"tether: gRPC on (\S+):(\d+)(?:, HTTP/WebSocket on (\S+))?")
+_BRIDGE_BANNER = re.compile(r"tether bridge: HTTP/WebSocket on (\S+)")
+_SHIMS_LINE = re.compile(r"^LAB_SHIMS (.*)$", re.M)
+
+
+def model_name(workload: Workload | str, speed: SpeedProfile | str) -> str:
+    w = workload if isinstance(workload, str) else workload.name
+    s = speed if isinstance(speed, str) else speed.name
+    return f"bench-{w}-{s}".replace("@", "-").replace(":", "-")
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def write_config(
+    path: Path,
+    pairs: list[tuple[Workload, SpeedProfile]],
+    *,
+    store: str,
+    script_dir: Path,
+    log_level: str = "warning",
+    server: dict | None = None,
+    limits: dict | None = None,
+    backend_options: dict | None = None,
+) -> dict[tuple[str, str], str]:
+    """Write the server TOML; returns {(workload, speed name): model name}."""
+    script_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"store = {_toml_value(store)}", f"log_level = {_toml_value(log_level)}", 'log_format = "text"', ""]
+    srv = {"grpc_port": 0, "bridge_port": 0, "shutdown_grace_s": 2.0, **(server or {})}
+    lines.append("[server]")
+    lines += [f"{k} = {_toml_value(v)}" for k, v in srv.items()]
+    if limits:
+        lines += ["", "[limits]"] + [f"{k} = {_toml_value(v)}" for k, v in limits.items()]
+    models: dict[tuple[str, str], str] = {}
+    lines += ["", '[backends."default"]', 'kind = "simulated"', "ttft_ms = 1", "tokens_per_s = 0"]
+    for wl, speed in pairs:
+        name = model_name(wl, speed)
+        if (wl.name, speed.name) in models:
+            continue
+        script = script_dir / f"{name}.json"
+        script.write_text(json.dumps(wl.simulated_script(speed), indent=1))
+        opts = {"kind": "simulated", "ttft_ms": speed.ttft_min_ms, "tokens_per_s": speed.tokens_per_s,
+                "script": str(script.resolve()), **(backend_options or {})}
+        lines += ["", f"[backends.{_toml_value(name)}]"] + [f"{k} = {_toml_value(v)}" for k, v in opts.items()]
+        lines += ["", f"[models.{_toml_value(name)}]", f"backend = {_toml_value(name)}"]
+        models[(wl.name, speed.name)] = name
+    lines += ["", '[models."*"]', 'backend = "default"', ""]
+    path.write_text("\n".join(lines))
+    return models
+
+
+@dataclass
+class TetherProcess:
+    """A Tether subprocess started through `python -m tether.lab.server`."""
+
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    grpc_port: int | None = None
+    bridge_url: str | None = None
+    shims: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def stat(self) -> ProcStat:
+        return ProcStat(self.pid)
+
+    def start(self, timeout: float = 60.0) -> TetherProcess:
+        """Start and wait for the banner (blocking: called between measurements)."""
+        env = {**os.environ, **self.env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
+        self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace")
+            if self._parse(text):
+                m = _SHIMS_LINE.search(text)
+                self.shims = json.loads(m.group(1)) if m else []
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv[3:5]} exited with {self.proc.returncode}:\n{text[-3000:]}")
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"no banner from {' '.join(self.argv)} within {timeout:g} s; see {self.log_path}")
+
+    def _parse(self, text: str) -> bool:
+        m = _SERVE_BANNER.search(text)
+        if m:
+            self.grpc_port = int(m.group(2))
+            self.bridge_url = m.group(3)
+            return True
+        m = _BRIDGE_BANNER.search(text)
+        if m:
+            self.bridge_url = m.group(1)
+            return True
+        return False
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_process(config: Path, log_path: Path, *, shims: str = "auto", extra: list[str] | None = None) -> TetherProcess:
+    from tether.lab import shims as shim_mod
+
+    args = ["--config", str(config)]
+    if shim_mod.prototype_wired():
+        args += ["--set", "server.prototype_append=true"]
+    return TetherProcess(
+        [sys.executable, "-m", "tether.lab.server", "serve", *args, *(extra or [])],
+        log_path,
+        env={"TETHER_LAB_SHIMS": shims},
+    )
+
+
+def bridge_process(upstream: str, log_path: Path, *, shims: str = "json_server_timing") -> TetherProcess:
+    return TetherProcess(
+        [sys.executable, "-m", "tether.lab.server", "bridge", "--upstream", upstream, "--port", "0",
+         "--log-level", "warning"],
+        log_path,
+        env={"TETHER_LAB_SHIMS": shims},
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tether import cli
+    from tether.lab import shims
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    applied = shims.apply()
+    print("LAB_SHIMS " + json.dumps(applied), flush=True)
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

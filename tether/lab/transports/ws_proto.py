@@ -1,0 +1,21 @@
+"""`ws-proto`: the WebSocket prototype shape (see `tether.core.prototype`): the whole rollout is
+ONE response; after each tool call the server waits (`response.awaiting_input`) and the client
+sends the outputs with `response.append` on the same socket. Needs the server's
+`prototype_append` (the bench's server has it, through the flag or the lab shim)."""
+
+from __future__ import annotations
+
+from tether.lab.transports.base import PROTOTYPE_APPEND, TurnOutcome
+from tether.lab.transports.sdk import SdkCollector
+from tether.lab.transports.ws import WsTransport
+
+
+class WsProto(WsTransport):
+    name = "ws-proto"
+    mode = "append"
+    extra_include = (PROTOTYPE_APPEND,)
+
+    async def append(self, items: list[dict]) -> TurnOutcome:
+        collector = SdkCollector(want_output=False)
+        await self.conn.send({"type": "response.append", "input": items})
+        return await self._read_turn(collector)
