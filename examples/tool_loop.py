@@ -25,8 +25,8 @@ def read_file(path: str) -> str:
     return p.read_text(errors="replace")[:2000]
 
 
-async def list_dir(path: str = ".") -> list[str]:
-    """List a directory."""
+def list_dir(path: str = ".") -> list[str]:
+    """List a directory (plain functions run in worker threads; async ones work too)."""
     return sorted(entry.name for entry in Path(path).iterdir())[:50]
 
 

@@ -90,6 +90,10 @@ class TetherConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: Limits = field(default_factory=Limits)
     store: str = "sqlite://tether-data/tether.db"
+    # When a store=true response is written: "overlap" (after its terminal event, overlapping the
+    # client's next turn; a crash can lose the writes of the last few ms) or "before_terminal"
+    # (durable before the client sees completion; use it for replicas sharing a store).
+    store_durability: str = "overlap"
     backends: dict[str, BackendSpec] = field(default_factory=lambda: {"sim": BackendSpec()})
     # model name or alias -> route; "*" catches every other name.
     models: dict[str, Route] = field(default_factory=lambda: {"tether-sim": Route(backend="sim"), "*": Route(backend="sim")})
@@ -122,11 +126,13 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
         }
     if "models" in data:
         cfg.models = {name: _build(Route, spec, f"models.{name}") for name, spec in data.pop("models").items()}
-    for key in ("store", "log_level", "log_format", "log_content"):
+    for key in ("store", "store_durability", "log_level", "log_format", "log_content"):
         if key in data:
             setattr(cfg, key, data.pop(key))
     if data:
         raise ValueError(f"unknown configuration keys: {sorted(data)}")
+    if cfg.store_durability not in ("overlap", "before_terminal"):
+        raise ValueError("store_durability must be 'overlap' or 'before_terminal'")
     return cfg
 
 
@@ -135,7 +141,7 @@ def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:
         if not name.startswith("TETHER_") or name == "TETHER_API_KEYS":
             continue
         path = name[len("TETHER_") :].lower().split("__")
-        if len(path) == 1 and path[0] in ("store", "log_level", "log_format", "log_content"):
+        if len(path) == 1 and path[0] in ("store", "store_durability", "log_level", "log_format", "log_content"):
             set_path(cfg, path, raw)
         elif len(path) == 2 and path[0] in ("server", "limits", "safety"):
             set_path(cfg, path, raw)

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import make_config
 from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.engine import Engine
 from tether.service.grpc_server import GrpcServer, start_grpc_server
-from tests.conftest import make_config
 
 FAST = {"kind": "simulated", "ttft_ms": 1, "tokens_per_s": 0, "tick_ms": 1, "output_tokens": 12}
 

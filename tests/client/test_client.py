@@ -168,7 +168,7 @@ async def test_lanes_are_demultiplexed(tmp_path):
             queued = [await lane.create("tether-sim", f"step {i}") for i in range(3)]
             done = [await q.final_response() for q in queued]
             assert [d.id for d in done] == [q.id for q in queued] and len({d.id for d in done}) == 3
-            assert all(d.created_at <= e.created_at for d, e in zip(done, done[1:]))
+            assert all(d.created_at <= e.created_at for d, e in zip(done, done[1:], strict=False))
             # One cancelled response does not disturb its lane.
             slow = await lane.create("tether-sim", "long", max_output_tokens=100000)
             await slow.wait_created()

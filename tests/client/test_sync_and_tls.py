@@ -61,8 +61,10 @@ async def test_sync_connect_failure_is_raised(tmp_path):
     assert await asyncio.to_thread(_sync_refused, target) != "connected"
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-async def test_tls(tmp_path: Path):
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -70,6 +72,11 @@ async def test_tls(tmp_path: Path):
          "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
         check=True, capture_output=True,
     )
+    return cert, key
+
+
+async def test_tls(tmp_path: Path, self_signed):
+    cert, key = self_signed
     config = server_config(tmp_path)
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
     srv = await Server(config).start()

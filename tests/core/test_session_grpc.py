@@ -294,3 +294,24 @@ async def test_health_and_reflection(grpc_server, channel):
         names = {s.name for s in answer.list_services_response.service}
         assert "tether.responses.v1.ResponsesService" in names
         break
+
+
+@pytest.mark.parametrize("durability", ["overlap", "before_terminal"])
+async def test_store_durability_modes_both_persist_every_completed_response(tmp_path, durability):
+    config = make_config(f"sqlite:///{tmp_path}/d.db", store_durability=durability)
+    engine = await Engine.start(config)
+    server = await start_grpc_server(engine, config, _open_auth())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            session = RawSession(ch)
+            await session.create(model="m", input="one", store=True)
+            r1 = (await session.until_terminal()).completed.response
+            if durability == "before_terminal":
+                # Durable by the time the client saw completion: no flush needed.
+                assert (await engine.store.get_response("", r1.id)).id == r1.id
+            await session.close()
+        await engine.post.flush()
+        assert [u.response_id for u in await engine.store.usage_records()] == [r1.id]
+    finally:
+        await server.stop(0)
+        await engine.aclose()

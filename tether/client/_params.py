@@ -20,8 +20,8 @@ import orjson
 from tether.protocol.json_codec import item_from_json, params_from_json
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2
 
-InputLike = Union[str, Sequence[Union[items_pb2.Item, Mapping[str, Any]]], None]
-ToolLike = Union[request_pb2.Tool, Mapping[str, Any], Callable[..., Any]]
+InputLike = str | Sequence[items_pb2.Item | Mapping[str, Any]] | None
+ToolLike = request_pb2.Tool | Mapping[str, Any] | Callable[..., Any]
 
 __all__ = [
     "build_params",

@@ -45,6 +45,16 @@ class PostInference:
             fut.add_done_callback(lambda _f, key=key: self._pending.pop(key, None))
         self._queue.put_nowait((job, fut))
 
+    async def write_now(self, job: PostJob) -> None:
+        """Write on the caller's path (store_durability = "before_terminal"); same retries."""
+        started = time.perf_counter()
+        try:
+            await self._write(job)
+            self.completed += 1
+        finally:
+            if self._on_done is not None:
+                self._on_done(time.perf_counter() - started)
+
     async def wait_durable(self, tenant: str, response_id: str) -> None:
         fut = self._pending.get((tenant, response_id))
         if fut is not None:

@@ -356,24 +356,37 @@ class Turn:
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
         finishing = self.session.begin_finishing(r.id)
-        await self._emit_response(arm, r)
-        self.engine.metrics.turn_finished(self.session.transport, arm, clock, u)
         try:
-            await asyncio.sleep(0)  # let the terminal event go out before the bookkeeping below
-            with clock.stage("finalize"):
-                self._remember(prepared, output, status, error)
+            if r.store and self.engine.config.store_durability == "before_terminal":
+                # Durable first: a crash after the client saw the terminal event loses nothing.
+                with clock.stage("finalize"):
+                    out_segments, context = self._state_after(prepared, output)
+                    await self.engine.post.write_now(self._post_job(prepared, out_segments, context))
+                await self._emit_response(arm, r)
+                self._remember(prepared, status, error, context)
+            else:
+                await self._emit_response(arm, r)
+                await asyncio.sleep(0)  # let the terminal event go out before the bookkeeping below
+                with clock.stage("finalize"):
+                    out_segments, context = self._state_after(prepared, output)
+                    self._remember(prepared, status, error, context)
+                    self.engine.post.submit(self._post_job(prepared, out_segments, context))
+            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u)
         finally:
             finishing.set_result(None)
             self.session.end_finishing(r.id)
 
-    def _remember(self, prepared: Prepared, output: list, status: str, error: TetherError | None) -> None:
-        r = prepared.response
+    def _state_after(self, prepared: Prepared, output: list) -> tuple[tuple[Segment, ...], Node]:
+        """The output as rendered segments, and the context a continuation builds on."""
         out_segments = tuple(Segment(item_key(item), item, render.encode(render.render_item(item))) for item in output)
         if any(s.item.WhichOneof("item") == "compaction" for s in out_segments):
             window = effective_context([*prepared.node.all_segments(), *out_segments], lambda s: s.item)
-            context = Node.extend(None, tuple(window))
-        else:
-            context = Node.extend(prepared.node, out_segments)
+            return out_segments, Node.extend(None, tuple(window))
+        return out_segments, Node.extend(prepared.node, out_segments)
+
+    def _remember(self, prepared: Prepared, status: str, error: TetherError | None, context: Node) -> None:
+        """Put the finished response into the connection cache (or evict its parent on error)."""
+        r = prepared.response
         if error is not None:
             self._evict_parent_after_error()
         elif status in ("completed", "incomplete"):
@@ -388,7 +401,6 @@ class Turn:
             )
             self.session.cache.put(entry)
             self.lane.last_response_id = r.id
-        self.engine.post.submit(self._post_job(prepared, out_segments, context))
 
     def _post_job(self, prepared: Prepared, out_segments: tuple[Segment, ...], context: Node) -> PostJob:
         r = prepared.response

@@ -14,10 +14,11 @@ Parts (each prints one table; a part whose prerequisite is missing says so and i
   several client processes for a fixed time; turns/s and server CPU-ms per turn.
 - `nginx`: sequential WebSocket and gRPC turns on one connection, straight to a replica vs
   through nginx (deploy/nginx/tether.conf); the difference is the hop's cost per turn.
-- `visibility`: two replicas sharing a store. Right after `response.completed` arrives from
-  replica A, replica B is asked for the response (GET /v1/responses/{id}): how often is it not
-  there yet, and how long until it is. This is the window in which a reconnect to another replica
-  can get previous_response_not_found (the store write is asynchronous, after the terminal event).
+- `visibility`: two replicas sharing a store; store=true turns alternate between them, each
+  continuing the other replica's response the moment its `response.completed` arrived: how often
+  that gets previous_response_not_found, and how long until a retry succeeds. This is the window
+  in which a reconnect to another replica can miss a response (the store write is asynchronous,
+  after the terminal event).
 
 The process harness below (free ports, a Tether subprocess, nginx as a foreground subprocess with
 a private prefix, /proc socket ownership) is also what tests/scaleout uses.
@@ -488,10 +489,19 @@ async def grpc_turn(call, queue: asyncio.Queue, **create: object):
 
 
 async def grpc_reader(call, queue: asyncio.Queue) -> None:
+    """Put the call's events on `queue`, then None when the call ends (an RPC error or our own
+    `call.cancel()` included: the caller sees the end, `call.code()` says why)."""
+    import grpc
+
     try:
         async for batch in call:
             for ev in batch.events:
                 queue.put_nowait(ev)
+    except grpc.aio.AioRpcError:
+        pass
+    except asyncio.CancelledError:
+        if not call.cancelled():
+            raise
     finally:
         queue.put_nowait(None)
 
@@ -565,7 +575,7 @@ def _load_client(target: str, concurrency: int, turns: int, duration: float, sta
                             raise RuntimeError(f"turn ended with {arm}: {ev}")
                         previous = ev.completed.response.id
                         done_turns += 1
-                    await call.done_writing()
+                    call.cancel()  # the server keeps a Session open after a half-close
                     await reader
                     rollouts += 1
 
@@ -678,7 +688,7 @@ async def _grpc_latencies(target: str, n: int) -> list[float]:
                 out.append(dt)
             if i % 40 == 39:
                 previous = ""
-        await call.done_writing()
+        call.cancel()
         await reader
     return out
 
@@ -722,36 +732,52 @@ def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
 
 
 async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, list[float]]:
-    from websockets.asyncio.client import connect
+    """Alternate store=true turns between A and B over gRPC, each continuing the previous turn's
+    response the moment its terminal event arrived on the other replica. Returns (misses, lags):
+    a miss is previous_response_not_found; its lag is how long until a retry succeeded."""
+    import grpc
 
-    missing = 0
+    from tether.responses.v1 import service_pb2_grpc
+
+    misses = 0
     lags: list[float] = []
-    async with connect(a.ws_url, compression=None, max_size=None) as conn, httpx.AsyncClient(timeout=10) as http:
+    async with grpc.aio.insecure_channel(a.grpc_target) as ca, grpc.aio.insecure_channel(b.grpc_target) as cb:
+        sessions = []
+        for channel in (ca, cb):
+            call = service_pb2_grpc.ResponsesServiceStub(channel).Session()
+            queue: asyncio.Queue = asyncio.Queue()
+            sessions.append((call, queue, asyncio.create_task(grpc_reader(call, queue))))
         previous = ""
         for i in range(n):
-            ev = await ws_turn(conn, model="tether-sim", input=f"turn {i}", store=True, previous_response_id=previous)
+            call, queue, _ = sessions[i % 2]
             done = time.perf_counter()
-            rid = ev["response"]["id"]
-            previous = rid if i % 10 else ""
-            first = True
+            missed = False
             while True:
-                status = (await http.get(f"{b.base_url}/responses/{rid}")).status_code
-                if status == 200:
+                ev = await grpc_turn(call, queue, model="tether-sim", input=f"turn {i}", store=True,
+                                     previous_response_id=previous)  # fmt: skip
+                if ev.WhichOneof("event") == "completed":
                     break
-                if first:
-                    missing += 1
-                    first = False
+                if ev.WhichOneof("event") != "error" or ev.error.error.code != "previous_response_not_found":
+                    raise RuntimeError(f"unexpected: {ev}")
+                missed = True
                 if time.perf_counter() - done > 10:
-                    raise RuntimeError(f"{rid} not visible on the other replica after 10 s")
-            lags.append(time.perf_counter() - done)
-    return missing, lags
+                    raise RuntimeError(f"{previous} not visible on the other replica after 10 s")
+                await asyncio.sleep(0.001)
+            if missed:
+                misses += 1
+                lags.append(time.perf_counter() - done)
+            previous = ev.completed.response.id if i % 20 != 19 else ""
+        for call, _, reader in sessions:
+            call.cancel()
+            await reader
+    return misses, lags
 
 
 def part_visibility(args: argparse.Namespace, workdir: Path) -> None:
     n = args.visibility_samples
-    print(f"\n## Cross-replica visibility: {n} store=true turns on replica A; right after response.completed, "
-          "GET the response from replica B")
-    print(f"{'store':<10} {'not yet visible':>16} {'lag p50 ms':>11} {'lag max ms':>11}")
+    print(f"\n## Cross-replica continuation: {n} store=true gRPC turns alternating between replicas A and B, "
+          "each continuing the other's response the moment response.completed arrived")
+    print(f"{'store':<10} {'previous_response_not_found':>28} {'until visible, max ms':>22}")
     for kind in ("sqlite", "postgres", "redis"):
         why = pg_reachable() if kind == "postgres" else redis_reachable() if kind == "redis" else None
         if why:
@@ -765,12 +791,12 @@ def part_visibility(args: argparse.Namespace, workdir: Path) -> None:
             try:
                 a.wait_ready()
                 b.wait_ready()
-                missing, lags = asyncio.run(_visibility(a, b, n))
+                misses, lags = asyncio.run(_visibility(a, b, n))
             finally:
                 a.stop()
                 b.stop()
-        lags.sort()
-        print(f"{kind:<10} {f'{missing}/{n}':>16} {lags[len(lags) // 2] * 1000:>11.2f} {lags[-1] * 1000:>11.2f}", flush=True)
+        worst = f"{max(lags) * 1000:.2f}" if lags else "-"
+        print(f"{kind:<10} {f'{misses}/{n}':>28} {worst:>22}", flush=True)
 
 
 # -- main ----------------------------------------------------------------------------------------------

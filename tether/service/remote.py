@@ -84,6 +84,10 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> TetherError:
     return TetherError(code, message, param=meta.get("tether-error-param") or None, status=status)
 
 
+def message_gone(exc: grpc.aio.AioRpcError) -> str:
+    return f"The upstream Tether ended the session ({exc.code().name.lower()}); reconnect to continue."
+
+
 def _error_event(err: TetherError) -> events_pb2.ServerEvent:
     return events_pb2.ServerEvent(error=events_pb2.ErrorEvent(error=err.to_proto()))
 
@@ -144,8 +148,13 @@ class RemoteSession:
             try:
                 message = await self._call.read()
             except grpc.aio.AioRpcError as exc:
-                if not ended_with_error and not (self._closed and exc.code() == grpc.StatusCode.CANCELLED):
-                    yield [_error_event(error_from_rpc(exc))]
+                if self._closed and exc.code() == grpc.StatusCode.CANCELLED:
+                    return  # we cancelled it
+                if not ended_with_error:
+                    err = error_from_rpc(exc)
+                    if exc.code() == grpc.StatusCode.CANCELLED:  # cancelled by the server going away
+                        err = TetherError(err.code if err.status >= 500 else SERVER_ERROR, message_gone(exc), status=503)
+                    yield [_error_event(err)]
                 return
             except asyncio.CancelledError:
                 if self._closed and not _cancelling():

@@ -36,13 +36,14 @@ class GrpcTransport(Transport):
         self.connections = 1
 
     async def close(self) -> None:
+        # The server keeps a half-closed Session open (its events may still come), so the client
+        # ends the call itself once its last turn is done, as an agent closing its connection does.
         try:
             await self.call.done_writing()
-            while await self.call.read() is not grpc.aio.EOF:
-                pass
         except grpc.aio.AioRpcError:
             pass
         finally:
+            self.call.cancel()
             await self.channel.close()
 
     def _request(self, body: dict) -> service_pb2.SessionRequest:

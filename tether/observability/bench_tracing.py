@@ -1,0 +1,202 @@
+"""What turn tracing costs: µs per turn with tracing off and on.
+
+    python -m tether.observability.bench_tracing [--turns 2000]
+
+Two measurements:
+
+1. hooks: the per-turn hook calls alone (`turn_span` enter/exit around a turn with a realistic
+   StageClock, `annotate_response`), off vs on (OpenTelemetry SDK, BatchSpanProcessor with an
+   exporter that drops spans, so export I/O is not counted);
+2. turns: whole turns through an in-process Engine (instant simulated backend, memory store,
+   chained creates on one session), off vs on, median of 5 rounds; the difference is the
+   end-to-end cost, the absolute figure is the server's own per-turn time.
+
+Until the transport and turn hooks are wired into the core (docs/operating.md), `ensure_hooks()`
+wraps `Session._lane_loop`'s call to `Turn.run` the same way the hook will (the tests use it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import statistics
+import time
+from typing import Any
+
+from tether.observability import tracing
+
+
+def ensure_hooks() -> list[str]:
+    """Install the tracing hooks the core does not call yet; returns what was installed."""
+    from tether.core import session as session_mod
+    from tether.core import turn as turn_mod
+    from tether.service import grpc_server
+
+    installed = []
+    if "turn_span" not in inspect.getsource(session_mod) + inspect.getsource(turn_mod):
+        turn_cls = turn_mod.Turn
+        if not getattr(turn_cls.run, "_tether_traced", False):
+            original_run, original_finish = turn_cls.run, turn_cls._finish
+
+            async def run(self: Any) -> None:
+                with tracing.turn_span(self):
+                    await original_run(self)
+
+            async def _finish(self: Any, prepared: Any, *args: Any, **kwargs: Any) -> None:
+                tracing.annotate_response(prepared.response)  # fields final except status/usage
+                await original_finish(self, prepared, *args, **kwargs)
+                tracing.annotate_response(prepared.response)
+
+            run._tether_traced = True  # type: ignore[attr-defined]
+            turn_cls.run, turn_cls._finish = run, _finish  # type: ignore[method-assign]
+            installed.append("turn")
+    if "adopt_parent" not in inspect.getsource(grpc_server):
+        servicer = grpc_server.ResponsesServicer
+        if not getattr(servicer.Session, "_tether_traced", False):
+            original_session = servicer.Session
+
+            async def Session(self: Any, request_iterator: Any, context: Any):  # noqa: N802 - gRPC method name
+                tracing.adopt_parent(context.invocation_metadata())
+                inner = original_session(self, request_iterator, context)
+                try:
+                    async for response in inner:
+                        yield response
+                finally:
+                    await inner.aclose()
+
+            Session._tether_traced = True  # type: ignore[attr-defined]
+            servicer.Session = Session  # type: ignore[method-assign]
+            installed.append("grpc")
+    return installed
+
+
+class _FakeParams:
+    model = "tether-sim"
+    previous_response_id = "resp_0"
+    store = True
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - protobuf API
+        return False
+
+
+class _FakeSession:
+    transport = "grpc"
+    id = "sess_1"
+
+
+def _sdk_provider() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Drop(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Drop(), max_queue_size=65536))
+    return provider
+
+
+def bench_hooks(turns: int) -> dict[str, float]:
+    from tether.core.timing import StageClock
+    from tether.responses.v1 import response_pb2
+
+    response = response_pb2.Response(id="resp_1", status="completed")
+    response.usage.input_tokens, response.usage.output_tokens = 1200, 80
+
+    class Turn:
+        session, params, stream_id, response_id = _FakeSession(), _FakeParams(), "", "resp_1"
+
+        def __init__(self) -> None:
+            self.clock = StageClock()
+            self.clock.stages.update({
+                "validate": 2e-5, "resolve": 1e-6, "classify": 1e-5, "render": 3e-5, "route": 1e-6,
+                "backend": 0.2, "backend_ttft": 0.05, "backend_wait": 0.19, "finalize": 4e-5,
+            })
+
+    fakes = [Turn() for _ in range(turns)]
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for turn in fakes:
+            with tracing.turn_span(turn):
+                tracing.annotate_response(response)
+        return (time.perf_counter() - t0) / turns * 1e6
+
+    out = {}
+    tracing.configure(False)
+    run()
+    out["off"] = min(run() for _ in range(5))
+    provider = _sdk_provider()
+    tracing.configure(True, tracer_provider=provider)
+    run()
+    out["on"] = min(run() for _ in range(5))
+    tracing.configure(False)
+    provider.shutdown()
+    return out
+
+
+async def _turns_per_round(turns: int) -> float:
+    from tether.config import BackendSpec, TetherConfig
+    from tether.core.engine import Engine
+    from tether.responses.v1 import service_pb2
+
+    config = TetherConfig()
+    config.store = "memory://"
+    config.backends = {"sim": BackendSpec(options={"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 20})}
+    config.limits.coalesce_ms = 0
+    engine = await Engine.start(config)
+    try:
+        session = await engine.open_session("", transport="grpc")
+        events = session.events()
+        previous = ""
+        t0 = time.perf_counter()
+        for i in range(turns):
+            request = service_pb2.SessionRequest()
+            request.create.model = "tether-sim"
+            request.create.input_text = f"turn {i}"
+            request.create.store = False
+            request.create.previous_response_id = previous
+            await session.send(request)
+            done = False
+            while not done:
+                for ev in await anext(events):
+                    if ev.HasField("completed"):
+                        previous, done = ev.completed.response.id, True
+        elapsed = time.perf_counter() - t0
+        await session.close()
+        return elapsed / turns * 1e6
+    finally:
+        await engine.aclose()
+
+
+def bench_turns(turns: int, rounds: int = 5) -> dict[str, float]:
+    ensure_hooks()
+    out = {}
+    provider = _sdk_provider()
+    for label, on in (("off", False), ("on", True), ("off_again", False)):
+        tracing.configure(on, tracer_provider=provider if on else None)
+        asyncio.run(_turns_per_round(min(turns, 200)))  # warm-up
+        out[label] = statistics.median(asyncio.run(_turns_per_round(turns)) for _ in range(rounds))
+    tracing.configure(False)
+    provider.shutdown()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tether.observability.bench_tracing")
+    parser.add_argument("--turns", type=int, default=2000)
+    args = parser.parse_args(argv)
+    hooks = bench_hooks(args.turns * 10)
+    print(f"hooks only:  off {hooks['off']:.3f} µs/turn   on {hooks['on']:.1f} µs/turn (turn span + 9 stage spans)")
+    turns = bench_turns(args.turns)
+    print(
+        f"whole turns: off {turns['off']:.1f} µs/turn   on {turns['on']:.1f} µs/turn   "
+        f"off again {turns['off_again']:.1f} µs/turn   (in-process engine, instant backend)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
