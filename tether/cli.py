@@ -66,6 +66,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tether.logging_setup import setup_logging
 
     setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    from tether.observability.tracing import configure_from_env
+
+    configure_from_env()
     if cfg.server.workers > 1:
         from tether.workers import run_workers
 
@@ -81,6 +84,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from tether.logging_setup import setup_logging
 
     setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    from tether.observability.tracing import configure_from_env
+
+    configure_from_env()
     from tether.bridge.server import serve_remote_forever
 
     asyncio.run(serve_remote_forever(cfg, upstream=args.upstream, api_key=args.upstream_api_key, tls_ca=args.upstream_ca))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.engine import Engine
+from tether.observability.health import ReadinessChecker
+from tether.observability.metrics_http import MetricsServer, start_metrics_server
 from tether.service.grpc_server import GrpcServer, start_grpc_server
 
 log = logging.getLogger("tether.server")
@@ -23,6 +25,8 @@ class Running:
     engine: Engine
     grpc: GrpcServer
     bridge: object | None  # tether.bridge.server.BridgeServer
+    readiness: ReadinessChecker | None = None
+    metrics: MetricsServer | None = None
 
     @property
     def grpc_port(self) -> int:
@@ -33,12 +37,16 @@ class Running:
         return getattr(self.bridge, "port", None)
 
     async def stop(self, grace: float) -> None:
+        if self.readiness is not None:
+            await self.readiness.stop()
         await self.grpc.health.enter_graceful_shutdown()
         await self.engine.shutdown(grace)  # sessions end: WS close 1001, gRPC UNAVAILABLE
         if self.bridge is not None:
             await self.bridge.stop(grace)
         await self.grpc.stop(grace)
         await self.engine.aclose()
+        if self.metrics is not None:
+            await self.metrics.stop()
 
 
 def make_authenticator(config: TetherConfig) -> Authenticator:
@@ -52,12 +60,18 @@ async def start(config: TetherConfig) -> Running:
     engine = await Engine.start(config)
     auth = make_authenticator(config)
     grpc_server = await start_grpc_server(engine, config, auth)
+    readiness = ReadinessChecker(engine, grpc_server.health).start()
+    metrics = None
+    if config.server.metrics_port:
+        metrics = await start_metrics_server(
+            engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=readiness
+        )
     bridge = None
     if config.server.bridge:
         from tether.bridge.server import start_bridge
 
         bridge = await start_bridge(engine, auth, config)
-    return Running(engine, grpc_server, bridge)
+    return Running(engine, grpc_server, bridge, readiness, metrics)
 
 
 async def serve_forever(config: TetherConfig) -> None:

@@ -3,8 +3,8 @@
 Process model (see docs/deployment.md, "Several workers on one machine"):
 
 - The parent is a small supervisor. It never creates a gRPC object (gRPC's fork rules): it checks
-  the configuration, migrates the store once (so workers do not race on the schema), reserves the
-  two ports, then starts each worker as a fresh interpreter (`python -c ...worker_main()`, the
+  the configuration, reserves the two ports, opens the store once (creating or migrating the
+  schema, so workers do not race on it), then starts each worker as a fresh interpreter (`python -c ...worker_main()`, the
   configuration sent as a pickle over the child's stdin). Nothing is inherited but stdout/stderr.
 - Every worker runs the normal server, `tether.server.serve_forever`, and binds both ports itself
   with SO_REUSEPORT: gRPC through the `grpc.so_reuseport` option (set when `server.workers > 1`),
@@ -31,8 +31,15 @@ probe without SO_REUSEPORT), so N workers never silently join another server's p
 0 is resolved once in the parent (it keeps the bound, non-listening socket while it lives) and
 every worker binds that same port.
 
-The supervisor prints one line per worker start, `tether: worker <i> started (pid <pid>)`;
-worker log records carry `worker` (its index) and `pid` fields.
+Observability: the supervisor prints one line per worker start, `tether: worker <i> started
+(pid <pid>)`; worker log records carry `worker` (its index) and `pid` fields. Each worker has its
+own metrics registry: with `server.metrics_port = P` worker i serves its metrics on port P + i;
+with the default (metrics on the bridge port) a scrape reaches one worker at random.
+
+Durability: workers share the store but not their post-inference queues, so a client that
+reconnects to another worker right after `response.completed` can miss a store=true response
+whose write is still queued (or lost with a crashed worker). Set `store_durability =
+"before_terminal"` to write before the terminal event (docs/deployment.md measures both).
 """
 
 from __future__ import annotations
@@ -40,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import inspect
 import logging
 import os
 import pickle
@@ -75,6 +81,8 @@ def check_config(cfg: TetherConfig) -> None:
     if n < 1:
         raise WorkerConfigError(f"server.workers must be >= 1, got {n}")
     scheme = cfg.store.partition("://")[0].lower()
+    if n > 1 and not hasattr(socket, "SO_REUSEPORT"):
+        raise WorkerConfigError("--workers > 1 needs SO_REUSEPORT (Linux); run one process per port instead")
     if n > 1 and scheme == "memory":
         raise WorkerConfigError(
             "--workers > 1 needs a store the workers share: memory:// is private to each process. "
@@ -94,7 +102,10 @@ def _address(host: str, port: int) -> tuple[int, tuple]:
 def reserve_port(host: str, port: int, what: str) -> socket.socket:
     """A bound, non-listening SO_REUSEPORT socket on (host, port): resolves port 0 to a concrete
     port the workers then share, and refuses a fixed port some other server already listens on."""
-    family, addr = _address(host, port)
+    try:
+        family, addr = _address(host, port)
+    except OSError as exc:
+        raise WorkerConfigError(f"cannot resolve the {what} address {host!r}: {exc}") from None
     if port:
         probe = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -127,9 +138,29 @@ class _Slot:
 
 
 class Supervisor:
-    def __init__(self, cfg: TetherConfig) -> None:
+    """Starts, watches and stops the workers. `command` is the worker's argv (the worker reads
+    `(index, cfg)` pickled on stdin); the restart policy is per instance so tests can shrink it."""
+
+    def __init__(
+        self,
+        cfg: TetherConfig,
+        *,
+        command: list[str] | None = None,
+        restart_limit: int = RESTART_LIMIT,
+        restart_window_s: float = RESTART_WINDOW_S,
+        backoff_first_s: float = BACKOFF_FIRST_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        stop_extra_s: float = STOP_EXTRA_S,
+    ) -> None:
         self.cfg = cfg
+        self.command = command or [sys.executable, "-c", _WORKER_CMD]
+        self.restart_limit = restart_limit
+        self.restart_window_s = restart_window_s
+        self.backoff_first_s = backoff_first_s
+        self.backoff_max_s = backoff_max_s
+        self.stop_extra_s = stop_extra_s
         self.slots = [_Slot(i) for i in range(cfg.server.workers)]
+        self.starts = 0
         self.signals: list[int] = []
         self.gave_up = False
 
@@ -138,7 +169,8 @@ class Supervisor:
         self.signals.append(signum)
 
     def _spawn(self, slot: _Slot) -> None:
-        proc = subprocess.Popen([sys.executable, "-c", _WORKER_CMD], stdin=subprocess.PIPE, close_fds=True)
+        proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, close_fds=True)
+        self.starts += 1
         assert proc.stdin is not None
         try:
             proc.stdin.write(pickle.dumps((slot.index, self.cfg)))
@@ -156,27 +188,39 @@ class Supervisor:
                 continue
             slot.proc = None
             slot.exits.append(now)
-            while slot.exits and now - slot.exits[0] > RESTART_WINDOW_S:
+            while slot.exits and now - slot.exits[0] > self.restart_window_s:
                 slot.exits.popleft()
             recent = len(slot.exits)
-            if recent > RESTART_LIMIT:
+            if recent > self.restart_limit:
                 log.error(
                     "worker keeps exiting; stopping",
-                    extra={"worker": slot.index, "pid": proc.pid, "returncode": proc.returncode,
-                           "exits": recent, "window_s": RESTART_WINDOW_S},
+                    extra={
+                        "worker": slot.index,
+                        "pid": proc.pid,
+                        "returncode": proc.returncode,
+                        "exits": recent,
+                        "window_s": self.restart_window_s,
+                    },
                 )
-                print(f"tether: worker {slot.index} exited {recent} times in {RESTART_WINDOW_S:.0f} s; giving up",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"tether: worker {slot.index} exited {recent} times in {self.restart_window_s:.0f} s; giving up",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.gave_up = True
                 return
-            delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (recent - 1))
+            delay = min(self.backoff_max_s, self.backoff_first_s * 2 ** (recent - 1))
             slot.restart_at = now + delay
             log.warning(
                 "worker exited; restarting",
                 extra={"worker": slot.index, "pid": proc.pid, "returncode": proc.returncode, "in_s": delay},
             )
-            print(f"tether: worker {slot.index} (pid {proc.pid}) exited with {proc.returncode}; "
-                  f"restarting in {delay:.1f} s", file=sys.stderr, flush=True)
+            print(
+                f"tether: worker {slot.index} (pid {proc.pid}) exited with {proc.returncode}; "
+                f"restarting in {delay:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _stop(self) -> int:
         """Forward SIGTERM, wait for the workers, kill stragglers. 0 when all stopped by themselves."""
@@ -184,7 +228,7 @@ class Supervisor:
         for proc in live:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + STOP_EXTRA_S
+        deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + self.stop_extra_s
         seen = len(self.signals)
         killed = False
         while any(p.poll() is None for p in live):
@@ -236,26 +280,44 @@ async def _prepare_store(url: str) -> None:
 
 def run_workers(cfg: TetherConfig) -> int:
     """Serve `cfg` with `cfg.server.workers` processes; returns the process exit status."""
+    server = cfg.server
+    reserved: list[socket.socket] = []
     try:
         check_config(cfg)
-        asyncio.run(_prepare_store(cfg.store))
-        server = cfg.server
-        reserved = [reserve_port(server.grpc_host, server.grpc_port, "gRPC")]
+        reserved.append(reserve_port(server.grpc_host, server.grpc_port, "gRPC"))
         server.grpc_port = reserved[0].getsockname()[1]
         if server.bridge:
             reserved.append(reserve_port(server.bridge_host, server.bridge_port, "bridge"))
             server.bridge_port = reserved[-1].getsockname()[1]
     except WorkerConfigError as exc:
+        for sock in reserved:
+            sock.close()
         print(f"tether: {exc}", file=sys.stderr, flush=True)
         return 2
+    try:
+        asyncio.run(_prepare_store(cfg.store))
     except Exception as exc:  # noqa: BLE001 - the store could not be opened: say why and stop
+        for sock in reserved:
+            sock.close()
         print(f"tether: cannot open the store: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     print(
         f"tether: supervisor pid {os.getpid()}, {server.workers} workers on gRPC {server.grpc_host}:{server.grpc_port}"
-        + (f", HTTP/WebSocket http://{server.bridge_host}:{server.bridge_port}/v1" if server.bridge else ""),
+        + (f", HTTP/WebSocket http://{server.bridge_host}:{server.bridge_port}/v1" if server.bridge else "")
+        + (
+            f", metrics on ports {server.metrics_port}-{server.metrics_port + server.workers - 1}"
+            if server.metrics_port
+            else ""
+        ),
         flush=True,
     )
+    if getattr(cfg, "store_durability", "before_terminal") != "before_terminal":
+        log.warning(
+            "several workers share the store with store_durability = %r: a client reconnecting to another "
+            "worker right after response.completed can miss that response; set store_durability = "
+            '"before_terminal" (docs/deployment.md)',
+            cfg.store_durability,
+        )
     try:
         return Supervisor(cfg).run()
     finally:
@@ -290,30 +352,6 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _bridge_reuse_port() -> None:
-    """Make the bridge's listening socket SO_REUSEPORT in this worker.
-
-    The bridge binds its own socket (`tether.bridge.server._bind`). Until that function takes a
-    `reuse_port` argument (and `start_bridge` passes `reuse_port=config.server.workers > 1`), this
-    replaces it, in worker processes only, by the same bind plus SO_REUSEPORT. Once the bridge
-    has the argument, this does nothing."""
-    try:
-        from tether.bridge import server as bridge_server
-    except ImportError:
-        return
-    bind = getattr(bridge_server, "_bind", None)
-    if bind is None or "reuse_port" in inspect.signature(bind).parameters:
-        return
-
-    def _bind(host: str, port: int, *_args: object, **_kwargs: object) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family, backlog=2048, reuse_port=True)
-        sock.setblocking(False)
-        return sock
-
-    bridge_server._bind = _bind  # type: ignore[attr-defined]
-
-
 def worker_main() -> None:
     """Entry point of one worker process (started by `Supervisor`)."""
     index, cfg = pickle.load(sys.stdin.buffer)
@@ -328,7 +366,8 @@ def worker_main() -> None:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerFields(index))
     os.environ["TETHER_WORKER_INDEX"] = str(index)
-    _bridge_reuse_port()
+    if cfg.server.metrics_port:  # a standalone metrics port per worker: metrics_port + index
+        cfg.server.metrics_port += index
     from tether.server import serve_forever
 
     try:

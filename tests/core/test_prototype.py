@@ -1,8 +1,8 @@
 """The prototype shape (`tether.core.prototype`): one response across a whole tool loop.
 
-The session does not call the module yet (the lead wires `[server] prototype_append`); the
-`wired` fixture installs the two documented hooks with monkeypatch, exactly where the session
-will call them: the turn factory of `_lane_loop` and the `append` arm of `send`.
+Once the session calls the module (`[server] prototype_append = true`), these tests run with the
+flag. Until then the `wired` fixture installs the two documented hooks with monkeypatch, exactly
+where the session will call them: the turn factory of `_lane_loop` and the `append` arm of `send`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from tests.conftest import make_config
+from tether.config import ServerConfig
 from tether.core import prototype
 from tether.core import session as session_module
 from tether.core.engine import Engine
@@ -22,10 +23,13 @@ SCRIPT = {
     "sim": {"kind": "simulated", "ttft_ms": 1, "tokens_per_s": 0, "script": "coding_agent.json"},
 }
 TERMINAL = {"completed", "failed", "incomplete"}
+WIRED = "prototype_append" in ServerConfig.__dataclass_fields__  # the session calls the hooks itself
 
 
 @pytest.fixture
 def wired(monkeypatch):
+    if WIRED:
+        return
     monkeypatch.setattr(session_module, "Turn", prototype.turn_for)
     original = session_module.Session.send
 
@@ -38,7 +42,8 @@ def wired(monkeypatch):
 
 
 async def _engine(**limits) -> Engine:
-    return await Engine.start(make_config("memory://", backends=SCRIPT, limits=limits or None))
+    top = {"server": {"grpc_port": 0, "bridge_port": 0, "prototype_append": True}} if WIRED else {}
+    return await Engine.start(make_config("memory://", backends=SCRIPT, limits=limits or None, **top))
 
 
 def _create(include_proto: bool = True, **fields) -> service_pb2.SessionRequest:
@@ -80,9 +85,9 @@ class Reader:
                 self.events.append(ev)
                 await self.queue.put(ev)
 
-    async def until(self, pred, timeout: float = 10):
+    async def until(self, pred, wait_s: float = 10):
         while True:
-            ev = await asyncio.wait_for(self.queue.get(), timeout)
+            ev = await asyncio.wait_for(self.queue.get(), wait_s)
             if pred(ev):
                 return ev
 

@@ -246,7 +246,10 @@ RESPONSE = obj(
     {
         "backend_timing": st.fixed_dictionaries(
             {k: FLOATS for k in ("queue_time", "prompt_time", "completion_time", "total_time")}
-        )
+        ),
+        "server_timing": st.fixed_dictionaries(
+            {"stages_ms": st.dictionaries(TEXT, FLOATS, max_size=3), "overhead_ms": FLOATS}
+        ),
     },
 )
 
@@ -412,6 +415,7 @@ def test_item_round_trips(item: dict) -> None:
 def test_response_round_trips(resp: dict) -> None:
     msg = jc.response_from_json(resp)
     assert jc.response_to_json(msg) == resp
+    assert jc.loads(jc.dumps(jc.response_to_json(msg))) == resp
     assert jc.response_from_json(jc.response_to_json(msg)) == msg
 
 
@@ -423,8 +427,10 @@ def test_event_round_trips(arm_and_event: tuple[str, dict], ws: bool) -> None:
         ws = True  # the nested envelope is the WS shape; the flat one has its own test
     ev = jc.event_from_json(ev_json)
     assert ev.WhichOneof("event") == arm
-    assert jc.event_to_json(ev, ws=ws) == ev_json
-    assert jc.event_from_json(jc.event_to_json(ev, ws=ws)) == ev
+    out = jc.event_to_json(ev, ws=ws)
+    assert out == ev_json
+    assert jc.loads(jc.dumps(out)) == out  # plain JSON all the way down
+    assert jc.event_from_json(out) == ev
 
 
 @PROPS
@@ -622,11 +628,13 @@ def test_response_defaults() -> None:
     assert j["reasoning"] == {"effort": None, "summary": None}
     assert j["text"] == {"format": {"type": "text"}}
     assert j["tool_choice"] == "auto" and j["truncation"] == "disabled"
-    assert "backend_timing" not in j
+    assert "backend_timing" not in j and "server_timing" not in j
     r.backend_timing.total_time = 0.5
+    r.server_timing.stages_ms["render"] = 1.5
     r.usage.total_tokens = 3
     j = jc.response_to_json(r)
     assert j["backend_timing"]["total_time"] == 0.5
+    assert j["server_timing"] == {"stages_ms": {"render": 1.5}, "overhead_ms": 0.0}
     assert j["usage"] == {
         "input_tokens": 0,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

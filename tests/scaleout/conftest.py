@@ -41,7 +41,11 @@ def owner_of(pids: list[int], server_port: int, client_port: int) -> int | None:
 
 def holders(procs: list[TetherProcess], port_of) -> list[TetherProcess]:
     """The processes that hold at least one accepted connection on their own port."""
-    return [p for p in procs if p.proc is not None and p.proc.poll() is None and established(p.pid, port_of(p)) > 0]
+    return [
+        p
+        for p in procs
+        if p.proc is not None and p.proc.poll() is None and established(p.pid, port_of(p)) > 0
+    ]
 
 
 async def wait_visible(replica: TetherProcess, response_id: str, within: float = 10.0) -> int:

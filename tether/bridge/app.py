@@ -112,6 +112,12 @@ class BridgeApp:
             await _lifespan(receive, send)
 
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        try:
+            common.check_header_size(scope, self.ctx.server)
+        except TetherError as err:
+            await receive()  # websocket.connect
+            await ws.deny(scope, send, err)
+            return
         if _segments(scope["path"]) != WS_PATH:
             await receive()  # websocket.connect
             err = TetherError(common.NOT_FOUND, f"Invalid URL (GET {scope['path']}).", status=404)
@@ -131,6 +137,7 @@ class BridgeApp:
         method, path = scope["method"], scope["path"]
         extra: list[tuple[bytes, bytes]] = []
         try:
+            common.check_header_size(scope, self.ctx.server)
             route = self.match(path)
             if route is None:
                 raise TetherError(common.NOT_FOUND, f"Invalid URL ({method} {path}).", status=404)
@@ -151,6 +158,8 @@ class BridgeApp:
             err = common.as_tether_error(exc)
             if started:  # too late for a status: the stream just ends
                 return
+            if err.status in (408, 413):  # the body was not read to its end: do not keep the
+                extra.append((b"connection", b"close"))  # connection for a next request
             await send_error(send, err, extra)
 
 

@@ -9,11 +9,19 @@
 - Error rendering: `http_error_body` (`{"error":{message,type,param,code}}`) and `ws_error_text`
   (the WS envelope `{"type":"error","status",...}`), both through `json_codec` from the same
   `events_pb2.Error`, and `encode_event` for every server event.
+- Retry hints: an error with `retry_after_s` (429 `rate_limit_exceeded`) carries them as HTTP
+  headers (`retry_after_headers`: `Retry-After` in whole seconds, rounded up, and `retry-after-ms`)
+  and, on WebSocket, in the envelope's `error.headers` (the field the SDK's `ResponseWsError`
+  defines for "the response headers that were emitted with the error").
+- `check_header_size`: the request head (path, query, headers) against
+  `ServerConfig.http_max_header_bytes` (h11's own bound only applies while a head is incomplete,
+  so a head that arrives in one read is checked here); 431 past it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +49,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 UPGRADE_REQUIRED = "upgrade_required"
+HEADERS_TOO_LARGE = "request_header_fields_too_large"
+REQUEST_TIMEOUT = "request_timeout"
 
 
 @dataclass
@@ -67,6 +77,22 @@ class BridgeContext:
             del self.connections[tenant]
 
 
+# Slow-loris bounds. Read with getattr so a `ServerConfig` without these fields (they are not
+# in tether/config.py yet) gets the defaults: the request head must arrive within
+# `http_header_timeout_s` of the connection opening (or of the previous response on a kept-alive
+# connection), and a body within `http_body_timeout_s` of its head.
+DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
+DEFAULT_HTTP_BODY_TIMEOUT_S = 60.0
+
+
+def http_header_timeout(server: ServerConfig) -> float:
+    return float(getattr(server, "http_header_timeout_s", DEFAULT_HTTP_HEADER_TIMEOUT_S))
+
+
+def http_body_timeout(server: ServerConfig) -> float:
+    return float(getattr(server, "http_body_timeout_s", DEFAULT_HTTP_BODY_TIMEOUT_S))
+
+
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
     """The first value of a (lower-case) header from an ASGI scope's header list."""
     for key, value in headers:
@@ -85,11 +111,28 @@ def too_large(limit: int) -> TetherError:
     )
 
 
+def check_header_size(scope: dict[str, Any], server: ServerConfig) -> None:
+    """Refuse a request head larger than `http_max_header_bytes` (431)."""
+    limit = server.http_max_header_bytes
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    for key, value in scope.get("headers") or ():
+        size += len(key) + len(value) + 4  # ": " and CRLF
+    if size > limit:
+        raise TetherError(
+            HEADERS_TOO_LARGE, f"The request headers are larger than the limit of {limit} bytes.", status=431
+        )
+
+
 def decode_object(data: bytes | str, limits: Limits) -> dict[str, Any]:
     """One JSON object from an HTTP body or a WebSocket text frame."""
     limit = limits.max_request_bytes
-    # A str's UTF-8 size is between len and 4*len: encode only when the bound is undecided.
-    size = len(data) if isinstance(data, bytes) or len(data) * 4 <= limit else len(data.encode())
+    # A str's UTF-8 size is between len and 4*len: encode only when the bound is undecided (and
+    # never for a str already longer than the limit: an inflated permessage-deflate frame can be
+    # up to the transport cap, and copying it only to measure it doubles its memory).
+    if isinstance(data, bytes) or len(data) * 4 <= limit or len(data) > limit:
+        size = len(data)
+    else:
+        size = len(data.encode())
     if size > limit:
         raise too_large(limit)
     obj = json_codec.loads(data, max_depth=limits.max_json_depth)
@@ -125,8 +168,24 @@ def error_event(err: TetherError, stream_id: str = "") -> events_pb2.ServerEvent
     return events_pb2.ServerEvent(stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto()))
 
 
+def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
+    """`Retry-After` (whole seconds, rounded up, so a client never retries early) and the
+    finer `retry-after-ms` that the OpenAI SDKs read first; none when there is no hint."""
+    if not seconds or seconds <= 0:
+        return []
+    return [
+        (b"retry-after", str(max(1, math.ceil(seconds))).encode()),
+        (b"retry-after-ms", str(max(1, math.ceil(seconds * 1000))).encode()),
+    ]
+
+
 def encode_event(ev: events_pb2.ServerEvent, *, ws: bool) -> bytes:
-    return json_codec.dumps(json_codec.event_to_json(ev, ws=ws))
+    obj = json_codec.event_to_json(ev, ws=ws)
+    if ws and ev.HasField("error") and ev.error.error.retry_after_s > 0:
+        obj["error"]["headers"] = {
+            k.decode(): v.decode() for k, v in retry_after_headers(ev.error.error.retry_after_s)
+        }
+    return json_codec.dumps(obj)
 
 
 def ws_error_text(err: TetherError, stream_id: str = "") -> str:

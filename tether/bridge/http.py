@@ -27,6 +27,8 @@ from urllib.parse import parse_qs
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.errors import INVALID_TYPE, SERVER_ERROR, TetherError
+from tether.observability import tracing
+from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
 from tether.responses.v1 import events_pb2, service_pb2
 
@@ -60,23 +62,33 @@ class HttpRequest:
         raw = self.scope.get("query_string", b"").decode("latin-1")
         return {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
 
-    async def body(self, limit: int) -> bytes:
+    async def body(self, limit: int, within_s: float | None = None) -> bytes:
+        """The whole body, at most `limit` bytes, received within `within_s` seconds (a client
+        trickling its body is a slow-loris: 408 `request_timeout`)."""
         length = common.header(self.headers, b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
             raise common.too_large(limit)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise common.too_large(limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        try:
+            async with asyncio.timeout(within_s):
+                while True:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise common.too_large(limit)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise TetherError(
+                common.REQUEST_TIMEOUT,
+                f"The request body was not received within {within_s:g} s.",
+                status=408,
+            ) from None
 
 
 async def send_json(
@@ -94,8 +106,7 @@ async def send_json(
 
 async def send_error(send: Send, err: TetherError, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     extra = list(headers)
-    if err.retry_after is not None:
-        extra.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+    extra.extend(common.retry_after_headers(err.retry_after))
     if err.status == 401:
         extra.append((b"www-authenticate", b"Bearer"))
     await send_json(send, err.status, common.http_error_body(err), extra)
@@ -108,13 +119,14 @@ class HttpHandlers:
         self.ctx = ctx
 
     async def _params(self, req: HttpRequest) -> Any:
-        body = await req.body(self.ctx.limits.max_request_bytes)
+        body = await req.body(self.ctx.limits.max_request_bytes, common.http_body_timeout(self.ctx.server))
         return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
 
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
         params = await self._params(req)
         stream = params.HasField("stream") and params.stream
+        tracing.adopt_parent(req.headers)
         events = self.ctx.api.create(req.tenant, params)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
@@ -227,23 +239,11 @@ class HttpHandlers:
         else:
             await send_json(req.send, 503, b'{"status":"not_ready"}')
 
-    # GET /metrics (ServerConfig.metrics_port == 0): the process's Prometheus registry.
+    # GET /metrics (ServerConfig.metrics_port == 0): the engine's Prometheus registry.
     async def metrics(self, req: HttpRequest) -> None:
-        try:
-            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-        except ImportError:  # pragma: no cover - prometheus_client is a dependency
-            raise TetherError(common.NOT_FOUND, "Metrics are not available.", status=404) from None
-        body = generate_latest()
-        await req.send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", CONTENT_TYPE_LATEST.encode()),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
+        accept = dict(req.headers).get(b"accept", b"").decode("latin-1")
+        status, headers, body = metrics_response(self.ctx.api, accept)
+        await req.send({"type": "http.response.start", "status": status, "headers": headers})
         await req.send({"type": "http.response.body", "body": body})
 
 

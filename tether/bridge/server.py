@@ -15,16 +15,19 @@ rest with 1001 when the grace period ends; in-flight HTTP requests get what is l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 from dataclasses import dataclass, field
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tether.auth import Authenticator
 from tether.bridge.app import BridgeApp
-from tether.bridge.common import BridgeContext
+from tether.bridge.common import BridgeContext, http_header_timeout
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 
@@ -86,15 +89,107 @@ class _DenialLogFilter(logging.Filter):
         return record.getMessage() != self.MESSAGE
 
 
-def _install_log_filter() -> None:
+_REQUEST_TIMEOUT_BODY = (
+    b'{"error":{"message":"The request head was not received in time.",'
+    b'"type":"invalid_request_error","param":null,"code":"request_timeout"}}'
+)
+_REQUEST_TIMEOUT_REPLY = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_REQUEST_TIMEOUT_BODY), _REQUEST_TIMEOUT_BODY)
+)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with TCP_NODELAY on every connection (see `_bind`) and a deadline
+    for the request head (slow-loris).
+
+    uvicorn bounds the idle time between requests (`timeout_keep_alive`) and the size of an
+    incomplete head (`h11_max_incomplete_event_size`), but not the time a head may take: a client
+    that connects and sends nothing, or trickles a header byte every few seconds, holds a
+    connection (and its file descriptor) forever. Here a timer starts when the connection opens and
+    again when a response completes on a kept-alive connection; it is cancelled as soon as h11 has
+    parsed a whole request head (including a WebSocket upgrade, whose protocol then takes over).
+    If it fires while the head is still incomplete, the client gets a 408 and the socket closes.
+    """
+
+    header_timeout_s: float = 10.0
+
+    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+        self._head_timer: asyncio.TimerHandle | None = None
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # see _bind: no Nagle on HTTP responses or WS frames
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:
+            self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        if self.header_timeout_s > 0 and not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _disarm_head_timer(self) -> None:
+        timer = getattr(self, "_head_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_REQUEST_TIMEOUT_REPLY)
+        self.transport.close()
+
+
+def _protocol_class(header_timeout_s: float) -> type[GuardedH11Protocol]:
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": header_timeout_s})
+
+
+class _ContentLogFilter(logging.Filter):
+    """The `websockets` protocol that uvicorn drives logs, at DEBUG on "uvicorn.error", every frame
+    it sends or receives (`< TEXT '{"type": "response.create", "input": ...'`) and every handshake
+    header (`< Authorization: Bearer ...`): message contents and credentials. Unless the
+    configuration asks for contents in the logs (`log_content = true`), drop those records."""
+
+    FORMATS = frozenset({"< %s", "> %s", "< %s: %s", "> %s: %s"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.FORMATS
+
+
+def _install_log_filter(log_content: bool = False) -> None:
     uvicorn_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, _DenialLogFilter) for f in uvicorn_log.filters):
         uvicorn_log.addFilter(_DenialLogFilter())
+    if not log_content and not any(isinstance(f, _ContentLogFilter) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_ContentLogFilter())
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=2048)
+    # reuse_port: `tether serve --workers N` processes share the port; the kernel spreads connections.
+    sock = socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
+    # `create_server` makes a socket with proto 0, and asyncio only sets TCP_NODELAY on accepted
+    # sockets whose proto is IPPROTO_TCP: without this, Nagle holds every small write that
+    # follows an unacknowledged one until the peer's delayed ACK (~40 ms on Linux). Set on the
+    # listener (Linux copies it to accepted sockets) and again per connection (GuardedH11Protocol).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
 
@@ -111,7 +206,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         app,
         host=sc.bridge_host,
         port=sc.bridge_port,
-        http="h11",
+        http=_protocol_class(http_header_timeout(sc)),  # h11 + a request-head deadline
         ws="websockets-sansio",
         ws_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
         ws_ping_interval=ping,
@@ -128,8 +223,8 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         ssl_keyfile=sc.tls_key,
     )
     ucfg.load()
-    _install_log_filter()
-    sock = _bind(sc.bridge_host, sc.bridge_port)
+    _install_log_filter(config.log_content)
+    sock = _bind(sc.bridge_host, sc.bridge_port, reuse_port=sc.workers > 1)
     server = uvicorn.Server(ucfg)
     try:
         server.lifespan = ucfg.lifespan_class(ucfg)

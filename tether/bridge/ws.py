@@ -29,6 +29,7 @@ from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.core.api import SessionHandle
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
+from tether.observability import tracing
 from tether.protocol import json_codec
 
 CLOSE_NORMAL = 1000
@@ -50,8 +51,7 @@ async def deny(
     extra = list(headers)
     if err.status == 401:
         extra.append((b"www-authenticate", b"Bearer"))
-    if err.retry_after is not None:
-        extra.append((b"retry-after", str(max(1, round(err.retry_after))).encode()))
+    extra.extend(common.retry_after_headers(err.retry_after))
     await send(
         {
             "type": "websocket.http.response.start",
@@ -221,6 +221,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         except Exception as exc:
             await deny(scope, send, common.as_tether_error(exc))
             return
+        tracing.adopt_parent(scope["headers"])
         conn = WsConnection(ctx, receive, send, session)
         try:
             await send({"type": "websocket.accept"})

@@ -31,6 +31,7 @@ from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import Turn
 from tether.errors import TetherError
+from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ class Session:
     # -- used by turns ----------------------------------------------------------------------------
 
     async def emit_error(self, exc: TetherError, *, stream_id: str = "") -> None:
+        self.engine.metrics.error(exc.code)
         ev = events_pb2.ServerEvent(stream_id=stream_id)
         ev.error.error.CopyFrom(exc.to_proto())
         try:
@@ -256,7 +258,8 @@ class Session:
                 turn = Turn(self, params, lane)
                 turn.task = task
                 try:
-                    await turn.run()
+                    with tracing.turn_span(turn):
+                        await turn.run()
                 except asyncio.CancelledError:
                     if not turn.cancel_requested or self._closed:
                         raise
@@ -411,6 +414,13 @@ class Session:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        # Another replica may be asked to continue these responses as soon as the client sees
+        # this last event: their store writes land first.
+        await asyncio.gather(
+            *(self.engine.post.wait_durable(self.tenant, lane.last_response_id)
+              for lane in self._lanes.values() if lane.last_response_id),
+            return_exceptions=True,
+        )
         ev = events_pb2.ServerEvent()
         ev.error.error.CopyFrom(reason.to_proto())
         self.outbox.put_nowait_final(ev)

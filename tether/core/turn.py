@@ -29,6 +29,7 @@ from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.errors import TetherError
+from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
 from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
 
@@ -85,7 +86,7 @@ class Turn:
             prepared = await self._prepare()
         except TetherError as exc:
             self._evict_parent_after_error()
-            self.engine.metrics.error(exc.code)
+            tracing.annotate_error(exc.code)
             await self.session.emit_error(exc, stream_id=self.stream_id)
             return
         self.response_id = prepared.response.id
@@ -356,6 +357,7 @@ class Turn:
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
         finishing = self.session.begin_finishing(r.id)
+        tracing.annotate_response(r)
         try:
             if r.store and self.engine.config.store_durability == "before_terminal":
                 # Durable first: a crash after the client saw the terminal event loses nothing.

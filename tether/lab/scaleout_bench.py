@@ -16,9 +16,9 @@ Parts (each prints one table; a part whose prerequisite is missing says so and i
   through nginx (deploy/nginx/tether.conf); the difference is the hop's cost per turn.
 - `visibility`: two replicas sharing a store; store=true turns alternate between them, each
   continuing the other replica's response the moment its `response.completed` arrived: how often
-  that gets previous_response_not_found, and how long until a retry succeeds. This is the window
-  in which a reconnect to another replica can miss a response (the store write is asynchronous,
-  after the terminal event).
+  that gets previous_response_not_found, how long until a retry succeeds, and the turn latency,
+  with `store_durability = "overlap"` (the write follows the terminal event) and
+  `"before_terminal"` (the write precedes it).
 
 The process harness below (free ports, a Tether subprocess, nginx as a foreground subprocess with
 a private prefix, /proc socket ownership) is also what tests/scaleout uses.
@@ -120,8 +120,16 @@ def cpu_seconds(pid: int) -> float:
 FAST_SIM = {"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 12, "tick_ms": 1}
 
 
-def write_config(path: Path, store: str, *, sim: dict | None = None, server: dict | None = None) -> Path:
-    """A TOML config: `store`, an instant simulated model for every name, quick shutdown."""
+def write_config(
+    path: Path,
+    store: str,
+    *,
+    durability: str | None = None,
+    sim: dict | None = None,
+    server: dict | None = None,
+) -> Path:
+    """A TOML config: `store` (and `store_durability` when given), an instant simulated model for
+    every name, quick shutdown."""
     sim = {**FAST_SIM, **(sim or {})}
     server = {"shutdown_grace_s": 3, **(server or {})}
 
@@ -130,7 +138,10 @@ def write_config(path: Path, store: str, *, sim: dict | None = None, server: dic
             return "true" if v else "false"
         return repr(v) if isinstance(v, (int, float)) else f'"{v}"'
 
-    lines = [f"store = {value(store)}", "log_format = \"json\"", "", "[server]"]
+    lines = [f"store = {value(store)}", 'log_format = "json"']
+    if durability:
+        lines.append(f"store_durability = {value(durability)}")
+    lines += ["", "[server]"]
     lines += [f"{k} = {value(v)}" for k, v in server.items()]
     lines += ["", "[limits]", "coalesce_ms = 0", "", "[backends.sim]", 'kind = "simulated"']
     lines += [f"{k} = {value(v)}" for k, v in sim.items()]
@@ -191,7 +202,7 @@ class TetherProcess:
         ]  # fmt: skip
         env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=self.workdir, env=env, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=self.workdir, env=env)
         return self
 
     def logs(self, tail: int = 4000) -> str:
@@ -217,13 +228,18 @@ class TetherProcess:
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc and self.proc.returncode}\n{self.logs()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc and self.proc.returncode}\n{self.logs()}"
+                )
             pids = self.serving_pids()
             if len(pids) == self.workers and all(
                 listens(p, self.grpc_port) and listens(p, self.bridge_port) for p in pids
             ):
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"http://{self.host}:{self.bridge_port}/readyz", timeout=2).status_code == 200:
+                    if (
+                        httpx.get(f"http://{self.host}:{self.bridge_port}/readyz", timeout=2).status_code
+                        == 200
+                    ):
                         return self
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} not ready after {timeout} s\n{self.logs()}")
@@ -269,6 +285,12 @@ def nginx_binary() -> str | None:
         if os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+def nginx_version(binary: str) -> tuple[int, ...]:
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True).stderr
+    m = re.search(r"nginx/(\d+(?:\.\d+)*)", out)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else (0,)
 
 
 def render_template(text: str, values: dict[str, str]) -> str:
@@ -317,11 +339,14 @@ class Nginx:
 
     def write_config(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        site = render_template(self.template.read_text(), nginx_values(self.http_port, self.grpc_port, self.replicas))
+        site = render_template(
+            self.template.read_text(), nginx_values(self.http_port, self.grpc_port, self.replicas)
+        )
         (self.workdir / "tether.conf").write_text(site)
         w = self.workdir
         temp = "\n".join(
-            f"    {kind}_temp_path {w / ('tmp_' + kind)};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+            f"    {kind}_temp_path {w / ('tmp_' + kind)};"
+            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
         )
         main = f"""# generated by tether.lab.scaleout_bench
 {"user root;" if os.geteuid() == 0 else ""}
@@ -344,12 +369,16 @@ http {{
         if self.binary is None:
             raise FileNotFoundError("nginx is not installed (Debian/Ubuntu: apt-get install -y nginx)")
         conf = self.write_config()
-        cmd = [self.binary, "-p", str(self.workdir), "-c", str(conf), "-e", str(self.workdir / "error.log")]
+        cmd = [self.binary, "-p", str(self.workdir), "-c", str(conf)]
+        if nginx_version(self.binary) >= (1, 19, 5):  # -e: the error log before the config is read
+            cmd += ["-e", str(self.workdir / "error.log")]
         check = subprocess.run([*cmd, "-t"], capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "stderr.log", "wb"), start_new_session=True
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.workdir / "stderr.log", "wb"),
         )
         deadline = time.monotonic() + timeout
         while not all(_accepts(p) for p in (self.http_port, self.grpc_port)):
@@ -525,7 +554,9 @@ def part_hydrate(args: argparse.Namespace, workdir: Path) -> None:
     from tether.store import bench_hydrate
 
     turns = [10, 50, 200]
-    print(f"\n## Hydration: one load_context of the last response, chain of N turns ({args.repeat} reads each)")
+    print(
+        f"\n## Hydration: one load_context of the last response, chain of N turns ({args.repeat} reads each)"
+    )
     print(f"{'store':<10} " + " ".join(f"{f'{n} turns':>22}" for n in turns))
     print(f"{'':<10} " + " ".join(f"{'mean us (us/item)':>22}" for _ in turns))
     for kind in ("memory", "sqlite", "postgres", "redis"):
@@ -654,7 +685,9 @@ async def _ws_latencies(url: str, n: int) -> list[float]:
         previous = ""
         for i in range(n + 20):
             t0 = time.perf_counter()
-            ev = await ws_turn(conn, model="tether-sim", input=f"turn {i}", store=False, previous_response_id=previous)
+            ev = await ws_turn(
+                conn, model="tether-sim", input=f"turn {i}", store=False, previous_response_id=previous
+            )
             dt = time.perf_counter() - t0
             if ev["type"] != "response.completed":
                 raise RuntimeError(ev)
@@ -679,7 +712,9 @@ async def _grpc_latencies(target: str, n: int) -> list[float]:
         previous = ""
         for i in range(n + 20):
             t0 = time.perf_counter()
-            ev = await grpc_turn(call, queue, model="tether-sim", input=f"turn {i}", store=False, previous_response_id=previous)
+            ev = await grpc_turn(
+                call, queue, model="tether-sim", input=f"turn {i}", store=False, previous_response_id=previous
+            )
             dt = time.perf_counter() - t0
             if ev.WhichOneof("event") != "completed":
                 raise RuntimeError(ev)
@@ -699,14 +734,18 @@ def _pcts(samples: list[float]) -> tuple[float, float, float]:
 
 
 def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
-    print(f"\n## The nginx hop: {args.turns} sequential turns on one connection (instant model, store=false)")
+    print(
+        f"\n## The nginx hop: {args.turns} sequential turns on one connection (instant model, store=false, "
+        f"replica with --workers {args.hop_workers})"
+    )
     if nginx_binary() is None:
         print("skipped: nginx is not installed (apt-get install -y nginx)")
         return
     with scratch_store("sqlite", workdir) as url:
         cfg = write_config(workdir / "hop.toml", url)
         grpc_port, bridge_port, lb_http, lb_grpc = free_ports(4)
-        replica = TetherProcess(cfg, workdir, grpc_port, bridge_port, name="hop").start().wait_ready()
+        replica = TetherProcess(cfg, workdir, grpc_port, bridge_port, workers=args.hop_workers, name="hop")
+        replica.start().wait_ready()
         lb = Nginx(workdir / "nginx-hop", lb_http, lb_grpc, [replica]).start()
         try:
             rows = []
@@ -724,23 +763,27 @@ def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
     for label, (p50, p95, mean) in rows:
         print(f"{label:<22} {p50:>8.3f} {p95:>8.3f} {mean:>8.3f}")
     for i, name in ((0, "WebSocket"), (2, "gRPC")):
-        print(f"nginx hop, {name}: +{rows[i + 1][1][0] - rows[i][1][0]:.3f} ms p50, "
-              f"+{rows[i + 1][1][2] - rows[i][1][2]:.3f} ms mean per turn")
+        print(
+            f"nginx hop, {name}: +{rows[i + 1][1][0] - rows[i][1][0]:.3f} ms p50, "
+            f"+{rows[i + 1][1][2] - rows[i][1][2]:.3f} ms mean per turn"
+        )
 
 
 # -- part: cross-replica visibility ---------------------------------------------------------------------
 
 
-async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, list[float]]:
+async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, list[float], list[float]]:
     """Alternate store=true turns between A and B over gRPC, each continuing the previous turn's
-    response the moment its terminal event arrived on the other replica. Returns (misses, lags):
-    a miss is previous_response_not_found; its lag is how long until a retry succeeded."""
+    response the moment its terminal event arrived on the other replica. Returns (misses, lags,
+    turn latencies): a miss is previous_response_not_found; its lag is how long until a retry
+    succeeded; a turn latency is create -> terminal event of a turn that did not miss."""
     import grpc
 
     from tether.responses.v1 import service_pb2_grpc
 
     misses = 0
     lags: list[float] = []
+    turns: list[float] = []
     async with grpc.aio.insecure_channel(a.grpc_target) as ca, grpc.aio.insecure_channel(b.grpc_target) as cb:
         sessions = []
         for channel in (ca, cb):
@@ -753,8 +796,15 @@ async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, 
             done = time.perf_counter()
             missed = False
             while True:
-                ev = await grpc_turn(call, queue, model="tether-sim", input=f"turn {i}", store=True,
-                                     previous_response_id=previous)  # fmt: skip
+                t0 = time.perf_counter()
+                ev = await grpc_turn(
+                    call,
+                    queue,
+                    model="tether-sim",
+                    input=f"turn {i}",
+                    store=True,
+                    previous_response_id=previous,
+                )
                 if ev.WhichOneof("event") == "completed":
                     break
                 if ev.WhichOneof("event") != "error" or ev.error.error.code != "previous_response_not_found":
@@ -766,46 +816,62 @@ async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, 
             if missed:
                 misses += 1
                 lags.append(time.perf_counter() - done)
+            elif i:
+                turns.append(time.perf_counter() - t0)
             previous = ev.completed.response.id if i % 20 != 19 else ""
         for call, _, reader in sessions:
             call.cancel()
             await reader
-    return misses, lags
+    return misses, lags, turns
 
 
 def part_visibility(args: argparse.Namespace, workdir: Path) -> None:
     n = args.visibility_samples
-    print(f"\n## Cross-replica continuation: {n} store=true gRPC turns alternating between replicas A and B, "
-          "each continuing the other's response the moment response.completed arrived")
-    print(f"{'store':<10} {'previous_response_not_found':>28} {'until visible, max ms':>22}")
+    print(
+        f"\n## Cross-replica continuation: {n} store=true gRPC turns alternating between replicas A and B, "
+        "each continuing the other's response the moment response.completed arrived"
+    )
+    print(
+        f"{'store':<9} {'store_durability':<16} {'previous_response_not_found':>28} "
+        f"{'until visible, max ms':>22} {'turn p50 ms':>12}"
+    )
     for kind in ("sqlite", "postgres", "redis"):
         why = pg_reachable() if kind == "postgres" else redis_reachable() if kind == "redis" else None
         if why:
-            print(f"{kind:<10} skipped: {why}")
+            print(f"{kind:<9} skipped: {why}")
             continue
-        with scratch_store(kind, workdir) as url:
-            cfg = write_config(workdir / f"vis-{kind}.toml", url)
-            ports = free_ports(4)
-            a = TetherProcess(cfg, workdir, ports[0], ports[1], name=f"vis-{kind}-a").start()
-            b = TetherProcess(cfg, workdir, ports[2], ports[3], name=f"vis-{kind}-b").start()
-            try:
-                a.wait_ready()
-                b.wait_ready()
-                misses, lags = asyncio.run(_visibility(a, b, n))
-            finally:
-                a.stop()
-                b.stop()
-        worst = f"{max(lags) * 1000:.2f}" if lags else "-"
-        print(f"{kind:<10} {f'{misses}/{n}':>28} {worst:>22}", flush=True)
+        for durability in ("overlap", "before_terminal"):
+            with scratch_store(kind, workdir) as url:
+                cfg = write_config(workdir / f"vis-{kind}-{durability}.toml", url, durability=durability)
+                ports = free_ports(4)
+                a = TetherProcess(cfg, workdir, ports[0], ports[1], name=f"vis-{kind}-a").start()
+                b = TetherProcess(cfg, workdir, ports[2], ports[3], name=f"vis-{kind}-b").start()
+                try:
+                    a.wait_ready()
+                    b.wait_ready()
+                    misses, lags, turns = asyncio.run(_visibility(a, b, n))
+                finally:
+                    a.stop()
+                    b.stop()
+            worst = f"{max(lags) * 1000:.2f}" if lags else "-"
+            p50 = f"{statistics.median(turns) * 1000:.2f}" if turns else "-"
+            print(f"{kind:<9} {durability:<16} {f'{misses}/{n}':>28} {worst:>22} {p50:>12}", flush=True)
 
 
 # -- main ----------------------------------------------------------------------------------------------
 
-PARTS = {"hydrate": part_hydrate, "throughput": part_throughput, "nginx": part_nginx, "visibility": part_visibility}
+PARTS = {
+    "hydrate": part_hydrate,
+    "throughput": part_throughput,
+    "nginx": part_nginx,
+    "visibility": part_visibility,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tether.lab.scaleout_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tether.lab.scaleout_bench", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--repeat", type=int, default=200, help="hydrate: timed reads per chain length")
@@ -815,6 +881,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollout-turns", type=int, default=4, help="throughput: turns per rollout")
     parser.add_argument("--duration", type=float, default=10.0, help="throughput: seconds per worker count")
     parser.add_argument("--turns", type=int, default=300, help="nginx: timed turns per path")
+    parser.add_argument("--hop-workers", type=int, default=1, help="nginx: worker processes of the replica")
     parser.add_argument("--visibility-samples", type=int, default=100, help="visibility: turns per store")
     args = parser.parse_args(argv)
     args.workers = [int(w) for w in str(args.workers).split(",") if w.strip()]
@@ -824,6 +891,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts: {unknown}")
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every part stops what it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"tether scale-out bench: {os.cpu_count()} CPU cores, python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="tether-scaleout-") as tmp:
         for name in parts:

@@ -33,6 +33,17 @@ _BRIDGE_BANNER = re.compile(r"tether bridge: HTTP/WebSocket on (\S+)")
 _SHIMS_LINE = re.compile(r"^LAB_SHIMS (.*)$", re.M)
 
 
+def die_with_parent() -> None:
+    """preexec_fn for lab subprocesses: SIGTERM them when the bench process dies (Linux), so a
+    killed bench never leaves servers, bridges or proxies behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def model_name(workload: Workload | str, speed: SpeedProfile | str) -> str:
     w = workload if isinstance(workload, str) else workload.name
     s = speed if isinstance(speed, str) else speed.name
@@ -112,7 +123,7 @@ class TetherProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         out.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -164,7 +175,7 @@ def serve_process(config: Path, log_path: Path, *, shims: str = "auto", extra: l
     )
 
 
-def bridge_process(upstream: str, log_path: Path, *, shims: str = "json_server_timing") -> TetherProcess:
+def bridge_process(upstream: str, log_path: Path, *, shims: str = "auto") -> TetherProcess:
     return TetherProcess(
         [sys.executable, "-m", "tether.lab.server", "bridge", "--upstream", upstream, "--port", "0",
          "--log-level", "warning"],

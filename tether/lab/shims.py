@@ -13,6 +13,15 @@ one. Production code paths never import this module.
   prototype_append` exists, the shim installs the module's two hooks the way the session will:
   the turn factory used by `Session._lane_loop` and the `append` arm of `Session.send`.
 
+- `bridge_nodelay`: the bridge's listening socket (`tether.bridge.server._bind`, via
+  `socket.create_server`) has proto 0, so asyncio does not set TCP_NODELAY on accepted
+  connections; Nagle then holds every frame after the first of a response until the client's
+  delayed ACK (~40 ms on Linux loopback). The shim sets TCP_NODELAY on the listening socket.
+
+- `metrics_registry`: the bridge's `/metrics` renders prometheus_client's global registry while
+  the engine's metrics live in a private one, so `tether_stage_seconds` is never exposed. The shim
+  appends the engine's registry when the bridge runs in-process.
+
 Select with the env var `TETHER_LAB_SHIMS` (comma-separated names, or "auto" for every needed one).
 """
 
@@ -95,12 +104,91 @@ def prototype_append() -> bool:
     return True
 
 
-SHIMS = {"json_server_timing": json_server_timing, "prototype_append": prototype_append}
+def _bridge_sockets_nodelay() -> bool:
+    """Do connections accepted on the bridge's listening socket get TCP_NODELAY?"""
+    import socket
+
+    from tether.bridge import server
+
+    sock = server._bind("127.0.0.1", 0)
+    try:
+        if sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY):
+            return True  # inherited by accepted sockets on Linux
+        # asyncio sets TCP_NODELAY on accepted sockets only when their proto is IPPROTO_TCP.
+        return sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
+def bridge_nodelay() -> bool:
+    """The bridge binds with `socket.create_server`, whose socket has proto 0, so asyncio's
+    `_set_nodelay` skips the accepted connections and Nagle stays on: every streamed response
+    stalls ~40 ms on the client's delayed ACK after its first frame. The shim sets TCP_NODELAY on
+    the listening socket (Linux copies it to accepted sockets)."""
+    if _bridge_sockets_nodelay():
+        return False
+    import socket
+
+    from tether.bridge import server
+
+    original = server._bind
+
+    def bind(host: str, port: int) -> socket.socket:
+        sock = original(host, port)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    server._bind = bind  # type: ignore[assignment]
+    return True
+
+
+def _metrics_endpoint_has_engine() -> bool:
+    import inspect
+
+    from tether.bridge.http import HttpHandlers
+
+    src = inspect.getsource(HttpHandlers.metrics)
+    return "generate_latest()" not in src
+
+
+def metrics_registry() -> bool:
+    """The bridge's `/metrics` renders prometheus_client's global registry, but the engine keeps
+    its metrics (`tether_stage_seconds`, ...) in a private registry (`tether.metrics.Metrics`), so
+    none of them is exposed. The shim makes the handler render the engine's registry too when
+    the bridge runs in-process (its API is the Engine)."""
+    if _metrics_endpoint_has_engine():
+        return False
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    from tether.bridge.http import HttpHandlers
+
+    async def metrics(self, req):  # type: ignore[no-untyped-def]
+        body = generate_latest()
+        engine_metrics = getattr(self.ctx.api, "metrics", None)
+        if engine_metrics is not None and hasattr(engine_metrics, "render"):
+            body += engine_metrics.render()
+        await req.send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                    (b"content-length", str(len(body)).encode())]})
+        await req.send({"type": "http.response.body", "body": body})
+
+    HttpHandlers.metrics = metrics  # type: ignore[method-assign]
+    return True
+
+
+SHIMS = {
+    "json_server_timing": json_server_timing,
+    "prototype_append": prototype_append,
+    "bridge_nodelay": bridge_nodelay,
+    "metrics_registry": metrics_registry,
+}
 
 
 def apply(names: str | None = None) -> list[str]:
     """Apply the named shims ("auto" = all); returns those that were needed and applied."""
     names = names if names is not None else os.environ.get("TETHER_LAB_SHIMS", "")
+    if names.strip() == "none":
+        return list(APPLIED)
     wanted = list(SHIMS) if names.strip() == "auto" else [n.strip() for n in names.split(",") if n.strip()]
     for name in wanted:
         if name not in SHIMS:
@@ -117,4 +205,8 @@ def needed() -> list[str]:
         out.append("json_server_timing")
     if not prototype_wired():
         out.append("prototype_append")
+    if not _bridge_sockets_nodelay():
+        out.append("bridge_nodelay")
+    if not _metrics_endpoint_has_engine():
+        out.append("metrics_registry")
     return out

@@ -8,8 +8,8 @@ Two measurements:
    StageClock, `annotate_response`), off vs on (OpenTelemetry SDK, BatchSpanProcessor with an
    exporter that drops spans, so export I/O is not counted);
 2. turns: whole turns through an in-process Engine (instant simulated backend, memory store,
-   chained creates on one session), off vs on, median of 5 rounds; the difference is the
-   end-to-end cost, the absolute figure is the server's own per-turn time.
+   20-turn chains on one session), alternating off and on rounds; the median paired
+   difference is the end-to-end cost, the absolute figure is the server's own per-turn time.
 
 Until the transport and turn hooks are wired into the core (docs/operating.md), `ensure_hooks()`
 wraps `Session._lane_loop`'s call to `Turn.run` the same way the hook will (the tests use it too).
@@ -137,7 +137,9 @@ def bench_hooks(turns: int) -> dict[str, float]:
     return out
 
 
-async def _turns_per_round(turns: int) -> float:
+async def _turns_per_round(turns: int, chain: int = 20) -> float:
+    """µs per turn over `turns` creates on one in-process session, in chains of `chain` turns
+    (a rollout: each continues the previous with previous_response_id)."""
     from tether.config import BackendSpec, TetherConfig
     from tether.core.engine import Engine
     from tether.responses.v1 import service_pb2
@@ -157,7 +159,7 @@ async def _turns_per_round(turns: int) -> float:
             request.create.model = "tether-sim"
             request.create.input_text = f"turn {i}"
             request.create.store = False
-            request.create.previous_response_id = previous
+            request.create.previous_response_id = previous if i % chain else ""
             await session.send(request)
             done = False
             while not done:
@@ -172,28 +174,35 @@ async def _turns_per_round(turns: int) -> float:
 
 
 def bench_turns(turns: int, rounds: int = 5) -> dict[str, float]:
+    """Rounds alternate off / on / on without stage spans (so drift hits all three); medians,
+    and the median paired differences against the neighbouring off round."""
     ensure_hooks()
-    out = {}
     provider = _sdk_provider()
-    for label, on in (("off", False), ("on", True), ("off_again", False)):
-        tracing.configure(on, tracer_provider=provider if on else None)
-        asyncio.run(_turns_per_round(min(turns, 200)))  # warm-up
-        out[label] = statistics.median(asyncio.run(_turns_per_round(turns)) for _ in range(rounds))
+    runs: dict[str, list[float]] = {"off": [], "on": [], "on_turn_only": []}
+    asyncio.run(_turns_per_round(min(turns, 200)))  # warm-up
+    for _ in range(rounds):
+        for label, enabled, stage_spans in (("off", False, True), ("on", True, True), ("on_turn_only", True, False)):
+            tracing.configure(enabled, tracer_provider=provider if enabled else None, stage_spans=stage_spans)
+            runs[label].append(asyncio.run(_turns_per_round(turns)))
     tracing.configure(False)
     provider.shutdown()
+    out = {label: statistics.median(values) for label, values in runs.items()}
+    for label in ("on", "on_turn_only"):
+        out[f"{label}_delta"] = statistics.median(b - a for a, b in zip(runs["off"], runs[label], strict=True))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tether.observability.bench_tracing")
-    parser.add_argument("--turns", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=1000)
     args = parser.parse_args(argv)
     hooks = bench_hooks(args.turns * 10)
     print(f"hooks only:  off {hooks['off']:.3f} µs/turn   on {hooks['on']:.1f} µs/turn (turn span + 9 stage spans)")
     turns = bench_turns(args.turns)
     print(
-        f"whole turns: off {turns['off']:.1f} µs/turn   on {turns['on']:.1f} µs/turn   "
-        f"off again {turns['off_again']:.1f} µs/turn   (in-process engine, instant backend)"
+        f"whole turns (in-process engine, instant backend): off {turns['off']:.0f} µs/turn; "
+        f"on {turns['on']:.0f} (+{turns['on_delta']:.0f}); "
+        f"on, stages as attributes {turns['on_turn_only']:.0f} (+{turns['on_turn_only_delta']:.0f})"
     )
     return 0
 

@@ -247,10 +247,6 @@ def _is_str_list(v: Any) -> bool:
     return isinstance(v, list) and all(type(x) is str for x in v)
 
 
-def _is_str_map(v: Any) -> bool:
-    return isinstance(v, dict) and all(type(x) is str for x in v.values())
-
-
 _C = FieldDescriptor
 # cpp_type -> (check, expected-type phrase for errors)
 _SCALAR_KINDS: dict[int, tuple[Callable[[Any], bool], str]] = {
@@ -264,7 +260,7 @@ _SCALAR_KINDS: dict[int, tuple[Callable[[Any], bool], str]] = {
 
 
 class _Scalar(_Field):
-    """A scalar, `repeated string` or `map<string,string>` field; its kind comes from the proto."""
+    """A scalar, `repeated string` or `map<string, scalar>` field; its kind comes from the proto."""
 
     def __init__(self, key: str, policy: int = ALWAYS, attr: str | None = None, fallback: Any = None) -> None:
         self.key, self.policy, self.attr = key, policy, attr or key
@@ -275,8 +271,10 @@ class _Scalar(_Field):
         fd = desc.fields_by_name[self.attr]
         self.presence = fd.has_presence
         a = self.attr
-        if fd.is_repeated and fd.message_type is not None:  # map<string, string>
-            self.check, self.expected, self.conv = _is_str_map, "an object with string values", "dict"
+        if fd.is_repeated and fd.message_type is not None:  # map<string, scalar>
+            check, expected = _SCALAR_KINDS[fd.message_type.fields_by_name["value"].cpp_type]
+            self.check = lambda v: isinstance(v, dict) and all(map(check, v.values()))
+            self.expected, self.conv = f"an object with values that are each {expected}", "dict"
             self.set = lambda m, v: getattr(m, a).update(v)
         elif fd.is_repeated:
             self.check, self.expected, self.conv = _is_str_list, "an array of strings", "list"
@@ -962,6 +960,7 @@ _RESPONSE = _Codec(
             *(_Scalar(k) for k in ("queue_time", "prompt_time", "completion_time", "total_time")),
         ),
     ),
+    _Sub("server_timing", _Codec(response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"))),
     skip=(),
     typed_wins=True,
 )
@@ -971,8 +970,9 @@ def response_to_json(r: response_pb2.Response) -> dict:
     """The Response object as OpenAI returns it: every documented key, null where unset.
 
     Defaults: `text` {"format":{"type":"text"}}, `tool_choice` "auto", `truncation` "disabled",
-    `reasoning` {"effort": null, "summary": null}; `usage` is null until set. `backend_timing`
-    (Tether extension) appears only when set.
+    `reasoning` {"effort": null, "summary": null}; `usage` is null until set. The Tether
+    extensions `backend_timing` and `server_timing` ({"stages_ms": {...}, "overhead_ms": x})
+    appear only when set.
     """
     return _RESPONSE.encode(r, {})
 

@@ -20,6 +20,7 @@ from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import TetherError
+from tether.observability import tracing
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 
 log = logging.getLogger("tether.grpc")
@@ -81,8 +82,13 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
                 async for request in request_iterator:
                     await session.send(request)
             except TetherError:
-                pass  # the session closed under us; the writer ends the stream
+                return  # the session closed under us; the writer ends the stream
+            # The client half-closed: it will ask for nothing more. Finish what it asked for,
+            # then end the stream (OK) once the last events are out.
+            await session.wait_idle()
+            await session.close()
 
+        tracing.adopt_parent(context.invocation_metadata())
         reader = asyncio.create_task(pump())
         last: list = []
         try:
@@ -104,6 +110,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         except TetherError as exc:
             await _abort(context, exc)
             return
+        tracing.adopt_parent(context.invocation_metadata())
         async for event in self._api.create(tenant, request.params):
             yield service_pb2.CreateResponseResponse(events=[event])
 

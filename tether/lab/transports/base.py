@@ -48,6 +48,9 @@ class Target:
     grpc_addr: str  # host:port
     remote_bridge_url: str | None = None  # http://host:port/v1 of `tether bridge --upstream`
     api_key: str = "sk-bench"
+    # HTTP/WebSocket client: "sdk" (the openai SDK, as agents use it) or "raw" (httpx/websockets +
+    # orjson: what the transport costs without the SDK's per-request transform and model parsing).
+    client: str = "sdk"
 
 
 @dataclass
@@ -107,6 +110,7 @@ class RolloutResult:
     connections: int = 0
     bytes_sent: int = 0
     # Filled by the orchestrator (server-side and network figures for this rollout).
+    client_cpu_s: float | None = None  # this (client) process, all threads
     server_cpu_s: float | None = None
     bridge_cpu_s: float | None = None
     wire_c2s: int | None = None
@@ -152,6 +156,21 @@ def request_body(
     return body
 
 
+_SSL_CONTEXT = None
+
+
+def ssl_context():
+    """One SSL context for every HTTP client the lab creates. `httpx.AsyncClient()` builds a fresh
+    one, loading the CA bundle (~110 ms of CPU here) even for http:// URLs; a client that makes a
+    new connection per request should not pay that per request, so the lab shares one."""
+    global _SSL_CONTEXT
+    if _SSL_CONTEXT is None:
+        import ssl
+
+        _SSL_CONTEXT = ssl.create_default_context()
+    return _SSL_CONTEXT
+
+
 def function_call_output(call_id: str, output: str) -> dict:
     return {"type": "function_call_output", "call_id": call_id, "output": output}
 
@@ -190,6 +209,7 @@ class Transport(ABC):
         self.bytes_sent = 0
         self.connections = 0
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         opened = False
         try:
             await self.open()
@@ -208,6 +228,7 @@ class Transport(ABC):
                         result.error = f"close: {type(exc).__name__}: {exc}"
                         result.ok = False
         result.e2e_s = time.perf_counter() - t0
+        result.client_cpu_s = time.process_time() - cpu0
         result.connections = self.connections
         result.bytes_sent = self.bytes_sent
         return result

@@ -6,7 +6,7 @@ sends the outputs with `response.append` on the same socket. Needs the server's
 from __future__ import annotations
 
 from tether.lab.transports.base import PROTOTYPE_APPEND, TurnOutcome
-from tether.lab.transports.sdk import SdkCollector
+from tether.lab.transports.sdk import EventCollector
 from tether.lab.transports.ws import WsTransport
 
 
@@ -16,6 +16,6 @@ class WsProto(WsTransport):
     extra_include = (PROTOTYPE_APPEND,)
 
     async def append(self, items: list[dict]) -> TurnOutcome:
-        collector = SdkCollector(want_output=False)
-        await self.conn.send({"type": "response.append", "input": items})
+        collector = EventCollector(want_output=False)
+        await self._send({"type": "response.append", "input": items})
         return await self._read_turn(collector)

@@ -1,0 +1,221 @@
+"""Shared pieces of the hardening suite: one engine behind the bridge AND the gRPC service (so a
+test can use the same ids on every transport), a controllable backend, small I/O helpers.
+
+Two API keys: `sk-a` (tenant "a") and `sk-b` (tenant "b").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import typing
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import grpc
+import httpx
+import orjson
+
+from tether.auth import Authenticator
+from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.registry import register_backend
+from tether.bridge import start_bridge
+from tether.config import BackendSpec, Route, TetherConfig
+from tether.core.engine import Engine
+from tether.service.grpc_server import start_grpc_server
+from tests.bridge.conftest import make_config as bridge_config
+from openai.types.responses import ResponseError
+
+from tests.bridge.helpers import (
+    KEY_A,
+    KEY_B,
+    check_ws_events,
+    is_terminal,
+    recv_json,
+    recv_response,
+    recv_until,
+    send_json,
+)
+from tests.support.grpc_client import RawSession
+
+__all__ = [
+    "KEY_A",
+    "KEY_B",
+    "CREATE",
+    "FullStack",
+    "full_stack",
+    "make_config",
+    "recv_json",
+    "recv_response",
+    "send_json",
+    "check_ws_events",
+    "ws_error",
+    "metric",
+    "Firehose",
+    "recv_turn",
+    "sdk_lenient",
+]
+
+CREATE: dict[str, Any] = {"type": "response.create", "model": "sim-model", "input": "hi", "store": False}
+
+
+def make_config(backend: dict[str, Any] | None = None, **limits: Any) -> TetherConfig:
+    """The bridge suite's config (memory store, instant simulated model) with `limits` set."""
+    return bridge_config(backend, **limits)
+
+
+def ws_error(ev: dict[str, Any], code: str, status: int | None = None) -> dict[str, Any]:
+    """Assert `ev` is a WS `error` envelope with `code` (and `status`); returns its `error` body."""
+    assert ev["type"] == "error", ev
+    assert ev["error"]["code"] == code, ev
+    if status is not None:
+        assert ev["status"] == status, ev
+    check_ws_events([ev])  # strict SDK parse of the envelope
+    return ev["error"]
+
+
+# `Response.error.code` in the SDK is a closed set; Tether's failed responses use its own codes
+# (backend_error, backend_timeout, ...), a known deviation (docs/reliability.md, "Findings").
+SDK_RESPONSE_ERROR_CODES = frozenset(
+    typing.get_args(ResponseError.model_fields["code"].annotation)
+)
+
+
+def sdk_lenient(ev: dict[str, Any]) -> dict[str, Any]:
+    """The event with a non-SDK `response.error.code` replaced, for a strict parse of the rest."""
+    err = (ev.get("response") or {}).get("error")
+    if isinstance(err, dict) and err.get("code") not in SDK_RESPONSE_ERROR_CODES:
+        ev = copy.deepcopy(ev)
+        ev["response"]["error"]["code"] = "server_error"
+    return ev
+
+
+async def recv_turn(conn: Any, within: float = 30.0) -> list[dict[str, Any]]:
+    """Frames up to the next terminal event or `error`: each parsed strictly with the SDK's types
+    (modulo `sdk_lenient`), the whole turn checked by the event-sequence oracle."""
+    events = await recv_until(conn, lambda e: is_terminal(e) or e["type"] == "error", within)
+    check_ws_events([sdk_lenient(e) for e in events])
+    return events
+
+
+def metric(engine: Engine, name: str, **labels: str) -> float:
+    """A sample from the engine's own Prometheus registry (0 when the series does not exist)."""
+    value = engine.metrics.registry.get_sample_value(name, labels)
+    return value or 0.0
+
+
+@dataclasses.dataclass
+class FullStack:
+    engine: Engine
+    bridge: Any
+    grpc: Any
+    config: TetherConfig
+
+    @property
+    def port(self) -> int:
+        return self.bridge.port
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/responses"
+
+    def ws(self, key: str | None = KEY_A, *, extra_headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+        from websockets.asyncio.client import connect
+
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers.update(extra_headers or {})
+        kwargs.setdefault("compression", None)
+        kwargs.setdefault("max_size", None)
+        return connect(self.ws_url, additional_headers=headers, **kwargs)
+
+    def http(self, key: str | None = KEY_A) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}", headers=headers, timeout=20.0)
+
+    def channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc.port}")
+
+    def session(self, channel: grpc.aio.Channel, key: str | None = KEY_A) -> RawSession:
+        return RawSession(channel, api_key=key)
+
+
+@contextlib.asynccontextmanager
+async def full_stack(
+    config: TetherConfig | None = None, keys: dict[str, str] | None = None
+) -> AsyncIterator[FullStack]:
+    """An engine with both front ends: the bridge (HTTP + WS) and the gRPC service."""
+    config = config or make_config()
+    auth = Authenticator({KEY_A: "a", KEY_B: "b"} if keys is None else keys)
+    engine = await Engine.start(config)
+    bridge = grpc_server = None
+    try:
+        bridge = await start_bridge(engine, auth, config)
+        grpc_server = await start_grpc_server(engine, config, auth)
+        yield FullStack(engine, bridge, grpc_server, config)
+    finally:
+        if bridge is not None:
+            await bridge.stop(0.5)
+        if grpc_server is not None:
+            await grpc_server.stop(0)
+        await engine.aclose()
+
+
+def with_models(config: TetherConfig, models: dict[str, dict[str, Any]]) -> TetherConfig:
+    config.models = {name: Route(**spec) for name, spec in models.items()}
+    return config
+
+
+def with_backend(config: TetherConfig, name: str, kind: str, **options: Any) -> TetherConfig:
+    config.backends[name] = BackendSpec(kind=kind, options=options)
+    return config
+
+
+# -- a backend whose pace the test controls ---------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True)
+class FirehoseConfig:
+    chunks: int = 1000  # text deltas per response
+    chunk_bytes: int = 1024  # characters per delta
+
+
+class Firehose:
+    """`chunks` deltas of `chunk_bytes` characters as fast as the consumer takes them. Counts what
+    was pulled (`Firehose.pulled[name]`), so a test can see a generation wait on its reader."""
+
+    kind: ClassVar[str] = "hardening_firehose"
+    Config: ClassVar[type] = FirehoseConfig
+    pulled: ClassVar[dict[str, int]] = {}
+    open_streams: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, name: str, config: FirehoseConfig | None = None) -> None:
+        self.name = name
+        self.config = config or FirehoseConfig()
+        self.capabilities = Capabilities()
+        Firehose.pulled[name] = 0
+        Firehose.open_streams[name] = 0
+
+    async def stream(self, request: BackendRequest) -> AsyncIterator[Any]:
+        c = self.config
+        piece = ("lorem ipsum " * (c.chunk_bytes // 12 + 1))[: c.chunk_bytes]
+        Firehose.open_streams[self.name] += 1
+        try:
+            for _ in range(c.chunks):
+                Firehose.pulled[self.name] += 1
+                yield TextDelta(piece)
+                await asyncio.sleep(0)
+            yield Finish("stop", Usage(input_tokens=request.input_tokens, output_tokens=c.chunks))
+        finally:
+            Firehose.open_streams[self.name] -= 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+register_backend(Firehose)
+
+
+def dumps(obj: Any) -> str:
+    return orjson.dumps(obj).decode()

@@ -1,0 +1,209 @@
+"""Two Tether replicas sharing PostgreSQL or Redis behind nginx (deploy/nginx/tether.conf).
+
+Everything runs on loopback as real subprocesses: the replicas (`tether serve`), and nginx in
+the foreground with a private prefix (config, pid file, error log and temp dirs under tmp_path),
+running the shipped config rendered with this run's ports. A rollout goes through nginx; the
+replica holding the connection (read from /proc, see conftest) is then taken down, and the
+client's reconnect, which nginx sends to the other replica, continues the rollout with
+previous_response_id from the shared store. A store=false response does not survive the move
+(previous_response_not_found), as on any new connection.
+
+WebSocket (official SDK, `client.responses.connect()`): the holder is SIGKILLed (a crash).
+gRPC (raw `ResponsesServiceStub`): the holder gets SIGTERM (a rolling restart) and exits 0.
+
+The replicas run with `store_durability = "before_terminal"`, the setting for replicas sharing a
+store: a store=true response is in the store before its terminal event goes out, so the moment
+the client has `response.completed` the other replica can read it (checked: the first GET there
+answers 200) and a crash right after loses nothing. With the default "overlap" the write follows
+the terminal event and a quick reconnect elsewhere can miss it (docs/deployment.md measures how
+often: `python -m tether.lab.scaleout_bench --parts visibility`).
+
+Needs nginx (apt-get install -y nginx), PostgreSQL (TETHER_TEST_PG_URL) and Redis
+(TETHER_TEST_REDIS_URL); each missing piece skips with the reason (fails under
+TETHER_TEST_REQUIRE_SERVERS=1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from openai import AsyncOpenAI
+
+from tether.lab.scaleout_bench import (
+    Nginx,
+    TetherProcess,
+    free_ports,
+    grpc_reader,
+    grpc_turn,
+    nginx_binary,
+    pg_reachable,
+    redis_reachable,
+    scratch_store,
+    write_config,
+)
+from tether.responses.v1 import service_pb2_grpc
+
+from .conftest import holders, unavailable, wait_visible
+
+MODEL = "tether-sim"
+TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
+
+
+@dataclass
+class Cluster:
+    kind: str
+    replicas: list[TetherProcess]
+    lb: Nginx
+
+    def ensure_up(self) -> None:
+        for r in self.replicas:
+            if r.proc is None or r.proc.poll() is not None:
+                r.start()
+        for r in self.replicas:
+            r.wait_ready()
+
+    def holder(self, transport: str) -> tuple[TetherProcess, TetherProcess]:
+        """(the replica holding the one open connection of `transport`, the other one)."""
+        port_of = (lambda r: r.bridge_port) if transport == "websocket" else (lambda r: r.grpc_port)
+        held = holders(self.replicas, port_of)
+        assert len(held) == 1, (
+            f"expected one replica holding the {transport} connection, got {[r.name for r in held]}"
+        )
+        other = next(r for r in self.replicas if r is not held[0])
+        return held[0], other
+
+
+@pytest.fixture(scope="module", params=["postgres", "redis"])
+def cluster(request, tmp_path_factory):
+    if nginx_binary() is None:
+        unavailable(
+            "nginx is not installed: apt-get install -y nginx (runs as a foreground subprocess on loopback)"
+        )
+    kind = request.param
+    why = pg_reachable() if kind == "postgres" else redis_reachable()
+    if why:
+        unavailable(why)
+    workdir = tmp_path_factory.mktemp(f"replicas-{kind}")
+    with scratch_store(kind, workdir) as url:
+        cfg = write_config(workdir / "tether.toml", url, durability="before_terminal")
+        ports = free_ports(6)
+        replicas = [
+            TetherProcess(cfg, workdir, ports[0], ports[1], name="replica-1"),
+            TetherProcess(cfg, workdir, ports[2], ports[3], name="replica-2"),
+        ]
+        lb = Nginx(workdir / "nginx", ports[4], ports[5], replicas)
+        c = Cluster(kind, replicas, lb)
+        try:
+            c.ensure_up()
+            lb.start()
+            yield c
+        finally:
+            lb.stop()
+            for r in replicas:
+                r.stop(timeout=15)
+
+
+async def _durable_on(replica: TetherProcess, response_id: str) -> None:
+    """The response is already readable on `replica` (before_terminal: written before its
+    terminal event reached the client)."""
+    assert await wait_visible(replica, response_id) == 0, f"{response_id} was not in the store yet"
+
+
+async def _terminal(conn):
+    async for ev in conn:
+        if ev.type in TERMINAL:
+            return ev
+    raise AssertionError("connection ended before a terminal event")
+
+
+async def test_websocket_rollout_survives_its_replica_crashing(cluster: Cluster) -> None:
+    cluster.ensure_up()
+    client = AsyncOpenAI(base_url=cluster.lb.base_url, api_key="unused-when-open", max_retries=0)
+    async with client.responses.connect() as conn:
+        last = None
+        for i in range(3):
+            extra = {"previous_response_id": last.id} if last else {}
+            await conn.response.create(model=MODEL, input=f"step {i}", store=True, **extra)
+            done = await _terminal(conn)
+            assert done.type == "response.completed", done
+            last = done.response
+        await conn.response.create(model=MODEL, input="scratch", store=False)
+        ephemeral = (await _terminal(conn)).response
+
+        holder, other = cluster.holder("websocket")
+        await _durable_on(other, last.id)
+        holder.kill()
+        with pytest.raises(Exception):  # noqa: B017 - the SDK surfaces the drop as the socket's own error
+            await asyncio.wait_for(_terminal(conn), 15)
+
+    async with client.responses.connect() as conn:  # nginx: the dead replica refuses, the other takes it
+        await conn.response.create(model=MODEL, input="step 3", store=True, previous_response_id=last.id)
+        cont = await _terminal(conn)
+        assert cont.type == "response.completed", cont
+        assert cont.response.previous_response_id == last.id
+        # The whole history came back from the store: the new input counts every earlier turn.
+        assert cont.response.usage.input_tokens > last.usage.input_tokens + last.usage.output_tokens
+        assert cluster.holder("websocket")[0] is other
+
+        await conn.response.create(model=MODEL, input="more", store=False, previous_response_id=ephemeral.id)
+        miss = await _terminal(conn)
+        assert miss.type == "error" and miss.error.code == "previous_response_not_found"
+
+
+async def test_grpc_rollout_survives_a_rolling_restart(cluster: Cluster) -> None:
+    cluster.ensure_up()
+    async with grpc.aio.insecure_channel(cluster.lb.grpc_target) as channel:
+        stub = service_pb2_grpc.ResponsesServiceStub(channel)
+        call = stub.Session()
+        queue: asyncio.Queue = asyncio.Queue()
+        reader = asyncio.create_task(grpc_reader(call, queue))
+        previous = ""
+        for i in range(3):
+            ev = await grpc_turn(
+                call, queue, model=MODEL, input=f"step {i}", store=True, previous_response_id=previous
+            )
+            assert ev.WhichOneof("event") == "completed", ev
+            last = ev.completed.response
+            previous = last.id
+        ev = await grpc_turn(call, queue, model=MODEL, input="scratch", store=False)
+        ephemeral = ev.completed.response
+
+        holder, other = cluster.holder("grpc")
+        await _durable_on(other, last.id)
+        assert await asyncio.to_thread(holder.stop, signal.SIGTERM, 30) == 0, holder.logs()
+        # The stream ends: a server_shutting_down event, then UNAVAILABLE relayed by nginx.
+        events = []
+        while (ev := await asyncio.wait_for(queue.get(), 15)) is not None:
+            events.append(ev)
+        await reader
+        assert await call.code() == grpc.StatusCode.UNAVAILABLE, await call.details()
+        assert any(e.error.error.code == "server_shutting_down" for e in events)
+
+        call = stub.Session()  # same channel (same nginx connection): a new stream, the other replica
+        queue = asyncio.Queue()
+        reader = asyncio.create_task(grpc_reader(call, queue))
+        try:
+            ev = await grpc_turn(
+                call, queue, model=MODEL, input="step 3", store=True, previous_response_id=last.id
+            )
+            assert ev.WhichOneof("event") == "completed", ev
+            cont = ev.completed.response
+            assert cont.previous_response_id == last.id
+            assert cont.usage.input_tokens > last.usage.input_tokens + last.usage.output_tokens
+            assert cluster.holder("grpc")[0] is other
+
+            ev = await grpc_turn(
+                call, queue, model=MODEL, input="more", store=False, previous_response_id=ephemeral.id
+            )
+            assert (
+                ev.WhichOneof("event") == "error" and ev.error.error.code == "previous_response_not_found"
+            ), ev
+        finally:
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
