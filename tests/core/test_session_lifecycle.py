@@ -7,16 +7,16 @@ import asyncio
 import grpc
 import pytest
 
+from tests.conftest import make_config
+from tests.fakes.chat_server import FakeChatServer, slow, text
+from tests.support.grpc_client import RawSession
+from tests.support.validator import validate_events
 from tether import errors
 from tether.auth import Authenticator
 from tether.compaction_codec import decode_payload
 from tether.core.engine import Engine
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
 from tether.service.grpc_server import start_grpc_server
-from tests.conftest import make_config
-from tests.fakes.chat_server import FakeChatServer, slow, text
-from tests.support.grpc_client import RawSession
-from tests.support.validator import validate_events
 
 
 async def serve(config):

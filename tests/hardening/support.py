@@ -17,17 +17,9 @@ from typing import Any, ClassVar
 import grpc
 import httpx
 import orjson
-
-from tether.auth import Authenticator
-from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
-from tether.backends.registry import register_backend
-from tether.bridge import start_bridge
-from tether.config import BackendSpec, Route, TetherConfig
-from tether.core.engine import Engine
-from tether.service.grpc_server import start_grpc_server
-from tests.bridge.conftest import make_config as bridge_config
 from openai.types.responses import ResponseError
 
+from tests.bridge.conftest import make_config as bridge_config
 from tests.bridge.helpers import (
     KEY_A,
     KEY_B,
@@ -39,6 +31,13 @@ from tests.bridge.helpers import (
     send_json,
 )
 from tests.support.grpc_client import RawSession
+from tether.auth import Authenticator
+from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.registry import register_backend
+from tether.bridge import start_bridge
+from tether.config import BackendSpec, Route, TetherConfig
+from tether.core.engine import Engine
+from tether.service.grpc_server import start_grpc_server
 
 __all__ = [
     "KEY_A",
@@ -78,9 +77,7 @@ def ws_error(ev: dict[str, Any], code: str, status: int | None = None) -> dict[s
 
 # `Response.error.code` in the SDK is a closed set; Tether's failed responses use its own codes
 # (backend_error, backend_timeout, ...), a known deviation (docs/reliability.md, "Findings").
-SDK_RESPONSE_ERROR_CODES = frozenset(
-    typing.get_args(ResponseError.model_fields["code"].annotation)
-)
+SDK_RESPONSE_ERROR_CODES = frozenset(typing.get_args(ResponseError.model_fields["code"].annotation))
 
 
 def sdk_lenient(ev: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +118,9 @@ class FullStack:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/v1/responses"
 
-    def ws(self, key: str | None = KEY_A, *, extra_headers: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    def ws(
+        self, key: str | None = KEY_A, *, extra_headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> Any:
         from websockets.asyncio.client import connect
 
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.bridge.helpers import is_terminal, recv_until
 from tether import auth, ids
 from tether.logging_setup import setup_logging
 from tether.responses.v1 import request_pb2, service_pb2, service_pb2_grpc
-from tests.bridge.helpers import is_terminal, recv_until
 
 from .support import (
     CREATE,
@@ -132,7 +132,9 @@ async def test_tenant_isolation_on_every_path_and_transport() -> None:
     with_models(config, {"slow": {"backend": "slow"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.channel() as channel:
         async with stack.ws(KEY_A) as a:
-            await send_json(a, {**CREATE, "input": secret_text, "store": True, "tools": [TOOL], "stream_id": "lane1"})
+            await send_json(
+                a, {**CREATE, "input": secret_text, "store": True, "tools": [TOOL], "stream_id": "lane1"}
+            )
             stored = (await recv_response(a, within=30))[-1]["response"]
             call_id = stored["output"][0]["call_id"]
             await send_json(a, {**CREATE, "input": "cached only", "store": False})
@@ -148,9 +150,13 @@ async def test_tenant_isolation_on_every_path_and_transport() -> None:
                     for method, path in (("GET", f"/v1/responses/{target}"), ("DELETE", f"/v1/responses/{target}"),
                                          ("GET", f"/v1/responses/{target}/input_items")):  # fmt: skip
                         r = await h.request(method, path)
-                        assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", path
+                        assert r.status_code == 404 and r.json()["error"]["code"] == "response_not_found", (
+                            path
+                        )
                     for path in ("/v1/responses", "/v1/responses/input_tokens", "/v1/responses/compact"):
-                        r = await h.post(path, json={"model": "m", "input": "x", "previous_response_id": target})
+                        r = await h.post(
+                            path, json={"model": "m", "input": "x", "previous_response_id": target}
+                        )
                         assert r.status_code == 400, (path, r.text)
                         assert r.json()["error"]["code"] == "previous_response_not_found", path
                         assert secret_text not in r.text
@@ -164,11 +170,19 @@ async def test_tenant_isolation_on_every_path_and_transport() -> None:
                         ws_error(await recv_json(b), "previous_response_not_found")
                     await send_json(b, {"type": "response.cancel", "response_id": target})
                     ws_error(await recv_json(b), "response_not_found")
-                    await send_json(b, {"type": "response.steer", "previous_response_id": target, "input": "hijack"})
+                    await send_json(
+                        b, {"type": "response.steer", "previous_response_id": target, "input": "hijack"}
+                    )
                     failed = await recv_json(b)
                     assert failed["type"] == "response.steer.failed"
                     assert failed["error"]["code"] == "response_not_found"
-                await send_json(b, {"type": "response.append", "input": [{"type": "message", "role": "user", "content": "more"}]})
+                await send_json(
+                    b,
+                    {
+                        "type": "response.append",
+                        "input": [{"type": "message", "role": "user", "content": "more"}],
+                    },
+                )
                 ws_error(await recv_json(b), "previous_response_not_found")
                 await send_json(b, {**CREATE, "stream_id": "lane1",
                                     "input": [{"type": "function_call_output", "call_id": call_id, "output": "x"}]})  # fmt: skip
@@ -187,17 +201,24 @@ async def test_tenant_isolation_on_every_path_and_transport() -> None:
                         await rpc(request, metadata=md)
                     assert info.value.code() == grpc.StatusCode.NOT_FOUND
                     assert dict(info.value.trailing_metadata())["tether-error-code"] == "response_not_found"
-                params = request_pb2.ResponseCreateParams(model="m", input_text="x", previous_response_id=target)
+                params = request_pb2.ResponseCreateParams(
+                    model="m", input_text="x", previous_response_id=target
+                )
                 for rpc, request in (
                     (stub.CountInputTokens, service_pb2.CountInputTokensRequest(params=params)),
                     (stub.CompactResponse, service_pb2.CompactResponseRequest(params=params)),
                 ):
                     with pytest.raises(grpc.aio.AioRpcError) as info:
                         await rpc(request, metadata=md)
-                    assert dict(info.value.trailing_metadata())["tether-error-code"] == "previous_response_not_found"
+                    assert (
+                        dict(info.value.trailing_metadata())["tether-error-code"]
+                        == "previous_response_not_found"
+                    )
                 events = [
                     ev
-                    async for batch in stub.CreateResponse(service_pb2.CreateResponseRequest(params=params), metadata=md)
+                    async for batch in stub.CreateResponse(
+                        service_pb2.CreateResponseRequest(params=params), metadata=md
+                    )
                     for ev in batch.events
                 ]
                 assert [ev.error.error.code for ev in events] == ["previous_response_not_found"]
@@ -258,7 +279,10 @@ async def test_secrets_and_contents_are_not_logged(captured_logs: io.StringIO) -
                 assert (await recv_response(conn))[-1]["type"] == "response.completed"
             await conn.send('{"type": "response.create", "input": "' + marker + '", broken')
             ws_error(await recv_json(conn), "invalid_json")
-            await send_json(conn, {**CREATE, "input": [{"type": "function_call_output", "call_id": marker, "output": marker}]})
+            await send_json(
+                conn,
+                {**CREATE, "input": [{"type": "function_call_output", "call_id": marker, "output": marker}]},
+            )
             ws_error(await recv_json(conn), "unknown_call_id")
         with pytest.raises(InvalidStatus):
             async with stack.ws(wrong):
@@ -266,7 +290,10 @@ async def test_secrets_and_contents_are_not_logged(captured_logs: io.StringIO) -
         async with stack.http(wrong) as h:
             assert (await h.post("/v1/responses", json={"model": "m", "input": marker})).status_code == 401
         async with stack.http(key) as h:
-            r = await h.post("/v1/responses", json={"model": "m", "input": marker, "tools": [{"type": "function", "name": "bad name!"}]})
+            r = await h.post(
+                "/v1/responses",
+                json={"model": "m", "input": marker, "tools": [{"type": "function", "name": "bad name!"}]},
+            )
             assert r.status_code == 400
         with pytest.raises(grpc.aio.AioRpcError):
             await service_pb2_grpc.ResponsesServiceStub(channel).ListModels(

@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
-from tether.errors import INVALID_TYPE, SERVER_ERROR, TetherError
+from tether.errors import INVALID_REQUEST, INVALID_TYPE, SERVER_ERROR, TetherError
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
@@ -277,9 +277,12 @@ def _int_param(q: dict[str, str], name: str) -> int:
     if raw == "":
         return 0
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise TetherError(INVALID_TYPE, f"Invalid '{name}': expected an integer.", param=name) from None
+    if not -(2**31) <= value < 2**31:  # the proto field is an int32: out of range is a 400, not a 500
+        raise TetherError(INVALID_REQUEST, f"Invalid '{name}': {raw} is out of range.", param=name)
+    return value
 
 
 async def _aclose(it: object) -> None:

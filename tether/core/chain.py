@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tether.responses.v1 import items_pb2, response_pb2
 

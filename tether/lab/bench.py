@@ -411,15 +411,17 @@ def make_plots(data: dict, results: list[RolloutResult], out: Path) -> list[Path
                                            f"Per-turn pre-backend stages vs turn: {title}", what="pre_backend"))
         made.append(plots.bytes_vs_turn(results, name, img / f"bytes-vs-turn-{name}.png", f"Bytes sent per turn: {title}"))
         made.append(plots.stage_breakdown(results, name, img / f"stages-{name}.png", f"Server time per turn by stage: {title}"))
-    # e2e vs speed: phases of one workload at several speeds, no delay.
-    by_wl: dict[str, list[dict]] = {}
+    # e2e vs speed: phases of one workload and client at several speeds, no delay.
+    groups: dict[tuple[str, str], list[dict]] = {}
     for ph in data["phases"]:
         if not ph["delay_ms"]:
-            by_wl.setdefault(ph["workload"], []).append(ph)
-    for wl, phs in by_wl.items():
+            groups.setdefault((ph["workload"], ph.get("client", "sdk")), []).append(ph)
+    for (wl, client), phs in groups.items():
         if len({p["speed_profile"]["tokens_per_s"] for p in phs}) >= 2:
+            suffix = "" if client == "sdk" else f"-{client}"
             made.append(plots.e2e_vs_speed(results, [p["name"] for p in phs], data["baseline"],
-                                           img / f"e2e-vs-speed-{wl}.png", f"End-to-end rollout time vs model speed: {wl}"))
+                                           img / f"e2e-vs-speed-{wl}{suffix}.png",
+                                           f"End-to-end rollout time vs model speed: {wl} ({client} client)"))
     return [p for p in made if p is not None]
 
 
@@ -467,6 +469,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up rollouts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    p.add_argument("--replot", type=Path, metavar="DIR", help="redraw the charts of an earlier run's results.json")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--throughput", action="store_true", help="concurrent-streams mode (see tether.lab.throughput)")
     mode.add_argument("--overhead", action="store_true", help="per-turn overhead mode (see tether.lab.overhead)")
@@ -520,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(args.transports) - set(VARIANTS)
         if unknown:
             raise SystemExit(f"unknown transport(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    if args.replot:
+        data = json.loads((args.replot / "results.json").read_text())
+        results = [RolloutResult.from_dict(d) for d in data["rollouts"]]
+        for path in make_plots(data, results, args.replot):
+            print(f"plot: {path}")
+        return 0
     if args.throughput:
         from tether.lab import throughput
 

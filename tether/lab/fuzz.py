@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import copy
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -91,7 +92,12 @@ class _Sdk:
         """The object with two known deviations neutralised, so the strict parse checks the rest:
         a `response.error.code` outside the SDK's enum (replaced; returns True), and hosted tools
         echoed as the client sent them, valid or not (dropped, counted in `notes`)."""
-        holder = obj.get("response") if "response" in obj else obj
+        if "response" in obj:
+            holder = obj["response"]
+        elif obj.get("object") == "response":
+            holder = obj
+        else:
+            return obj, False  # an error envelope's code is a free string
         if not isinstance(holder, dict):
             return obj, False
         replaced = False
@@ -102,7 +108,9 @@ class _Sdk:
             holder["error"]["code"] = "server_error"
             replaced = True
         tools = holder.get("tools")
-        if isinstance(tools, list) and any(isinstance(t, dict) and t.get("type") != "function" for t in tools):
+        if isinstance(tools, list) and any(
+            isinstance(t, dict) and t.get("type") != "function" for t in tools
+        ):
             keep = []
             for t in tools:
                 if isinstance(t, dict) and t.get("type") != "function":
@@ -140,9 +148,29 @@ class _ByType:
         model.validate_python(obj)
 
 
+def _sdk_sig(exc: Exception) -> str:
+    """`sdk:<path>` of the first problem a pydantic ValidationError reports (indices as `*`)."""
+    try:
+        loc = exc.errors()[0]["loc"]  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001
+        return "sdk:" + type(exc).__name__
+    parts = ["*" if isinstance(x, int) else str(x) for x in loc]
+    parts = [x for x in parts if not x[:1].isupper()]  # drop union member names
+    return "sdk:" + ".".join(parts[:3])
+
+
 # -- outcomes ---------------------------------------------------------------------------------------
 
-FINDING_PREFIXES = ("hang", "malformed", "http_5xx", "server_error", "closed", "crash", "unanswered", "sequence")
+FINDING_PREFIXES = (
+    "hang",
+    "malformed",
+    "http_5xx",
+    "server_error",
+    "closed",
+    "crash",
+    "unanswered",
+    "sequence",
+)
 
 
 @dataclass
@@ -152,6 +180,7 @@ class SurfaceStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     findings: Counter[str] = field(default_factory=Counter)
     deviations: Counter[str] = field(default_factory=Counter)
+    signatures: Counter[str] = field(default_factory=Counter)
     examples: dict[str, str] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -160,8 +189,10 @@ class SurfaceStats:
     def outcome(self, cls: str) -> None:
         self.outcomes[cls] += 1
 
-    def finding(self, cls: str, example: Any) -> None:
+    def finding(self, cls: str, example: Any, sig: str = "") -> None:
+        """Count a finding; `sig` names its root cause as precisely as the fuzzer can tell."""
         self.findings[cls] += 1
+        self.signatures[f"{cls}|{sig}"] += 1
         if cls not in self.examples:
             text = example if isinstance(example, str) else repr(example)
             self.examples[cls] = text[:3000]
@@ -177,6 +208,7 @@ class SurfaceStats:
             "seconds": round(self.seconds, 1),
             "outcomes": dict(self.outcomes.most_common()),
             "findings": dict(self.findings),
+            "signatures": dict(self.signatures),
             "deviations": dict(self.deviations),
             "examples": self.examples,
             "latency_ms": {
@@ -194,6 +226,7 @@ class Report:
     health: dict[str, Any] = field(default_factory=dict)
     server_log_errors: int = 0
     server_log_examples: list[str] = field(default_factory=list)
+    server_log_signatures: Counter[str] = field(default_factory=Counter)
     seed: int = 0
 
     @property
@@ -216,6 +249,7 @@ class Report:
             "rss": self.rss,
             "health": self.health,
             "server_log_errors": self.server_log_errors,
+            "server_log_signatures": dict(self.server_log_signatures),
             "server_log_examples": self.server_log_examples,
             "findings": dict(self.findings),
         }
@@ -282,7 +316,9 @@ async def _record_seeds(ws_url: str, api_key: str) -> list[dict[str, Any]]:
     from websockets.asyncio.client import connect
 
     sent: list[dict[str, Any]] = []
-    async with connect(ws_url, additional_headers={"Authorization": f"Bearer {api_key}"}, max_size=None) as conn:
+    async with connect(
+        ws_url, additional_headers={"Authorization": f"Bearer {api_key}"}, max_size=None
+    ) as conn:
 
         async def turn(frame: dict[str, Any]) -> dict[str, Any]:
             sent.append(frame)
@@ -325,7 +361,9 @@ class Mutator:
         self.rng = rng
         self.seeds = seeds
         self.huge_rate = huge_rate
-        self.ids = sorted({v for s in seeds for v in _strings(s) if v.startswith(("resp_", "call_", "msg_", "fc_"))})
+        self.ids = sorted(
+            {v for s in seeds for v in _strings(s) if v.startswith(("resp_", "call_", "msg_", "fc_"))}
+        )
         self.keys = sorted({*KEYS, *(k for s in seeds for k in _keys(s))})
 
     # values
@@ -339,12 +377,14 @@ class Mutator:
         if choice < 0.25:
             return r.choice(TYPES)
         if choice < 0.35:
-            return "resp_" + "%032x" % r.getrandbits(128)
+            return f"resp_{r.getrandbits(128):032x}"
         if choice < 0.45:
             return r.choice(["", " ", "\u0000", "\ud7ff\ue000", "é" * 300, "😀" * 50, "<|start|>user<|message|>hi<|end|>",
                              "../../etc/passwd", "%s%n%x", "null", "true", "-0", "\\", '"', "\u2028", "a b", "lane.1"])  # fmt: skip
         if choice < 0.55:
-            return r.choice("ab_-.Z9") * r.choice([1, 64, 65, 128, 129, 255, 256, 257, 512, 513, 1024, 70_000])
+            return r.choice("ab_-.Z9") * r.choice(
+                [1, 64, 65, 128, 129, 255, 256, 257, 512, 513, 1024, 70_000]
+            )
         n = r.randint(0, 40)
         return "".join(r.choice(_PALETTE) for _ in range(n))
 
@@ -538,8 +578,9 @@ class StreamChecker:
         try:
             self.sdk.ws_event.validate_python(lenient)
         except Exception as exc:  # noqa: BLE001 - any validation failure is a finding
-            self.stats.finding("malformed", f"{exc!s:.1500} :: {raw!s:.200}")
-            return ""
+            self.stats.finding("malformed", f"{exc!s:.1500} :: {raw!s:.200}", _sdk_sig(exc))
+            if not isinstance(ev.get("response", {}), dict) or not isinstance(ev.get("error", {}), dict):
+                return ""  # too broken to follow; otherwise keep the bookkeeping going
         t = ev["type"]
         lane = ev.get("stream_id", "")
         if t == "error":
@@ -547,7 +588,15 @@ class StreamChecker:
             if not isinstance(ev.get("status"), int) or not isinstance(err.get("code"), str):
                 self.stats.finding("malformed", raw)
             elif ev["status"] >= 500 or err["code"] == "server_error":
-                self.stats.finding("server_error", raw)
+                self.stats.finding("server_error", raw, "error-event")
+                stuck = self.lane_current.get(lane)
+                if stuck in self.in_flight:  # the server gave up on it without a terminal event
+                    self.stats.finding(
+                        "sequence",
+                        f"{stuck}: server_error, no terminal event",
+                        "no-terminal-after-server-error",
+                    )
+                    self.in_flight.discard(stuck)
             return t
         if t.startswith("response.steer."):
             return t
@@ -569,8 +618,11 @@ class StreamChecker:
         if t in TERMINAL:
             self.in_flight.discard(rid)
             self.seq.pop(rid, None)
-            if ev["response"].get("status") == "failed" and (ev["response"].get("error") or {}).get("code") == "server_error":
-                self.stats.finding("server_error", raw)
+            if (
+                ev["response"].get("status") == "failed"
+                and (ev["response"].get("error") or {}).get("code") == "server_error"
+            ):
+                self.stats.finding("server_error", raw, "response.failed")
         return t
 
 
@@ -646,7 +698,9 @@ async def fuzz_ws(target: Target, mutator: Mutator, n: int, stats: SurfaceStats,
             if conn is None or i % rotate == 0:
                 if conn is not None:
                     await conn.close()
-                conn = await connect(target.ws_url, additional_headers=headers, max_size=None, compression=None)
+                conn = await connect(
+                    target.ws_url, additional_headers=headers, max_size=None, compression=None
+                )
                 checker = StreamChecker(sdk, stats)
             sentinel = f"fuzzsentinel{w}x{i}"
             kind = client_kind(frame, target.max_request_bytes, target.max_json_depth)
@@ -655,7 +709,7 @@ async def fuzz_ws(target: Target, mutator: Mutator, n: int, stats: SurfaceStats,
                 answer = await asyncio.wait_for(_ws_one(conn, checker, frame, kind, sentinel), deadline_s)
                 stats.outcome(answer)
             except TimeoutError:
-                stats.finding("hang", f"{how}: {frame!s:.300}")
+                stats.finding("hang", f"{how}: {frame!s:.300}", "ws")
                 await conn.close()
                 conn = None
             except ConnectionClosed as exc:
@@ -725,7 +779,9 @@ def http_input(mutator: Mutator) -> tuple[str, str, dict[str, str], bytes | None
     roll = r.random()
     headers: dict[str, str] = {"content-type": "application/json"}
     if r.random() < 0.04:
-        headers["authorization"] = r.choice(["", "Bearer", "Bearer wrong-key", "Basic abc", "Bearer " + "x" * 5000])
+        headers["authorization"] = r.choice(
+            ["", "Bearer", "Bearer wrong-key", "Basic abc", "Bearer " + "x" * 5000]
+        )
     if roll < 0.45:
         body = mutator.mutate_obj(seed, r.choice([1, 1, 2, 3]))
         if isinstance(body, dict) and r.random() < 0.4:
@@ -779,10 +835,12 @@ async def fuzz_http(target: Target, mutator: Mutator, n: int, stats: SurfaceStat
                 method, path, headers, body, how = queue.get_nowait()
                 started = time.perf_counter()
                 try:
-                    r = await asyncio.wait_for(client.request(method, path, headers=headers, content=body), deadline_s)
+                    r = await asyncio.wait_for(
+                        client.request(method, path, headers=headers, content=body), deadline_s
+                    )
                     stats.outcome(_check_http(sdk, stats, method, path, r, how))
                 except (TimeoutError, httpx.TimeoutException):
-                    stats.finding("hang", f"{method} {path} {body!r:.300}")
+                    stats.finding("hang", f"{method} {path} {body!r:.300}", "http")
                 except httpx.HTTPError as exc:
                     stats.finding("closed", f"{type(exc).__name__} on {method} {path} {body!r:.200}")
                 stats.latencies.append(time.perf_counter() - started)
@@ -796,7 +854,11 @@ def _check_http(sdk: _Sdk, stats: SurfaceStats, method: str, path: str, r: Any, 
     status = r.status_code
     ctype = r.headers.get("content-type", "")
     if status >= 500:
-        stats.finding("http_5xx", f"{status} {method} {path}: {r.text[:300]}")
+        try:
+            code = r.json()["error"]["code"]
+        except Exception:  # noqa: BLE001
+            code = "?"
+        stats.finding("http_5xx", f"{status} {method} {path}: {r.text[:300]}", f"{status}:{code}")
         return f"http:{status}"
     if method == "HEAD":
         return f"http:{status}"
@@ -828,9 +890,9 @@ def _check_http(sdk: _Sdk, stats: SurfaceStats, method: str, path: str, r: Any, 
         try:
             sdk.response.validate_python(lenient)
         except Exception as exc:  # noqa: BLE001
-            stats.finding("malformed", f"{exc!s:.1500}")
+            stats.finding("malformed", f"{exc!s:.1500}", _sdk_sig(exc))
         if obj.get("status") == "failed" and (obj.get("error") or {}).get("code") == "server_error":
-            stats.finding("server_error", obj.get("error"))
+            stats.finding("server_error", obj.get("error"), "response.failed")
         return f"http:200:{obj.get('object')}:{obj.get('status')}"
     return f"http:200:{obj.get('object')}"
 
@@ -853,18 +915,21 @@ def _check_sse(sdk: _Sdk, stats: SurfaceStats, text: str) -> str:
         try:
             sdk.sse_event.validate_python(lenient)
         except Exception as exc:  # noqa: BLE001
-            stats.finding("malformed", f"{exc!s:.1500}")
+            stats.finding("malformed", f"{exc!s:.1500}", _sdk_sig(exc))
         events.append(ev)
-    seqs = [e.get("sequence_number") for e in events]
-    if events and seqs != list(range(len(events))) and events[0].get("type") == "response.created":
-        stats.finding("sequence", f"SSE sequence numbers {seqs[:20]}")
-    terminal = [e for e in events if e.get("type") in TERMINAL]
-    if events and events[0].get("type") == "response.created" and (len(terminal) != 1 or events[-1] is not terminal[0]):
-        if not (events[-1].get("type") == "error"):
-            stats.finding("sequence", f"SSE stream without one final terminal event: {[e.get('type') for e in events[-3:]]}")
+    if events and events[0].get("type") == "response.created":
+        terminal = [e for e in events if e.get("type") in TERMINAL]
+        body = [e for e in events if e.get("type") != "error"]
+        if [e.get("sequence_number") for e in body] != list(range(len(body))):
+            stats.finding(
+                "sequence", f"SSE sequence numbers {[e.get('sequence_number') for e in events][:20]}", "order"
+            )
+        if len(terminal) != 1 or events[-1] is not terminal[0]:
+            stats.finding("sequence", f"SSE stream without one final terminal event: {[e.get('type') for e in events[-3:]]}",
+                          "no-terminal" if not terminal else "after-terminal")  # fmt: skip
     for e in events:
         if e.get("type") == "error" and e.get("code") == "server_error":
-            stats.finding("server_error", e)
+            stats.finding("server_error", e, "error-event")
     return "sse:" + _outcome_of(events)
 
 
@@ -883,7 +948,9 @@ def mutate_proto(rng: random.Random, msg: Any, depth: int = 0) -> None:
     try:
         if fd.type == F.TYPE_MESSAGE:
             if fd.message_type.GetOptions().map_entry:
-                getattr(msg, name)[_rand_str(rng)[:60]] = _rand_str(rng) if fd.message_type.fields_by_name["value"].type == F.TYPE_STRING else 0
+                getattr(msg, name)[_rand_str(rng)[:60]] = (
+                    _rand_str(rng) if fd.message_type.fields_by_name["value"].type == F.TYPE_STRING else 0
+                )
             elif fd.label == F.LABEL_REPEATED:
                 container = getattr(msg, name)
                 roll = rng.random()
@@ -913,7 +980,7 @@ def mutate_proto(rng: random.Random, msg: Any, depth: int = 0) -> None:
 
 
 def _rand_str(rng: random.Random) -> str:
-    return rng.choice(["", "x", "resp_" + "%032x" % rng.getrandbits(128), "é" * 100, "<|end|>", "a" * 300, "lane-1",
+    return rng.choice(["", "x", f"resp_{rng.getrandbits(128):032x}", "é" * 100, "<|end|>", "a" * 300, "lane-1",
                        "response.create", "function_call", "\u0000", "😀", "{\"a\": 1}", "[[[", "call_1"])  # fmt: skip
 
 
@@ -992,13 +1059,19 @@ async def fuzz_grpc(target: Target, mutator: Mutator, n: int, stats: SurfaceStat
     for _ in range(n_unary):
         method = rng.choice(UNARY_METHODS)
         base = rng.choice(seeds).create.SerializeToString() if rng.random() < 0.5 else b"\x0a\x05resp_"
-        data = mutate_bytes(rng, b"\x0a" + bytes([len(base) & 0x7F]) + base) if rng.random() < 0.8 else rng.randbytes(rng.randint(0, 100))
+        data = (
+            mutate_bytes(rng, b"\x0a" + bytes([len(base) & 0x7F]) + base)
+            if rng.random() < 0.8
+            else rng.randbytes(rng.randint(0, 100))
+        )
         unary.append((method, data))
 
     metadata = (("authorization", f"Bearer {target.api_key}"),)
     ident: Callable[[bytes], bytes] = lambda b: b  # noqa: E731
 
-    async with grpc.aio.insecure_channel(target.grpc, options=[("grpc.max_receive_message_length", -1)]) as channel:
+    async with grpc.aio.insecure_channel(
+        target.grpc, options=[("grpc.max_receive_message_length", -1)]
+    ) as channel:
         # 1. Semantic mutations on long-lived sessions, sentinel-checked like the WebSocket.
         async def session_worker(w: int, share: list[Any]) -> None:
             call = None
@@ -1030,11 +1103,12 @@ async def fuzz_grpc(target: Target, mutator: Mutator, n: int, stats: SurfaceStat
                 started = time.perf_counter()
                 try:
                     answer = await asyncio.wait_for(
-                        _grpc_one(call, reader, checker, req, cancel.SerializeToString(), sentinel), deadline_s
+                        _grpc_one(call, reader, checker, req, cancel.SerializeToString(), sentinel),
+                        deadline_s,
                     )
                     stats.outcome(answer)
                 except TimeoutError:
-                    stats.finding("hang", f"semantic: {req!s:.300}")
+                    stats.finding("hang", f"semantic: {req!s:.300}", "grpc-session")
                     call.cancel()
                     call = None
                 except _StreamEnded as exc:
@@ -1057,15 +1131,17 @@ async def fuzz_grpc(target: Target, mutator: Mutator, n: int, stats: SurfaceStat
 
         async def raw_one(data: bytes) -> None:
             async with sem:
-                call = channel.stream_stream(SESSION_METHOD, request_serializer=ident, response_deserializer=ident)(
-                    metadata=metadata
-                )
+                call = channel.stream_stream(
+                    SESSION_METHOD, request_serializer=ident, response_deserializer=ident
+                )(metadata=metadata)
                 started = time.perf_counter()
                 try:
-                    outcome = await asyncio.wait_for(_raw_session(call, data, sentinel_req.SerializeToString()), raw_deadline_s)
+                    outcome = await asyncio.wait_for(
+                        _raw_session(call, data, sentinel_req.SerializeToString()), raw_deadline_s
+                    )
                     stats.outcome(outcome)
                 except TimeoutError:
-                    stats.finding("hang", f"raw session bytes {data[:120]!r}")
+                    stats.finding("hang", f"raw session bytes {data[:120]!r}", "grpc-raw-session")
                 finally:
                     call.cancel()
                 stats.latencies.append(time.perf_counter() - started)
@@ -1082,21 +1158,25 @@ async def fuzz_grpc(target: Target, mutator: Mutator, n: int, stats: SurfaceStat
                 started = time.perf_counter()
                 try:
                     if method == "CreateResponse":
-                        call = channel.unary_stream(path, request_serializer=ident, response_deserializer=ident)
+                        call = channel.unary_stream(
+                            path, request_serializer=ident, response_deserializer=ident
+                        )
                         replies = [r async for r in call(data, metadata=metadata, timeout=deadline_s)]
                         for r in replies:
                             service_pb2.CreateResponseResponse.FromString(r)
                         stats.outcome(f"grpc:OK:{method}")
                     else:
-                        call = channel.unary_unary(path, request_serializer=ident, response_deserializer=ident)
+                        call = channel.unary_unary(
+                            path, request_serializer=ident, response_deserializer=ident
+                        )
                         await call(data, metadata=metadata, timeout=deadline_s)
                         stats.outcome(f"grpc:OK:{method}")
                 except grpc.aio.AioRpcError as exc:
                     code = exc.code()
                     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        stats.finding("hang", f"{method} {data[:120]!r}")
+                        stats.finding("hang", f"{method} {data[:120]!r}", "grpc-unary")
                     elif code == grpc.StatusCode.INTERNAL:
-                        stats.finding("server_error", f"{method}: {exc.details()}")
+                        stats.finding("server_error", f"{method}: {exc.details()}", "grpc-internal")
                     else:
                         if code == grpc.StatusCode.UNKNOWN and "DecodeError" in (exc.details() or ""):
                             stats.deviation("undecodable unary request -> UNKNOWN (not INVALID_ARGUMENT)")
@@ -1183,7 +1263,9 @@ async def healthy_rollout(target: Target) -> dict[str, Any]:
         async with connect(target.ws_url, additional_headers=auth, max_size=None) as conn:
             seeds = await asyncio.wait_for(_record_seeds(target.ws_url, target.api_key), 60)
             out["ws_frames"] = len(seeds)
-            await conn.send(orjson.dumps({"type": "response.create", "model": "m", "input": "hi", "store": True}).decode())
+            await conn.send(
+                orjson.dumps({"type": "response.create", "model": "m", "input": "hi", "store": True}).decode()
+            )
             while True:
                 ev = orjson.loads(await asyncio.wait_for(conn.recv(), 30))
                 if ev["type"] in TERMINAL:
@@ -1248,7 +1330,9 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
         # Warm-up: a slice of every surface, so the baseline includes caches, codecs, pools.
         warm = {name: SurfaceStats(name) for name in surfaces}
         for name in surfaces:
-            await _run_surface(name, target, mutator, min(warmup, iterations), warm[name], deadline_s, raw_deadline_s)
+            await _run_surface(
+                name, target, mutator, min(warmup, iterations), warm[name], deadline_s, raw_deadline_s
+            )
         if pid:
             rss["after_warmup"] = rss_bytes(pid)
         for name in surfaces:
@@ -1268,6 +1352,7 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
             for cls, count in w.findings.items():
                 stats.findings[f"{cls} (warm-up)"] += count
                 stats.examples.setdefault(f"{cls} (warm-up)", w.examples.get(cls, ""))
+            stats.signatures.update(w.signatures)
             stats.deviations.update(w.deviations)
     finally:
         sampling = False
@@ -1281,10 +1366,35 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
         rss["growth_after_warmup"] = growth
         rss["growth_exceeded"] = int(growth > rss_growth_mib * 1024 * 1024)
     if server is not None:
-        errors = [line for line in server.log_text().splitlines() if '"level":"error"' in line or "Traceback" in line]
+        errors = [
+            line
+            for line in server.log_text().splitlines()
+            if '"level":"error"' in line or "Traceback" in line
+        ]
         report.server_log_errors = len(errors)
         report.server_log_examples = [e[:4000] for e in errors[:5]]
+        report.server_log_signatures = Counter(log_signature(e) for e in errors)
     return report
+
+
+_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\w+)')
+
+
+def log_signature(line: str) -> str:
+    """`<logger>: <exception type> at <file>:<function>` of an error log line (JSON or text)."""
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return line[:80]
+    exc = rec.get("exc") or ""
+    frames = _FRAME.findall(exc)
+    last = exc.strip().splitlines()[-1] if exc.strip() else rec.get("msg", "")
+    where = ""
+    if frames:
+        file, func = frames[-1]
+        where = f" at {file.rsplit('/', 1)[-1]}:{func}"
+    kind = last.split(":", 1)[0][:60]
+    return f"{rec.get('logger')}: {kind}{where}"
 
 
 async def _run_surface(name: str, target: Target, mutator: Mutator, n: int, stats: SurfaceStats, deadline_s: float,
@@ -1325,14 +1435,16 @@ def format_report(report: Report) -> str:
             lines.append(f"  {rest:>7}  ({len(s.outcomes) - 25} more classes)")
         for cls, count in s.deviations.items():
             lines.append(f"  deviation x{count}: {cls}")
+        for sig, count in s.signatures.most_common():
+            lines.append(f"  finding x{count}: {sig}")
         for cls, ex in s.examples.items():
-            lines.append(f"  finding {cls}: e.g. {ex[:300]}")
+            lines.append(f"  e.g. {cls}: {ex[:300]}")
     if report.rss:
         mib = {k: round(v / 2**20, 1) for k, v in report.rss.items() if k != "growth_exceeded"}
         lines += ["", f"server RSS (MiB): {mib}"]
     lines += [f"health after: {report.health}", f"server log error lines: {report.server_log_errors}"]
-    for ex in report.server_log_examples:
-        lines.append(f"  {ex[:300]}")
+    for sig, count in report.server_log_signatures.most_common():
+        lines.append(f"  {count:>7}  {sig}")
     findings = report.findings
     lines += ["", f"FINDINGS: {dict(findings)}" if findings else "FINDINGS: none"]
     return "\n".join(lines)
@@ -1343,14 +1455,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=10_000, help="inputs per surface (default 10000)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--surfaces", default=",".join(SURFACES), help="comma-separated: ws,http,grpc")
-    p.add_argument("--target", help="BRIDGE_HOST:PORT,GRPC_HOST:PORT of a running Tether (default: start one)")
+    p.add_argument(
+        "--target", help="BRIDGE_HOST:PORT,GRPC_HOST:PORT of a running Tether (default: start one)"
+    )
     p.add_argument("--api-key", default=FUZZ_KEY, help="API key for --target")
     p.add_argument("--deadline-s", type=float, default=15.0, help="answer deadline per input")
     p.add_argument("--raw-deadline-s", type=float, default=1.0, help="deadline for raw gRPC stream bytes")
     p.add_argument("--huge-rate", type=float, default=0.002, help="share of strings of 1.1M characters")
     p.add_argument("--rss-growth-mib", type=float, default=96.0, help="allowed RSS growth after warm-up")
-    p.add_argument("--warmup", type=int, default=500, help="warm-up inputs per surface before the RSS baseline")
+    p.add_argument(
+        "--warmup", type=int, default=500, help="warm-up inputs per surface before the RSS baseline"
+    )
     p.add_argument("--json", help="write the report as JSON to this file")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # `tether fuzz -- --iterations N` (see docs/reliability.md on the CLI)
+        argv = argv[1:]
     args = p.parse_args(argv)
     surfaces = [s.strip() for s in args.surfaces.split(",") if s.strip()]
 

@@ -35,7 +35,6 @@ import os
 import re
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -205,3 +204,444 @@ async def wait_rss_settled(proc: ServerProcess, *, within_s: float = 10.0, step_
             return now
         last = now
     return last
+
+
+# -- the campaign ----------------------------------------------------------------------------------
+
+LOAD_KEYS = [f"sk-load-{i}-0123456789" for i in range(8)]  # tenants load0..load7
+TOOL = {
+    "type": "function",
+    "name": "run_tests",
+    "description": "Run the test suite and return its output.",
+    "parameters": {"type": "object", "properties": {"filter": {"type": "string"}}, "required": ["filter"]},
+}
+TERMINAL = ("response.completed", "response.failed", "response.incomplete")
+INCLUDE = ["tether:server_timing"]
+
+
+@dataclass
+class LoadStats:
+    turns: int = 0
+    events: int = 0
+    rollouts: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    error_examples: list[str] = field(default_factory=list)
+    overhead_ms: list[float] = field(default_factory=list)
+    turn_ms: list[float] = field(default_factory=list)
+    stored: list[tuple[str, str]] = field(default_factory=list)  # (api key, response id)
+
+    def error(self, cls: str, example: Any) -> None:
+        self.errors[cls] = self.errors.get(cls, 0) + 1
+        if len(self.error_examples) < 5:
+            self.error_examples.append(f"{cls}: {example!s:.300}")
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(q * (len(s) - 1)))], 3)
+
+
+async def _ws_rollout(conn: Any, key: str, stats: LoadStats, n: int, store: bool, turns: int) -> None:
+    previous: str | None = None
+    call_id: str | None = None
+    for t in range(turns):
+        body: dict[str, Any] = {
+            "type": "response.create",
+            "model": "load-sim",
+            "store": store,
+            "include": INCLUDE,
+        }
+        if call_id:
+            body["input"] = [
+                {"type": "function_call_output", "call_id": call_id, "output": f"{n}.{t}: 12 passed"}
+            ]
+        else:
+            body["input"] = f"rollout {n} turn {t}: fix the failing test"
+        body["tools"] = [TOOL]
+        if previous:
+            body["previous_response_id"] = previous
+        started = time.perf_counter()
+        await conn.send(orjson.dumps(body).decode())
+        while True:
+            ev = orjson.loads(await asyncio.wait_for(conn.recv(), 60))
+            stats.events += 1
+            if ev["type"] == "error":
+                stats.error(f"ws error {ev['error'].get('code')}", ev)
+                return
+            if ev["type"] in TERMINAL:
+                break
+        stats.turn_ms.append((time.perf_counter() - started) * 1000)
+        response = ev["response"]
+        if response["status"] != "completed":
+            stats.error(
+                f"ws {response['status']}", response.get("error") or response.get("incomplete_details")
+            )
+            return
+        stats.turns += 1
+        timing = response.get("server_timing") or {}
+        if "overhead_ms" in timing:
+            stats.overhead_ms.append(timing["overhead_ms"])
+        previous = response["id"]
+        if store:
+            stats.stored.append((key, previous))
+        calls = [o for o in response["output"] if o["type"] == "function_call"]
+        call_id = calls[0]["call_id"] if calls else None
+    stats.rollouts += 1
+
+
+async def _grpc_rollouts(
+    channel: Any, key: str, stats: LoadStats, stop_at: float, turns: int, stored_every: int
+) -> None:
+    from tether.responses.v1 import request_pb2, service_pb2, service_pb2_grpc
+
+    stub = service_pb2_grpc.ResponsesServiceStub(channel)
+    call = stub.Session(metadata=(("authorization", f"Bearer {key}"),))
+    tool = request_pb2.Tool()
+    tool.function.name = TOOL["name"]
+    tool.function.parameters_json = orjson.dumps(TOOL["parameters"]).decode()
+    events = aiter(call)
+    n = 0
+    try:
+        while time.monotonic() < stop_at:
+            n += 1
+            store = n % stored_every == 0
+            previous, call_id = "", ""
+            for t in range(turns):
+                req = service_pb2.SessionRequest()
+                c = req.create
+                c.model, c.store, c.previous_response_id = "load-sim", store, previous
+                c.include.append(INCLUDE[0])
+                c.tools.append(tool)
+                if call_id:
+                    item = c.input.add()
+                    item.function_call_output.call_id = call_id
+                    item.function_call_output.output_text = f"{n}.{t}: 12 passed"
+                else:
+                    c.input_text = f"grpc rollout {n} turn {t}"
+                started = time.perf_counter()
+                await call.write(req)
+                done = None
+                while done is None:
+                    batch = await asyncio.wait_for(anext(events), 60)
+                    for ev in batch.events:
+                        stats.events += 1
+                        arm = ev.WhichOneof("event")
+                        if arm == "error":
+                            stats.error(f"grpc error {ev.error.error.code}", ev.error.error.message)
+                            return
+                        if arm in ("completed", "failed", "incomplete"):
+                            done = getattr(ev, arm).response
+                stats.turn_ms.append((time.perf_counter() - started) * 1000)
+                if done.status != "completed":
+                    stats.error(f"grpc {done.status}", done.error.code)
+                    return
+                stats.turns += 1
+                stats.overhead_ms.append(done.server_timing.overhead_ms)
+                previous = done.id
+                if store:
+                    stats.stored.append((key, previous))
+                calls = [o.function_call for o in done.output if o.WhichOneof("item") == "function_call"]
+                call_id = calls[0].call_id if calls else ""
+            stats.rollouts += 1
+    finally:
+        call.cancel()
+
+
+CENSUS_PRELUDE = """
+import collections, ctypes, gc, json, signal, sys
+def _tether_census(signum, frame):
+    gc.collect()
+    counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
+    try:
+        trimmed = ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        trimmed = -1
+    sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()),
+                     "top": counts.most_common(15), "trimmed": trimmed}) + "\\n")
+    sys.stderr.flush()
+signal.signal(signal.SIGUSR2, _tether_census)
+"""
+
+
+async def census(server: ServerProcess) -> dict[str, Any] | None:
+    """Ask a server started with `CENSUS_PRELUDE` for a gc object census (it also runs
+    `malloc_trim(0)`, so the RSS read afterwards is what the process really holds)."""
+    if CENSUS_PRELUDE.strip() not in server.prelude or server.proc is None:
+        return None
+    before = server.log_text().count("TETHER_CENSUS ")
+    os.kill(server.pid, signal.SIGUSR2)
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        lines = [ln for ln in server.log_text().splitlines() if ln.startswith("TETHER_CENSUS ")]
+        if len(lines) > before:
+            data = orjson.loads(lines[-1][len("TETHER_CENSUS ") :])
+            await asyncio.sleep(0.2)
+            data["rss_mib"] = round(server.rss() / 2**20, 1)
+            return data
+    return None
+
+
+async def run_load(
+    server: ServerProcess,
+    *,
+    connections: int = 1000,
+    rolling: int = 200,
+    grpc_sessions: int = 20,
+    duration_s: float = 60.0,
+    turns: int = 3,
+    stored_every: int = 4,
+    connect_concurrency: int = 50,
+    cycles: int = 1,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """The campaign against a running `ServerProcess` started with `LOAD_KEYS` (see `main`):
+    `cycles` times (open, roll, check the store, close). The figures of the first cycle are the
+    headline; `cycles[*]` has every cycle's, so memory can be compared cycle to cycle."""
+    say = progress or (lambda _m: None)
+    raise_fd_limit()
+    # Warm the server (tokenizer, codecs, store) with one rollout, then take the baseline.
+    from websockets.asyncio.client import connect
+
+    async with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {LOAD_KEYS[0]}"}) as warm:
+        await _ws_rollout(warm, LOAD_KEYS[0], LoadStats(), 0, True, turns)
+    base = await wait_rss_settled(server)
+    base_census = await census(server)
+    runs = []
+    for cycle in range(cycles):
+        out = await _one_cycle(server, base, connections=connections, rolling=rolling, grpc_sessions=grpc_sessions,
+                               duration_s=duration_s, turns=turns, stored_every=stored_every,
+                               connect_concurrency=connect_concurrency, say=say)  # fmt: skip
+        out["census_after_close"] = await census(server)
+        runs.append(out)
+        say(f"load: cycle {cycle + 1}: {out['turns']} turns, {out['errors']} errors, RSS after close "
+            f"{out['rss_after_close_mib']} MiB")  # fmt: skip
+    result = dict(runs[0])
+    result["census_baseline"] = base_census
+    result["cycles"] = [
+        {k: r[k] for k in ("turns", "errors", "stored_responses", "stored_missing", "rss_peak_mib",
+                           "rss_after_close_mib", "census_after_close")}
+        for r in runs
+    ]  # fmt: skip
+    result["errors"] = sum(r["errors"] for r in runs)
+    result["stored_missing"] = sum(r["stored_missing"] for r in runs)
+    return result
+
+
+async def _one_cycle(server: ServerProcess, base: int, *, connections: int, rolling: int, grpc_sessions: int,
+                     duration_s: float, turns: int, stored_every: int, connect_concurrency: int,
+                     say: Any) -> dict[str, Any]:  # fmt: skip
+    import grpc
+    import httpx
+    from websockets.asyncio.client import connect
+
+    stats = LoadStats()
+    out: dict[str, Any] = {"connections": connections, "rolling": rolling, "grpc_sessions": grpc_sessions,
+                           "duration_s": duration_s, "turns_per_rollout": turns}  # fmt: skip
+    out["rss_baseline_mib"] = round(base / 2**20, 1)
+    conns: list[Any] = [None] * connections
+    sem = asyncio.Semaphore(connect_concurrency)
+
+    async def open_one(i: int) -> None:
+        key = LOAD_KEYS[i % len(LOAD_KEYS)]
+        async with sem:
+            try:
+                conns[i] = await connect(server.ws_url, additional_headers={"Authorization": f"Bearer {key}"},
+                                         max_size=None, open_timeout=60)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001
+                stats.error("ws connect", repr(exc))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(open_one(i) for i in range(connections)))
+    out["connect_seconds"] = round(time.perf_counter() - t0, 2)
+    opened = sum(1 for c in conns if c is not None)
+    out["connections_opened"] = opened
+    idle_rss = await wait_rss_settled(server)
+    out["rss_all_open_mib"] = round(idle_rss / 2**20, 1)
+    out["kib_per_idle_connection"] = round((idle_rss - base) / max(1, opened) / 1024, 1)
+    say(f"load: {opened} connections open, {out['kib_per_idle_connection']} KiB each; rolling {rolling} + "
+        f"{grpc_sessions} gRPC for {duration_s:g}s")  # fmt: skip
+
+    stop_at = time.monotonic() + duration_s
+    peak = idle_rss
+
+    async def roller(i: int) -> None:
+        conn, key = conns[i], LOAD_KEYS[i % len(LOAD_KEYS)]
+        n = 0
+        while conn is not None and time.monotonic() < stop_at:
+            n += 1
+            try:
+                await _ws_rollout(conn, key, stats, n, n % stored_every == 0, turns)
+            except Exception as exc:  # noqa: BLE001
+                stats.error(f"ws {type(exc).__name__}", repr(exc))
+                return
+
+    async def sampler() -> None:
+        nonlocal peak
+        while time.monotonic() < stop_at:
+            peak = max(peak, server.rss())
+            await asyncio.sleep(0.5)
+
+    started = time.perf_counter()
+    async with grpc.aio.insecure_channel(server.grpc_target) as channel:
+        tasks = [roller(i) for i in range(min(rolling, connections))]
+        tasks += [_grpc_rollouts(channel, LOAD_KEYS[i % len(LOAD_KEYS)], stats, stop_at, turns, stored_every)
+                  for i in range(grpc_sessions)]  # fmt: skip
+
+        async def guarded(coro: Any) -> None:
+            try:
+                await coro
+            except Exception as exc:  # noqa: BLE001
+                stats.error(f"grpc {type(exc).__name__}", repr(exc))
+
+        await asyncio.gather(sampler(), *(guarded(t) for t in tasks))
+    elapsed = time.perf_counter() - started
+    out.update(
+        turns=stats.turns,
+        rollouts=stats.rollouts,
+        events=stats.events,
+        seconds=round(elapsed, 1),
+        turns_per_s=round(stats.turns / elapsed, 1),
+        events_per_s=round(stats.events / elapsed, 1),
+        overhead_ms={"samples": len(stats.overhead_ms), "p50": _pct(stats.overhead_ms, 0.5),
+                     "p99": _pct(stats.overhead_ms, 0.99), "max": _pct(stats.overhead_ms, 1.0)},
+        client_turn_ms={"p50": _pct(stats.turn_ms, 0.5), "p99": _pct(stats.turn_ms, 0.99)},
+        rss_peak_mib=round(peak / 2**20, 1),
+    )  # fmt: skip
+
+    # Every stored response is retrievable.
+    missing: list[str] = []
+    hsem = asyncio.Semaphore(16)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as h:
+
+        async def check(key: str, rid: str) -> None:
+            async with hsem:
+                r = await h.get(f"/v1/responses/{rid}", headers={"Authorization": f"Bearer {key}"})
+                if r.status_code != 200 or r.json().get("id") != rid:
+                    missing.append(rid)
+
+        await asyncio.gather(*(check(k, r) for k, r in stats.stored))
+    out["stored_responses"] = len(stats.stored)
+    out["stored_missing"] = len(missing)
+
+    # Close everything; memory should come back near the baseline.
+    await asyncio.gather(*(c.close() for c in conns if c is not None), return_exceptions=True)
+    conns.clear()
+    await asyncio.sleep(1.0)
+    after = await wait_rss_settled(server, within_s=20)
+    out["rss_after_close_mib"] = round(after / 2**20, 1)
+    out["rss_after_close_delta_mib"] = round((after - base) / 2**20, 1)
+    out["errors"] = stats.error_count
+    out["error_classes"] = stats.errors
+    out["error_examples"] = stats.error_examples
+    return out
+
+
+def load_server(tmp: Path, *, sim: dict[str, Any] | None = None) -> ServerProcess:
+    """`tether serve` for the campaign: simulated model, SQLite store in `tmp`, LOAD_KEYS."""
+    config = write_config(
+        tmp / "load.toml", store=f"sqlite:///{tmp / 'load.db'}",
+        sim={"ttft_ms": 5, "tokens_per_s": 4000, "output_tokens": 24, "tick_ms": 2, **(sim or {})},
+    )  # fmt: skip
+    keys = ",".join(f"{k}:load{i}" for i, k in enumerate(LOAD_KEYS))
+    return ServerProcess(
+        config, env={"TETHER_API_KEYS": keys}, log_path=tmp / "server.log", prelude=CENSUS_PRELUDE
+    )
+
+
+def format_load(out: dict[str, Any]) -> str:
+    rows = [
+        ("connections open / rolling / gRPC", f"{out['connections_opened']} / {out['rolling']} / {out['grpc_sessions']}"),
+        ("duration (s)", out["seconds"]),
+        ("turns, rollouts, events", f"{out['turns']}, {out['rollouts']}, {out['events']}"),
+        ("throughput", f"{out['turns_per_s']} turns/s, {out['events_per_s']} events/s"),
+        ("server overhead per turn (ms)", f"p50 {out['overhead_ms']['p50']}, p99 {out['overhead_ms']['p99']}, "
+                                          f"max {out['overhead_ms']['max']} ({out['overhead_ms']['samples']} turns)"),
+        ("client-seen turn time (ms)", f"p50 {out['client_turn_ms']['p50']}, p99 {out['client_turn_ms']['p99']}"),
+        ("errors", f"{out['errors']} {out['error_classes'] or ''}"),
+        ("RSS baseline / all open / peak (MiB)", f"{out['rss_baseline_mib']} / {out['rss_all_open_mib']} / {out['rss_peak_mib']}"),
+        ("memory per idle connection (KiB)", out["kib_per_idle_connection"]),
+        ("stored responses / missing", f"{out['stored_responses']} / {out['stored_missing']}"),
+        ("RSS after close (MiB), delta vs baseline", f"{out['rss_after_close_mib']} ({out['rss_after_close_delta_mib']:+})"),
+    ]  # fmt: skip
+    base = out.get("census_baseline")
+    if base:
+        rows.append(
+            ("baseline after malloc_trim: RSS (MiB), gc objects", f"{base['rss_mib']}, {base['objects']}")
+        )
+    for n, c in enumerate(out.get("cycles", []), 1):
+        cen = c.get("census_after_close") or {}
+        rows.append(
+            (
+                f"cycle {n}: turns, errors, missing, peak/after close (MiB)",
+                f"{c['turns']}, {c['errors']}, {c['stored_missing']}, {c['rss_peak_mib']}/{c['rss_after_close_mib']}",
+            )
+        )
+        if cen:
+            rows.append(
+                (
+                    f"cycle {n}: after malloc_trim: RSS (MiB), gc objects",
+                    f"{cen['rss_mib']}, {cen['objects']}",
+                )
+            )
+    width = max(len(k) for k, _ in rows)
+    lines = ["tether load campaign (loopback, simulated backend)", ""]
+    lines += [f"{k:<{width}}  {v}" for k, v in rows]
+    for ex in out.get("error_examples", []):
+        lines.append(f"  error: {ex}")
+    return "\n".join(lines)
+
+
+def _run_main(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
+    out = asyncio.run(run_load(server, connections=args.connections, rolling=args.rolling, grpc_sessions=args.grpc,
+                               duration_s=args.duration, turns=args.turns, stored_every=args.stored_every,
+                               cycles=args.cycles, progress=lambda m: print(m, file=sys.stderr, flush=True)))  # fmt: skip
+    out["server_exit_code"] = server.terminate(60)
+    out["server_log_errors"] = sum(1 for line in server.log_text().splitlines() if '"level":"error"' in line)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tether.lab.load", description="A bounded load campaign on loopback."
+    )
+    p.add_argument("--connections", type=int, default=1000)
+    p.add_argument("--rolling", type=int, default=200, help="connections that run rollouts back to back")
+    p.add_argument("--grpc", type=int, default=20, help="gRPC Session streams running rollouts")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of rollouts")
+    p.add_argument("--turns", type=int, default=3, help="turns per rollout (a tool loop)")
+    p.add_argument("--stored-every", type=int, default=4, help="every N-th rollout uses store=true")
+    p.add_argument(
+        "--cycles", type=int, default=1, help="open/roll/close cycles (memory compared cycle to cycle)"
+    )
+    p.add_argument("--rss-slack-mib", type=float, default=64.0, help="allowed RSS above baseline after close")
+    p.add_argument(
+        "--server-prelude", metavar="FILE", help="Python run in the server before it starts (experiments)"
+    )
+    p.add_argument("--json", help="write the results as JSON to this file")
+    args = p.parse_args(argv)
+    raise_fd_limit()
+    with tempfile.TemporaryDirectory(prefix="tether-load-") as tmp:
+        server = load_server(Path(tmp))
+        if args.server_prelude:
+            server.prelude += "\n" + Path(args.server_prelude).read_text()
+        with server:
+            out = _run_main(server, args)
+    print(format_load(out))
+    print(
+        f"server exit code after SIGTERM: {out['server_exit_code']}, error lines in its log: {out['server_log_errors']}"
+    )
+    if args.json:
+        Path(args.json).write_text(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+    ok = (out["errors"] == 0 and out["stored_missing"] == 0 and out["server_exit_code"] == 0
+          and out["rss_after_close_delta_mib"] <= args.rss_slack_mib)  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

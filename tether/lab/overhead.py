@@ -13,8 +13,8 @@ and reports the server's own `server_timing` per turn:
   - `streaming`: the rest (turning model chunks into events and queueing them: proportional to
     the turn's output tokens, not to the history).
 
-Turn k is sampled over turns k-2..k+2 of every repetition (turn 1, the session's first create with
-no cached state, exactly); p50 and p99 over those samples. Flatness is p50(turn k) / p50(turn 2),
+Turn k is sampled over turns k-2..k+2 of every repetition, tool-call turns only (turn 1, the
+session's first create with no cached state, and turn 2 exactly); p50 and p99 over those samples. Flatness is p50(turn k) / p50(turn 2),
 turn 2 being the first cached continuation.
 """
 
@@ -34,7 +34,8 @@ TURNS = (1, 2, 10, 50, 100)
 
 
 def samples(results: list[RolloutResult], variant: str, turn: int, last: int) -> dict[str, list[float]]:
-    lo, hi = (turn, turn) if turn <= 2 else (max(3, turn - 2), min(last, turn + 2))
+    # Tool-call turns only: the last turn (the final text answer) streams a different amount.
+    lo, hi = (turn, turn) if turn <= 2 else (max(3, turn - 2), min(last - 1, turn + 2))
     out: dict[str, list[float]] = {"overhead": [], "pre_backend": [], "streaming": []}
     for r in results:
         if r.variant != variant or not r.ok:
@@ -96,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
     last = bench.workloads[workload].turns
     rows, text = table(bench.results, variants, last)
     header = (f"Per-turn server overhead, {workload} ({last} turns) at {speed}, {phase.reps} repetitions; "
-              f"turn k = turns k-2..k+2 (turn 1 and 2 exact)")
+              f"turn k = turns k-2..k+2 of the tool-call turns (turn 1 and 2 exact)")
     (out / "overhead.json").write_text(json.dumps({"command": data["command"], "machine": data["machine"],
                                                    "header": header, "rows": rows}, indent=1))
     (out / "overhead.md").write_text(header + "\n\n" + text + "\n")

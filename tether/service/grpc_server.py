@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -164,6 +165,11 @@ def _options(config: TetherConfig) -> list[tuple[str, int]]:
     ]
 
 
+def _server_credentials(config: TetherConfig) -> grpc.ServerCredentials:
+    key, cert = Path(config.server.tls_key).read_bytes(), Path(config.server.tls_cert).read_bytes()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
 async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticator: Authenticator) -> GrpcServer:
     server = grpc.aio.server(options=_options(config))
     service_pb2_grpc.add_ResponsesServiceServicer_to_server(ResponsesServicer(api, authenticator), server)
@@ -172,9 +178,7 @@ async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticat
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.server.grpc_host}:{config.server.grpc_port}"
     if config.server.tls_cert and config.server.tls_key:
-        with open(config.server.tls_key, "rb") as k, open(config.server.tls_cert, "rb") as c:
-            credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
-        port = server.add_secure_port(address, credentials)
+        port = server.add_secure_port(address, _server_credentials(config))
     else:
         port = server.add_insecure_port(address)
     await server.start()
