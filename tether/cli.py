@@ -106,13 +106,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str):
-    def run(args: argparse.Namespace) -> int:
-        return importlib.import_module(module).main(args.rest)
-
-    return run
-
-
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether",
@@ -140,17 +133,20 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="store URL (default: from config)")
     p.set_defaults(run=cmd_migrate)
 
-    for name, module, help_text in (
-        ("bench", "tether.lab.bench", "transport comparison experiments (run `tether bench --help`)"),
-        ("fuzz", "tether.lab.fuzz", "fuzz every surface of a running Tether (run `tether fuzz --help`)"),
-    ):
-        p = sub.add_parser(name, help=help_text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(run=_delegate(module))
+    # Listed for --help; main() hands their arguments to their own parsers.
+    sub.add_parser("bench", help="transport comparison experiments (run `tether bench --help`)", add_help=False)
+    sub.add_parser("fuzz", help="fuzz every surface of a running Tether (run `tether fuzz --help`)", add_help=False)
     return parser
 
 
+# Commands whose own parser takes every argument after the command name.
+_DELEGATED = {"bench": "tether.lab.bench", "fuzz": "tether.lab.fuzz"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _DELEGATED:  # argparse's REMAINDER would reject a leading --flag
+        return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
     args = make_parser().parse_args(argv)
     return args.run(args)
 

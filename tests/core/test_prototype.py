@@ -1,20 +1,15 @@
 """The prototype shape (`tether.core.prototype`): one response across a whole tool loop.
 
-Once the session calls the module (`[server] prototype_append = true`), these tests run with the
-flag. Until then the `wired` fixture installs the two documented hooks with monkeypatch, exactly
-where the session will call them: the turn factory of `_lane_loop` and the `append` arm of `send`.
+The session calls the module's hooks when `[server] prototype_append = true`; every engine here is
+started with that flag.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tests.conftest import make_config
-from tether.config import ServerConfig
 from tether.core import prototype
-from tether.core import session as session_module
 from tether.core.engine import Engine
 from tether.protocol.json_codec import event_to_json
 from tether.responses.v1 import items_pb2, service_pb2
@@ -23,27 +18,11 @@ SCRIPT = {
     "sim": {"kind": "simulated", "ttft_ms": 1, "tokens_per_s": 0, "script": "coding_agent.json"},
 }
 TERMINAL = {"completed", "failed", "incomplete"}
-WIRED = "prototype_append" in ServerConfig.__dataclass_fields__  # the session calls the hooks itself
-
-
-@pytest.fixture
-def wired(monkeypatch):
-    if WIRED:
-        return
-    monkeypatch.setattr(session_module, "Turn", prototype.turn_for)
-    original = session_module.Session.send
-
-    async def send(self, request):
-        if request.WhichOneof("event") == "append" and prototype.deliver_append(self, request.append):
-            return
-        await original(self, request)
-
-    monkeypatch.setattr(session_module.Session, "send", send)
 
 
 async def _engine(**limits) -> Engine:
-    top = {"server": {"grpc_port": 0, "bridge_port": 0, "prototype_append": True}} if WIRED else {}
-    return await Engine.start(make_config("memory://", backends=SCRIPT, limits=limits or None, **top))
+    server = {"grpc_port": 0, "bridge_port": 0, "prototype_append": True}
+    return await Engine.start(make_config("memory://", backends=SCRIPT, limits=limits or None, server=server))
 
 
 def _create(include_proto: bool = True, **fields) -> service_pb2.SessionRequest:
@@ -100,7 +79,7 @@ def _is_terminal(ev) -> bool:
     return ev.WhichOneof("event") in TERMINAL or ev.WhichOneof("event") == "error"
 
 
-async def test_one_response_for_the_whole_tool_loop(wired):
+async def test_one_response_for_the_whole_tool_loop():
     engine = await _engine()
     try:
         session = await engine.open_session("t", transport="test")
@@ -159,7 +138,7 @@ async def test_one_response_for_the_whole_tool_loop(wired):
         await engine.aclose()
 
 
-async def test_without_the_include_a_turn_completes_at_the_tool_call(wired):
+async def test_without_the_include_a_turn_completes_at_the_tool_call():
     engine = await _engine()
     try:
         session = await engine.open_session("t", transport="test")
@@ -174,7 +153,7 @@ async def test_without_the_include_a_turn_completes_at_the_tool_call(wired):
         await engine.aclose()
 
 
-async def test_append_for_unknown_calls_falls_through_and_bad_items_get_an_error(wired):
+async def test_append_for_unknown_calls_falls_through_and_bad_items_get_an_error():
     engine = await _engine()
     try:
         session = await engine.open_session("t", transport="test")
@@ -200,7 +179,7 @@ async def test_append_for_unknown_calls_falls_through_and_bad_items_get_an_error
         await engine.aclose()
 
 
-async def test_no_append_times_out(wired):
+async def test_no_append_times_out():
     engine = await _engine(idle_timeout_s=0.3)
     try:
         session = await engine.open_session("t", transport="test")
@@ -215,7 +194,7 @@ async def test_no_append_times_out(wired):
         await engine.aclose()
 
 
-async def test_cancel_while_waiting(wired):
+async def test_cancel_while_waiting():
     engine = await _engine()
     try:
         session = await engine.open_session("t", transport="test")

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from tether import errors
-from tether.backends.base import BackendError, BackendRequest, Finish, Usage
+from tether.backends.base import BackendError, Finish, Usage
 from tether.core.builder import OutputBuilder
 from tether.core.stages import render, validate
 from tether.core.timing import StageClock
@@ -151,53 +151,6 @@ class PrototypeTurn(Turn):
         return True
 
     # -- generation -----------------------------------------------------------------------------
-
-    def _backend_request(self, prepared: Prepared, items: list[items_pb2.Item], input_tokens: int) -> BackendRequest:
-        p = self.params
-        return BackendRequest(
-            model=prepared.route.upstream_model,
-            instructions=p.instructions if p.HasField("instructions") else None,
-            items=items,
-            tools=list(p.tools),
-            tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
-            parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
-            max_output_tokens=p.max_output_tokens if p.HasField("max_output_tokens") else None,
-            temperature=p.temperature if p.HasField("temperature") else None,
-            top_p=p.top_p if p.HasField("top_p") else None,
-            reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
-            text_format=p.text.format if p.text.HasField("format") else None,
-            user=p.user or p.safety_identifier or None,
-            prompt_cache_key=p.prompt_cache_key or None,
-            input_tokens=input_tokens,
-        )
-
-    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
-        """One backend call into `builder` (the loop of `Turn._generate`); raises BackendError or
-        CancelledError like it."""
-        stream = backend.stream(request)
-        outbox = self.session.outbox
-        waited = 0.0
-        started = time.perf_counter()
-        first = True
-        builder.finish = None
-        try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                waited += time.perf_counter() - t0
-                if first:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                    first = False
-                for ev in builder.feed(chunk):
-                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
-                    await outbox.put(ev)
-        finally:
-            await stream.aclose()
-            self.clock.add("backend_wait", waited)
-            self.clock.add("backend", time.perf_counter() - started)
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = OutputBuilder()

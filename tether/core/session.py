@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from tether import errors, ids
+from tether.core import prototype
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.outbox import Outbox, OutboxClosed
 from tether.core.stages import render
@@ -105,6 +106,8 @@ class Session:
         elif arm == "steer":
             await self._steer(request.steer)
         elif arm == "append":
+            if self.engine.config.server.prototype_append and prototype.deliver_append(self, request.append):
+                return
             await self._append(request.append)
         elif arm == "cancel":
             await self._cancel(request.cancel.response_id)
@@ -255,7 +258,10 @@ class Session:
         while lane.queue:
             params = lane.queue.popleft()
             async with self._active:
-                turn = Turn(self, params, lane)
+                if self.engine.config.server.prototype_append:
+                    turn = prototype.turn_for(self, params, lane)
+                else:
+                    turn = Turn(self, params, lane)
                 turn.task = task
                 try:
                     with tracing.turn_span(turn):

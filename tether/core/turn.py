@@ -217,13 +217,14 @@ class Turn:
 
     # -- generation -------------------------------------------------------------------------------
 
-    async def _generate(self, prepared: Prepared) -> None:
+    def _backend_request(
+        self, prepared: Prepared, items: list[items_pb2.Item], input_tokens: int
+    ) -> BackendRequest:
         p = self.params
-        builder = OutputBuilder()
-        request = BackendRequest(
+        return BackendRequest(
             model=prepared.route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
-            items=prepared.node.items(),
+            items=items,
             tools=list(p.tools),
             tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
             parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
@@ -234,14 +235,18 @@ class Turn:
             text_format=p.text.format if p.text.HasField("format") else None,
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
-            input_tokens=prepared.input_tokens,
+            input_tokens=input_tokens,
         )
-        stream = prepared.route.backend.stream(request)
+
+    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
+        """One backend call streamed into `builder` and the outbox. Raises BackendError, or
+        CancelledError when the client goes away or cancels (the upstream is closed either way)."""
+        stream = backend.stream(request)
         outbox = self.session.outbox
-        error: TetherError | None = None
         waited = 0.0
         started = time.perf_counter()
         first = True
+        builder.finish = None
         try:
             while True:
                 t0 = time.perf_counter()
@@ -256,6 +261,17 @@ class Turn:
                 for ev in builder.feed(chunk):
                     ev.stream_id, ev.response_id = self.stream_id, self.response_id
                     await outbox.put(ev)
+        finally:
+            await stream.aclose()
+            self.clock.add("backend_wait", waited)
+            self.clock.add("backend", time.perf_counter() - started)
+
+    async def _generate(self, prepared: Prepared) -> None:
+        builder = OutputBuilder()
+        request = self._backend_request(prepared, prepared.node.items(), prepared.input_tokens)
+        error: TetherError | None = None
+        try:
+            await self._stream_step(builder, prepared.route.backend, request)
         except BackendError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -264,10 +280,6 @@ class Turn:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
             error = TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
-        finally:
-            await stream.aclose()
-        self.clock.add("backend_wait", waited)
-        self.clock.add("backend", time.perf_counter() - started)
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
             self.engine.metrics.error(error.code)
@@ -276,8 +288,7 @@ class Turn:
             return
         await self._emit_all(builder.close_all("completed"))
         finish = builder.finish or Finish()
-        output = builder.output
-        output = await self._maybe_compact(prepared, builder, output, finish)
+        output = await self._maybe_compact(prepared, builder, builder.output, finish)
         status = "completed" if finish.reason in ("stop", "tool_calls") else "incomplete"
         await self._finish(prepared, output, status, finish, None)
 

@@ -6,6 +6,6 @@
   derived from them.
 - `transports/`: one module per transport behind `Transport.run_rollout(workload) -> RolloutResult`.
 - `proxy`: the loopback delay proxy; `metrics`: server_timing, /metrics and /proc figures;
-  `report`: tables, CSV and JSON; `plots`: PNG charts; `server`: the processes a run starts;
-  `shims`: lab-only stand-ins for what the core still lacks (applied only inside those processes).
+  `report`: tables, CSV and JSON; `plots`: PNG charts; `server`: the processes a run starts
+  (the real `tether serve` / `tether bridge`).
 """

@@ -203,13 +203,13 @@ class Bench:
         run.models = write_config(cfg, self.pairs(), store=store, script_dir=run.out / "scripts")
         run.config_text = cfg.read_text()
         extra = [x for s in args.set for x in ("--set", s)]
-        run.server = serve_process(cfg, run.out / "server.log", shims=args.shims, extra=extra).start()
+        run.server = serve_process(cfg, run.out / "server.log", extra=extra).start()
         run.server_pid = run.server.pid
         run.grpc_addr = f"127.0.0.1:{run.server.grpc_port}"
         run.bridge_url = run.server.bridge_url or ""
         needs_remote = any("ws-remote" in self.variants(p) for p in self.phases)
         if needs_remote:
-            run.bridge = bridge_process(run.grpc_addr, run.out / "bridge.log", shims=args.shims).start()
+            run.bridge = bridge_process(run.grpc_addr, run.out / "bridge.log").start()
             run.remote_url = run.bridge.bridge_url
 
     def stop(self) -> None:
@@ -351,8 +351,6 @@ class Bench:
             "loadavg_end": os.getloadavg(),
             "duration_s": time.time() - self.t_start,
             "baseline": BASELINE,
-            "shims": {"server": self.run.server.shims if self.run.server else None,
-                      "bridge": self.run.bridge.shims if self.run.bridge else None},
             "phases": [
                 {**asdict(p), "variants": self.variants(p), "speed_profile": asdict(self.speeds[p.speed]),
                  "workload_summary": self.workloads[p.workload].summary()}
@@ -381,8 +379,6 @@ def render_markdown(data: dict) -> str:
     lines += [f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), Python {m['python']}, loopback. "
               f"Run took {data['duration_s']:.0f} s; load average at start {data['loadavg_start'][0]:.2f}, "
               f"at end {data['loadavg_end'][0]:.2f} (anything above ~0 is another process on the machine).", ""]
-    if data["shims"]["server"]:
-        lines += [f"Lab shims in the server process: {', '.join(data['shims']['server'])} (see tether/lab/shims.py).", ""]
     lines.append(report.markdown_tables(data["summary"], data["baseline"]))
     for name, info in data["phase_info"].items():
         for i, rep in enumerate(info.get("reps", [])):
@@ -457,9 +453,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="server setting for the started Tether, e.g. limits.coalesce_ms=0 (repeatable)")
     p.add_argument("--store", help="store URL for the started server (default: SQLite in the results dir)")
-    p.add_argument("--shims", default="auto",
-                   help="lab shims for the started processes: auto (what the core lacks), none, or a list "
-                        "(json_server_timing,prototype_append,bridge_nodelay; see tether/lab/shims.py)")
     p.add_argument("--target", help="use a running Tether instead: grpc=HOST:PORT,http=URL[,remote=URL] "
                                      "(configured with --write-config's file)")
     p.add_argument("--server-pid", type=int, help="with --target: the server's pid, for CPU figures")
@@ -469,7 +462,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the discarded warm-up rollouts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
-    p.add_argument("--replot", type=Path, metavar="DIR", help="redraw the charts of an earlier run's results.json")
+    p.add_argument("--replot", type=Path, metavar="DIR",
+                   help="recompute the tables and redraw the charts of an earlier run (its results.json)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--throughput", action="store_true", help="concurrent-streams mode (see tether.lab.throughput)")
     mode.add_argument("--overhead", action="store_true", help="per-turn overhead mode (see tether.lab.overhead)")
@@ -526,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         data = json.loads((args.replot / "results.json").read_text())
         results = [RolloutResult.from_dict(d) for d in data["rollouts"]]
+        data["summary"] = report.summarize(results, data["baseline"])
+        report.write_json(args.replot / "results.json", data)
+        report.write_csvs(results, data["summary"], args.replot)
+        (args.replot / "report.md").write_text(render_markdown(data))
         for path in make_plots(data, results, args.replot):
             print(f"plot: {path}")
         return 0

@@ -15,9 +15,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# Stages a turn reports, in pipeline order (see tether/core/turn.py); `backend*` is model time.
-OVERHEAD_STAGES = ("resolve", "validate", "classify", "render", "route", "finalize", "post_inference")
-MODEL_STAGES = ("backend_ttft", "backend_wait", "backend")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 

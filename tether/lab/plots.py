@@ -126,7 +126,7 @@ def e2e_vs_speed(results: list[RolloutResult], phases: list[str], baseline: str,
 
 
 def stage_breakdown(results: list[RolloutResult], phase: str, path: Path, title: str = "") -> Path | None:
-    stages = ("resolve", "validate", "classify", "render", "route", "streaming", "post_inference")
+    stages = ("resolve", "validate", "classify", "render", "route", "streaming", "finalize", "post_inference")
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
         if r.phase == phase and r.ok:

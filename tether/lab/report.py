@@ -21,7 +21,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tether.lab.metrics import OVERHEAD_STAGES
 from tether.lab.transports.base import RolloutResult
 
 PRE_BACKEND = ("resolve", "validate", "classify", "render", "route")
@@ -53,8 +52,9 @@ def turn_overheads(r: RolloutResult) -> list[float]:
 
 def turn_stages(r: RolloutResult) -> dict[str, float]:
     """Mean ms per turn of each reported stage (plus `streaming`: overhead outside the named
-    pre-backend stages, i.e. turning chunks into events and queueing them, and `post_inference`
-    from /metrics)."""
+    pre-backend stages, i.e. turning chunks into events and queueing them; and `finalize` and
+    `post_inference` from the /metrics histogram deltas, since they run after the terminal event
+    that carries server_timing)."""
     n = len(r.turns) or 1
     sums: dict[str, float] = defaultdict(float)
     if r.whole_rollout_timing is not None:
@@ -69,9 +69,10 @@ def turn_stages(r: RolloutResult) -> dict[str, float]:
     out = {k: v / n for k, v in sums.items()}
     named = sum(out.get(k, 0.0) for k in PRE_BACKEND)
     out["streaming"] = max(0.0, overhead / n - named)
-    post = r.stage_sums.get("post_inference")
-    if post:
-        out["post_inference"] = post["seconds"] * 1000 / n
+    for stage in ("finalize", "post_inference"):  # timed after the terminal event: /metrics only
+        summed = r.stage_sums.get(stage)
+        if summed and stage not in out:
+            out[stage] = summed["seconds"] * 1000 / n
     return out
 
 
@@ -248,7 +249,7 @@ def markdown_tables(rows: list[dict], baseline: str) -> str:
         delay = f", {r0['delay_ms']:g} ms one-way delay" if r0["delay_ms"] else ""
         out.append(f"#### {phase}: {r0['workload']} at {r0['speed']}{delay}\n")
         out.append("| transport | ok | e2e p50 s | e2e p99 s | vs " + baseline + " | overhead/turn p50 ms | p99 ms "
-                   "| TTFT p50 ms | KB sent/turn | wire KB/turn c2s | server CPU ms/turn | bridge CPU | client CPU |")
+                   "| TTFT p50 ms | KB sent/turn | wire KB/turn c2s | CPU ms/turn: server | bridge | client |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in prs:
             ratio = r["e2e_vs_baseline"]
@@ -287,5 +288,5 @@ def load_results(path: Path) -> list[RolloutResult]:
     return [RolloutResult.from_dict(d) for d in data["rollouts"]]
 
 
-__all__ = ["OVERHEAD_STAGES", "check_consistency", "markdown_tables", "overhead_by_turn", "pct", "summarize",
+__all__ = ["check_consistency", "markdown_tables", "overhead_by_turn", "pct", "summarize", "turn_stages",
            "write_csvs", "write_json"]

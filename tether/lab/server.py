@@ -2,11 +2,8 @@
 subprocesses, so their CPU time and memory can be read from /proc and the client's own work never
 shares their event loop.
 
-    python -m tether.lab.server serve --config bench.toml      # = `tether serve`, plus lab shims
-    python -m tether.lab.server bridge --upstream HOST:PORT    # = `tether bridge`, plus lab shims
-
-The entry point applies the shims named in `TETHER_LAB_SHIMS` (see `tether.lab.shims`: only what
-the core still lacks), prints `LAB_SHIMS <json list>` and hands over to `tether.cli.main`.
+    python -m tether serve --config bench.toml --set server.prototype_append=true
+    python -m tether bridge --upstream HOST:PORT --port 0
 
 `write_config` renders the server configuration for a set of (workload, speed) pairs: one
 simulated backend per pair, driven by the script generated from the workload, and one model name
@@ -30,7 +27,6 @@ from tether.lab.workloads import SpeedProfile, Workload
 
 _SERVE_BANNER = re.compile(r"tether: gRPC on (\S+):(\d+)(?:, HTTP/WebSocket on (\S+))?")
 _BRIDGE_BANNER = re.compile(r"tether bridge: HTTP/WebSocket on (\S+)")
-_SHIMS_LINE = re.compile(r"^LAB_SHIMS (.*)$", re.M)
 
 
 def die_with_parent() -> None:
@@ -97,7 +93,7 @@ def write_config(
 
 @dataclass
 class TetherProcess:
-    """A Tether subprocess started through `python -m tether.lab.server`."""
+    """A Tether subprocess (`python -m tether serve` or `python -m tether bridge`)."""
 
     argv: list[str]
     log_path: Path
@@ -105,7 +101,6 @@ class TetherProcess:
     proc: subprocess.Popen | None = None
     grpc_port: int | None = None
     bridge_url: str | None = None
-    shims: list[str] = field(default_factory=list)
 
     @property
     def pid(self) -> int:
@@ -129,8 +124,6 @@ class TetherProcess:
         while time.monotonic() < deadline:
             text = self.log_path.read_text(errors="replace")
             if self._parse(text):
-                m = _SHIMS_LINE.search(text)
-                self.shims = json.loads(m.group(1)) if m else []
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.argv[3:5]} exited with {self.proc.returncode}:\n{text[-3000:]}")
@@ -162,37 +155,13 @@ class TetherProcess:
             self.proc.wait()
 
 
-def serve_process(config: Path, log_path: Path, *, shims: str = "auto", extra: list[str] | None = None) -> TetherProcess:
-    from tether.lab import shims as shim_mod
+def serve_process(config: Path, log_path: Path, *, extra: list[str] | None = None) -> TetherProcess:
+    args = ["--config", str(config), "--set", "server.prototype_append=true"]
+    return TetherProcess([sys.executable, "-m", "tether", "serve", *args, *(extra or [])], log_path)
 
-    args = ["--config", str(config)]
-    if shim_mod.prototype_wired():
-        args += ["--set", "server.prototype_append=true"]
+
+def bridge_process(upstream: str, log_path: Path) -> TetherProcess:
     return TetherProcess(
-        [sys.executable, "-m", "tether.lab.server", "serve", *args, *(extra or [])],
+        [sys.executable, "-m", "tether", "bridge", "--upstream", upstream, "--port", "0", "--log-level", "warning"],
         log_path,
-        env={"TETHER_LAB_SHIMS": shims},
     )
-
-
-def bridge_process(upstream: str, log_path: Path, *, shims: str = "auto") -> TetherProcess:
-    return TetherProcess(
-        [sys.executable, "-m", "tether.lab.server", "bridge", "--upstream", upstream, "--port", "0",
-         "--log-level", "warning"],
-        log_path,
-        env={"TETHER_LAB_SHIMS": shims},
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tether import cli
-    from tether.lab import shims
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    applied = shims.apply()
-    print("LAB_SHIMS " + json.dumps(applied), flush=True)
-    return cli.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

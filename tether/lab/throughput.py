@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace, out: Path) -> list[dict]:
         extra = [x for s in args.set for x in ("--set", s)]
         if coalesce != "default":
             extra += ["--set", f"limits.coalesce_ms={coalesce}"]
-        proc = serve_process(cfg, out / f"throughput-{tag}.log", shims=args.shims, extra=extra).start()
+        proc = serve_process(cfg, out / f"throughput-{tag}.log", extra=extra).start()
         try:
             addr = f"127.0.0.1:{proc.grpc_port}"
             await run_round(addr, proc.pid, min(10, args.streams), coalesce)  # warm-up

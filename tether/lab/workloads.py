@@ -16,7 +16,7 @@ File format (TOML or JSON)::
 
     name = "bugfix20"
     description = "..."
-    instructions = "instructions/coding_agent.md"   # a file next to the workloads, or literal text
+    instructions = "instructions/coding_agent.toml" # a file next to the workloads (its `text`), or text
     tools = "tools/coding.json"                     # a file, or an inline list of tool objects
     user_prompt = "..."
     final_text = "Fixed: ..."                       # literal start of the final answer
@@ -420,11 +420,18 @@ def available() -> list[str]:
 
 
 def _resolve_file_or_text(value: Any, base: Path, what: str) -> Any:
+    """A file next to the workloads (`.json`: its value; `.toml`: its `text` key, or its `tools`
+    list; anything else: its text), or the value itself."""
     if isinstance(value, str) and "\n" not in value and len(value) < 300:
         p = (base / value) if not Path(value).is_absolute() else Path(value)
         if p.is_file():
-            return p.read_text() if p.suffix != ".json" else json.loads(p.read_text())
-        if value.endswith((".md", ".txt", ".json")):
+            if p.suffix == ".json":
+                return json.loads(p.read_text())
+            if p.suffix == ".toml":
+                table = tomllib.loads(p.read_text())
+                return table["text"] if "text" in table else table.get("tools", table)
+            return p.read_text()
+        if value.endswith((".md", ".txt", ".json", ".toml")):
             raise ValueError(f"{what}: file not found: {p}")
     return value
 

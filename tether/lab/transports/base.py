@@ -22,6 +22,7 @@ latency and client-observed TTFT (request sent -> first delta event), bytes sent
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -286,9 +287,7 @@ class Transport(ABC):
             if got != expected:
                 raise RolloutError(f"turn {index}: the model called {got}, the workload says {expected}")
             outputs = [function_call_output(c.call_id, workload.tool_output(index, j)) for j, c in enumerate(out.calls)]
-            if step.tool_ms:
-                import asyncio
-
+            if step.tool_ms:  # the workload's simulated tool execution time
                 await asyncio.sleep(step.tool_ms / 1000)
             if self.mode == "full":
                 if out.output is None:

@@ -1,7 +1,7 @@
 """`ws-proto`: the WebSocket prototype shape (see `tether.core.prototype`): the whole rollout is
 ONE response; after each tool call the server waits (`response.awaiting_input`) and the client
 sends the outputs with `response.append` on the same socket. Needs the server's
-`prototype_append` (the bench's server has it, through the flag or the lab shim)."""
+`[server] prototype_append = true` (the bench's server sets it)."""
 
 from __future__ import annotations
 
