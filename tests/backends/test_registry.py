@@ -13,7 +13,9 @@ from tether.backends.simulated import SimulatedBackend
 
 
 def test_kinds():
-    assert backend_kinds() == ["cerebras", "openai", "simulated"]
+    # Other suites may register test adapters in the same process; the built-ins are always there.
+    kinds = backend_kinds()
+    assert kinds == sorted(kinds) and {"cerebras", "openai", "simulated"} <= set(kinds)
 
 
 def test_build_each_kind(monkeypatch):

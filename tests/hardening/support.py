@@ -55,6 +55,7 @@ __all__ = [
     "Firehose",
     "recv_turn",
     "sdk_lenient",
+    "local_adapter",
 ]
 
 CREATE: dict[str, Any] = {"type": "response.create", "model": "sim-model", "input": "hi", "store": False}
@@ -147,7 +148,8 @@ async def full_stack(
     """An engine with both front ends: the bridge (HTTP + WS) and the gRPC service."""
     config = config or make_config()
     auth = Authenticator({KEY_A: "a", KEY_B: "b"} if keys is None else keys)
-    engine = await Engine.start(config)
+    with local_adapters(spec.kind for spec in config.backends.values()):
+        engine = await Engine.start(config)
     bridge = grpc_server = None
     try:
         bridge = await start_bridge(engine, auth, config)
@@ -159,6 +161,30 @@ async def full_stack(
         if grpc_server is not None:
             await grpc_server.stop(0)
         await engine.aclose()
+
+
+# Backend adapters only these tests use: registered while an engine is built, then removed, so
+# the process-wide registry (which tests/backends checks) never sees them otherwise.
+TEST_ADAPTERS: dict[str, type] = {}
+
+
+def local_adapter(cls: type) -> type:
+    TEST_ADAPTERS[cls.kind] = cls  # type: ignore[attr-defined]
+    return cls
+
+
+@contextlib.contextmanager
+def local_adapters(kinds: Any) -> Any:
+    from tether.backends import registry
+
+    added = [kind for kind in set(kinds) if kind in TEST_ADAPTERS and kind not in registry.backend_kinds()]
+    for kind in added:
+        register_backend(TEST_ADAPTERS[kind])
+    try:
+        yield
+    finally:
+        for kind in added:
+            registry._ADAPTERS.pop(kind, None)
 
 
 def with_models(config: TetherConfig, models: dict[str, dict[str, Any]]) -> TetherConfig:
@@ -213,7 +239,7 @@ class Firehose:
         return None
 
 
-register_backend(Firehose)
+local_adapter(Firehose)
 
 
 def dumps(obj: Any) -> str:

@@ -13,12 +13,12 @@ import grpc
 import pytest
 
 from tether.backends.base import BackendRequest, Capabilities, TextDelta
-from tether.backends.registry import register_backend
 
 from .support import (
     CREATE,
     KEY_A,
     full_stack,
+    local_adapter,
     make_config,
     recv_json,
     recv_turn,
@@ -103,7 +103,7 @@ class Broken:
         return None
 
 
-register_backend(Broken)
+local_adapter(Broken)
 
 
 @pytest.mark.xfail(

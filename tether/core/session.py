@@ -92,6 +92,7 @@ class Session:
         self._last_activity = self._created
         self._expiring = False
         self._closed = False
+        self._close_task: asyncio.Future | None = None
         self._watchdog = asyncio.create_task(self._watch(), name=f"tether-watch-{self.id}")
 
     # -- transport-facing API (SessionHandle) -----------------------------------------------------
@@ -124,9 +125,17 @@ class Session:
             yield batch
 
     async def close(self) -> None:
-        """The client went away: cancel everything and free the connection's state."""
-        if self._closed:
-            return
+        """The client went away: cancel everything and free the connection's state.
+
+        Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
+        down) does not leave the session half-closed."""
+        if self._close_task is None:
+            if self._closed:  # ended by the server (end()) already
+                return
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
         self._closed = True
         self._watchdog.cancel()
         tasks = [lane.worker for lane in self._lanes.values() if lane.worker]
