@@ -61,6 +61,8 @@ class ServerConfig:
     ws_ping_interval_s: float = 20.0
     http_keep_alive_s: float = 5.0
     http_max_header_bytes: int = 16 * 1024
+    http_header_timeout_s: float = 10.0  # a request head must arrive within this (slow-loris)
+    http_body_timeout_s: float = 60.0  # and its body within this after the head
     shutdown_grace_s: float = 30.0
     workers: int = 1
     metrics_port: int = 0  # 0 = metrics served on the bridge port at /metrics

@@ -40,11 +40,6 @@ async def test_http_query_integers_out_of_int32_range_are_400() -> None:
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_type"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service: an undecodable Session message kills the request pump silently; the stream "
-    "never ends (grpc_server.ResponsesServicer.Session; docs/reliability.md F1)",
-)
 async def test_grpc_session_undecodable_message_ends_the_stream() -> None:
     async with full_stack() as stack, stack.channel() as channel:
         ident = lambda b: b  # noqa: E731
@@ -62,11 +57,6 @@ async def test_grpc_session_undecodable_message_ends_the_stream() -> None:
             call.cancel()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service: an undecodable unary request is answered UNKNOWN and logged at ERROR with a "
-    "traceback, not INVALID_ARGUMENT (docs/reliability.md F1)",
-)
 async def test_grpc_unary_undecodable_request_is_invalid_argument() -> None:
     async with full_stack() as stack, stack.channel() as channel:
         ident = lambda b: b  # noqa: E731
@@ -106,12 +96,6 @@ class Broken:
 local_adapter(Broken)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: an exception from a backend that is not a BackendError escapes Turn._generate; the "
-    "lane loop logs 'turn crashed' and emits an `error` (server_error), and the created response "
-    "never gets a terminal event (docs/reliability.md F2)",
-)
 async def test_backend_bug_ends_the_turn_with_response_failed() -> None:
     config = make_config()
     with_backend(config, "broken", "hardening_broken")
@@ -135,11 +119,6 @@ BAD_PARAMS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/codec: enum and shape fields are not validated; they are echoed in the Response, "
-    "which the SDK then cannot parse (docs/reliability.md F4)",
-)
 @pytest.mark.parametrize("name,extra", BAD_PARAMS, ids=[n for n, _ in BAD_PARAMS])
 async def test_invalid_enum_and_shape_fields_are_rejected(name: str, extra: dict[str, Any]) -> None:
     async with full_stack() as stack, stack.ws() as conn:

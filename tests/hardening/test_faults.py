@@ -329,11 +329,6 @@ async def test_bridge_connections_disable_nagle() -> None:
         writer.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: render.encode passes whole item texts to bpe_openai, which refuses >= 1,000,000 "
-    "characters (ValueError -> 'turn crashed', server_error; docs/reliability.md, 'Findings')",
-)
 @pytest.mark.parametrize("side", ["input", "output"])
 async def test_items_of_a_million_characters(side: str) -> None:
     """Within `max_item_bytes` (8 MiB) an item of 1,000,000+ characters is legal, in the input or

@@ -510,11 +510,6 @@ async def test_tokens_per_minute_per_key() -> None:
             assert (await recv_response(other))[-1]["type"] == "response.completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: RateLimiter._bucket stamps a new bucket after `now` was read, so refill() subtracts "
-    "and a request of exactly the per-minute budget is refused (docs/reliability.md, 'Findings')",
-)
 async def test_tokens_per_minute_exact_budget_is_admitted() -> None:
     body = {**CREATE, "input": "some input tokens to count"}
     tokens = await _count_tokens(body)

@@ -297,8 +297,10 @@ def example_from_schema(schema: Any, key: str = "", depth: int = 0) -> Any:
     if t is None:
         t = "object" if "properties" in schema else "string"
     if t == "object":
-        props = schema.get("properties") or {}
-        required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = schema.get("required")
+        required = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
         names = required or list(props)
         return {n: example_from_schema(props.get(n, {}), n, depth + 1) for n in names}
     if t == "array":

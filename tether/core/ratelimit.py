@@ -25,8 +25,9 @@ class Bucket:
         self.level = self.per_minute
 
     def refill(self, now: float) -> None:
-        self.level = min(self.per_minute, self.level + (now - self.stamp) * self.per_minute / 60.0)
-        self.stamp = now
+        elapsed = max(0.0, now - self.stamp)  # a new bucket is stamped after `now` was read
+        self.level = min(self.per_minute, self.level + elapsed * self.per_minute / 60.0)
+        self.stamp = max(self.stamp, now)
 
     def wait_for(self, amount: float) -> float:
         """Seconds until `amount` can be paid (0 when it can be paid now)."""

@@ -274,6 +274,9 @@ class Turn:
             await self._stream_step(builder, prepared.route.backend, request)
         except BackendError as exc:
             error = exc
+        except Exception:  # a bug in a backend adapter fails this response, not the session
+            log.exception("backend %s failed", prepared.route.backend.name)
+            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.", status=502)
         except asyncio.CancelledError:
             if not self.cancel_requested:
                 raise

@@ -48,6 +48,46 @@ def grpc_status_for(status: int) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
 
 
+class _Undecodable:
+    """A request message that did not parse; its handler answers INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - google.protobuf.message.DecodeError
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+class _LenientRegistrar:
+    """Registers the generated handlers with deserializers that never raise. Otherwise grpc
+    answers an undecodable unary request UNKNOWN and logs it at ERROR with a traceback, and an
+    undecodable Session message kills the request pump silently, leaving the stream open."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass  # the registered handlers below serve every method
+
+    def add_registered_method_handlers(self, service: str, handlers) -> None:
+        fixed = {name: h._replace(request_deserializer=_lenient(h.request_deserializer)) for name, h in handlers.items()}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, fixed),))
+        self._server.add_registered_method_handlers(service, fixed)
+
+
+def _malformed(request: _Undecodable) -> TetherError:
+    return TetherError(errors.INVALID_REQUEST, f"The request message could not be decoded: {request.error}")
+
+
 async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
     context.set_trailing_metadata(
         (("tether-error-code", exc.code), ("tether-error-param", exc.param or ""), ("tether-error-status", str(exc.status)))
@@ -64,7 +104,9 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         metadata = dict(context.invocation_metadata() or ())
         return self._auth.tenant_for(metadata.get("authorization"))
 
-    async def _unary(self, context, call):
+    async def _unary(self, context, call, request=None):
+        if isinstance(request, _Undecodable):
+            await _abort(context, _malformed(request))
         try:
             return await call(self._tenant(context))
         except TetherError as exc:
@@ -78,9 +120,15 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await _abort(context, exc)
             return
 
+        malformed: list[_Undecodable] = []
+
         async def pump() -> None:
             try:
                 async for request in request_iterator:
+                    if isinstance(request, _Undecodable):
+                        malformed.append(request)
+                        await session.close()  # ends events(); the stream ends INVALID_ARGUMENT
+                        return
                     await session.send(request)
             except TetherError:
                 return  # the session closed under us; the writer ends the stream
@@ -102,10 +150,14 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             await session.close()
+        if malformed:
+            await _abort(context, _malformed(malformed[0]))
         if last and last[-1].error.error.code == errors.SERVER_SHUTTING_DOWN:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
 
     async def CreateResponse(self, request, context):
+        if isinstance(request, _Undecodable):
+            await _abort(context, _malformed(request))
         try:
             tenant = self._tenant(context)
         except TetherError as exc:
@@ -119,26 +171,26 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         async def call(tenant):
             return service_pb2.GetResponseResponse(response=await self._api.get_response(tenant, request.response_id))
 
-        return await self._unary(context, call)
+        return await self._unary(context, call, request)
 
     async def DeleteResponse(self, request, context):
-        return await self._unary(context, lambda tenant: self._api.delete_response(tenant, request.response_id))
+        return await self._unary(context, lambda tenant: self._api.delete_response(tenant, request.response_id), request)
 
     async def ListInputItems(self, request, context):
-        return await self._unary(context, lambda tenant: self._api.list_input_items(tenant, request))
+        return await self._unary(context, lambda tenant: self._api.list_input_items(tenant, request), request)
 
     async def CountInputTokens(self, request, context):
         async def call(tenant):
             count = await self._api.count_input_tokens(tenant, request.params)
             return service_pb2.CountInputTokensResponse(input_tokens=count)
 
-        return await self._unary(context, call)
+        return await self._unary(context, call, request)
 
     async def CompactResponse(self, request, context):
-        return await self._unary(context, lambda tenant: self._api.compact(tenant, request.params))
+        return await self._unary(context, lambda tenant: self._api.compact(tenant, request.params), request)
 
     async def ListModels(self, request, context):
-        return await self._unary(context, lambda tenant: self._api.list_models(tenant))
+        return await self._unary(context, lambda tenant: self._api.list_models(tenant), request)
 
 
 class GrpcServer:
@@ -172,7 +224,7 @@ def _server_credentials(config: TetherConfig) -> grpc.ServerCredentials:
 
 async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticator: Authenticator) -> GrpcServer:
     server = grpc.aio.server(options=_options(config))
-    service_pb2_grpc.add_ResponsesServiceServicer_to_server(ResponsesServicer(api, authenticator), server)
+    service_pb2_grpc.add_ResponsesServiceServicer_to_server(ResponsesServicer(api, authenticator), _LenientRegistrar(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -26,11 +26,30 @@ def _encoding() -> bpe_openai.Encoding:
     return bpe_openai.get_encoding(ENCODING)
 
 
+_MAX_ENCODE_CHARS = 500_000  # bpe_openai refuses one call of >= 1,000,000 characters
+
+
 def encode(text: str) -> array:
-    """Token ids of `text` (special-token text is encoded as ordinary text, never as control)."""
+    """Token ids of `text` (special-token text is encoded as ordinary text, never as control).
+
+    A text of `_MAX_ENCODE_CHARS` or more is encoded in pieces cut after whitespace (a cut can
+    change a token at the boundary; the count stays exact to within that)."""
     if not text:
         return array("I")
-    return array("I", _encoding().encode_ordinary(text))
+    enc = _encoding()
+    if len(text) < _MAX_ENCODE_CHARS:
+        return array("I", enc.encode_ordinary(text))
+    out = array("I")
+    start, n, half = 0, len(text), _MAX_ENCODE_CHARS // 2
+    while start < n:
+        end = min(n, start + _MAX_ENCODE_CHARS)
+        if end < n:
+            cut = max(text.rfind(" ", start + half, end), text.rfind("\n", start + half, end))
+            if cut > start:
+                end = cut + 1
+        out.extend(enc.encode_ordinary(text[start:end]))
+        start = end
+    return out
 
 
 def render_item(item: items_pb2.Item) -> str:

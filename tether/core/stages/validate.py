@@ -20,6 +20,13 @@ STREAM_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
 _ROLES = {"user", "developer", "system", "assistant"}
 _FUNCTION_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _TOOL_CHOICE_MODES = {"auto", "none", "required"}
+# Enumerated fields echoed in the Response: the values the Responses API (and its SDKs) accept.
+_FORMAT_TYPES = {"text", "json_schema", "json_object"}
+_EFFORTS = {"none", "minimal", "low", "medium", "high", "xhigh"}
+_SUMMARIES = {"auto", "concise", "detailed"}
+_VERBOSITY = {"low", "medium", "high"}
+_TRUNCATION = {"auto", "disabled"}
+_SERVICE_TIERS = {"auto", "default", "flex", "scale", "priority"}
 
 
 def check_stream_id(stream_id: str) -> None:
@@ -71,6 +78,7 @@ def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) ->
     _check_tools(params)
     if params.tool_choice.WhichOneof("choice") == "mode" and params.tool_choice.mode not in _TOOL_CHOICE_MODES:
         raise TetherError(errors.INVALID_REQUEST, "'tool_choice' must be auto, none or required.", param="tool_choice")
+    _check_enums(params)
     for i, cm in enumerate(params.context_management):
         if cm.type != "compaction":
             raise TetherError(
@@ -82,6 +90,58 @@ def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) ->
                 errors.INVALID_REQUEST, "compact_threshold must be at least 1000.",
                 param=f"context_management[{i}].compact_threshold",
             )
+
+
+def _enum(value: str, allowed: set[str], param: str) -> None:
+    if value not in allowed:
+        raise TetherError(
+            errors.INVALID_REQUEST, f"Invalid value for '{param}': expected one of {', '.join(sorted(allowed))}.",
+            param=param,
+        )
+
+
+def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
+    """Fields the Response echoes: only values a client (and its SDK) can read back."""
+    if params.HasField("text"):
+        if params.text.HasField("format"):
+            fmt = params.text.format
+            _enum(fmt.type, _FORMAT_TYPES, "text.format.type")
+            if fmt.type == "json_schema":
+                if not fmt.name:
+                    raise TetherError(
+                        errors.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'text.format.name'.",
+                        param="text.format.name",
+                    )
+                try:
+                    schema = orjson.loads(fmt.schema_json) if fmt.schema_json else None
+                except orjson.JSONDecodeError:
+                    schema = None
+                if not isinstance(schema, dict):
+                    raise TetherError(
+                        errors.INVALID_REQUEST, "'text.format.schema' must be a JSON Schema object.",
+                        param="text.format.schema",
+                    )
+        if params.text.HasField("verbosity"):
+            _enum(params.text.verbosity, _VERBOSITY, "text.verbosity")
+    if params.HasField("reasoning"):
+        if params.reasoning.HasField("effort"):
+            _enum(params.reasoning.effort, _EFFORTS, "reasoning.effort")
+        if params.reasoning.HasField("summary"):
+            _enum(params.reasoning.summary, _SUMMARIES, "reasoning.summary")
+    if params.tool_choice.WhichOneof("choice") == "other_json":
+        try:
+            choice = orjson.loads(params.tool_choice.other_json)
+        except orjson.JSONDecodeError:
+            choice = None
+        if not isinstance(choice, dict) or not isinstance(choice.get("type"), str):
+            raise TetherError(
+                errors.INVALID_REQUEST, "'tool_choice' must be auto, none, required or an object with a 'type'.",
+                param="tool_choice",
+            )
+    if params.truncation:
+        _enum(params.truncation, _TRUNCATION, "truncation")
+    if params.service_tier:
+        _enum(params.service_tier, _SERVICE_TIERS, "service_tier")
 
 
 def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
