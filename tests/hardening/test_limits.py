@@ -420,11 +420,6 @@ async def test_connection_lifetime_lets_the_turn_in_flight_finish() -> None:
         assert conn.close_code == 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: Session.end cancels turns still running after the grace without a terminal event "
-    "(docs/reliability.md, 'Findings'); passes once the cut turn ends with response.incomplete",
-)
 async def test_connection_lifetime_past_the_grace_ends_the_response() -> None:
     cfg = make_config(
         {"tokens_per_s": 20, "output_tokens": 60}, connection_lifetime_s=0.3, lifetime_grace_s=0.2
@@ -436,7 +431,9 @@ async def test_connection_lifetime_past_the_grace_ends_the_response() -> None:
             while True:
                 events.append(await recv_json(conn, within=30))
         assert events[-1]["error"]["code"] == "websocket_connection_limit_reached"
-        assert any(is_terminal(e) for e in events), [e["type"] for e in events]
+        terminal = [e for e in events if is_terminal(e)]
+        assert [e["type"] for e in terminal] == ["response.failed"], [e["type"] for e in events]
+        assert terminal[0]["response"]["error"]["code"] == "websocket_connection_limit_reached"
 
 
 async def test_idle_timeout_spares_an_active_connection() -> None:

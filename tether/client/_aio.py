@@ -363,7 +363,11 @@ class _Conn:
                     self.lane_active[lane].remove(p)
                 if response.status in ("completed", "incomplete"):
                     self.session.lane(lane).last_response_id = rid
-                p.stream._end(response=response)
+                if arm == "failed" and response.error.code in RETRY_CODES:
+                    # The server ended the connection mid-generation: the turn is to be redone.
+                    p.stream._end(error=ConnectionLost(response.error.code, response.error.message))
+                else:
+                    p.stream._end(response=response)
                 self._close_if_idle()
             return
         if arm != "error":

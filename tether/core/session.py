@@ -426,9 +426,18 @@ class Session:
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            if pending:
+                # Past the grace: cut the running turns so each still ends with a terminal event
+                # (`response.failed` carrying `reason`'s code, which clients treat as "redo").
+                for turn in list(self._turns.values()):
+                    turn.cut_reason = reason
+                    turn.cancel_requested = True
+                for task in pending:
+                    task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=1.0)
+                if pending:  # a turn blocked on a full outbox: its client is not reading
+                    self.outbox.close()
+                await asyncio.gather(*pending, return_exceptions=True)
         # Another replica may be asked to continue these responses as soon as the client sees
         # this last event: their store writes land first.
         await asyncio.gather(

@@ -68,6 +68,7 @@ class Turn:
         self.steers: list[list[items_pb2.Item]] = []
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
+        self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -282,7 +283,9 @@ class Turn:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
-            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
+            error = self.cut_reason or TetherError(
+                errors.CANCELLED, "The response was cancelled by the client.", status=499
+            )
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
             self.engine.metrics.error(error.code)
