@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from tether.compaction_codec import effective_context
+from tether.core.stages import render
 from tether.responses.v1 import items_pb2, response_pb2
 
 
@@ -28,6 +30,11 @@ class Segment:
     key: str
     item: items_pb2.Item
     tokens: array
+
+    @staticmethod
+    def of(key: str, item: items_pb2.Item, text: str | None = None) -> Segment:
+        """Render and tokenise `item` (`text`: its rendering, when the caller already has it)."""
+        return Segment(key, item, render.encode(render.render_item(item) if text is None else text))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -60,6 +67,15 @@ class Node:
             findings=(parent.findings if parent else 0) + findings,
             nbytes=nbytes,
         )
+
+    @staticmethod
+    def continue_with(parent: Node | None, segments: tuple[Segment, ...], findings: int = 0) -> Node:
+        """`parent` extended by `segments`; a compaction item among them starts a new window
+        (no parent) holding what `effective_context` keeps, its tokens reused."""
+        if not any(s.item.WhichOneof("item") == "compaction" for s in segments):
+            return Node.extend(parent, segments, findings)
+        prefix = parent.all_segments() if parent else []
+        return Node.extend(None, tuple(effective_context([*prefix, *segments], lambda s: s.item)), findings)
 
     def all_segments(self) -> list[Segment]:
         """Every segment of the chain, oldest first (a pointer walk; no copying of items)."""

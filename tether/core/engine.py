@@ -26,6 +26,7 @@ from tether.core.session import Session
 from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
+from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
@@ -137,13 +138,8 @@ class Engine:
         self.metrics.hydration(hydrated is not None)
         if hydrated is None:
             return None
-        inputs = [Segment(k.key, k.item, render.encode(render.render_item(k.item))) for k in hydrated.inputs]
-        outputs = [Segment(k.key, k.item, render.encode(render.render_item(k.item))) for k in hydrated.outputs]
-        input_node = Node.extend(None, tuple(effective_context(inputs, lambda s: s.item)))
-        if any(s.item.WhichOneof("item") == "compaction" for s in outputs):
-            context = Node.extend(None, tuple(effective_context([*inputs, *outputs], lambda s: s.item)))
-        else:
-            context = Node.extend(input_node, tuple(outputs))
+        input_node = Node.continue_with(None, tuple(Segment.of(k.key, k.item) for k in hydrated.inputs))
+        context = Node.continue_with(input_node, tuple(Segment.of(k.key, k.item) for k in hydrated.outputs))
         return CachedResponse(
             response=hydrated.response,
             input_node=input_node,
@@ -255,10 +251,7 @@ class Engine:
         if params.input:
             items.extend(params.input)
         elif params.HasField("input_text"):
-            item = items_pb2.Item()
-            item.message.role = "user"
-            item.message.content.add().input_text.text = params.input_text
-            items.append(item)
+            items.append(user_message(params.input_text))
         return items
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:

@@ -30,7 +30,7 @@ from tether.core.outbox import Outbox, OutboxClosed
 from tether.core.stages import render
 from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
-from tether.core.turn import Turn
+from tether.core.turn import Turn, user_message
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
@@ -163,7 +163,7 @@ class Session:
         except OutboxClosed:
             pass
 
-    async def resolve_parent(self, response_id: str) -> tuple[CachedResponse | None, bool]:
+    async def resolve_parent(self, response_id: str, *, lane: str) -> tuple[CachedResponse | None, bool]:
         """(state, from_cache) for previous_response_id: connection cache first, then the store."""
         if not response_id:
             return None, False
@@ -175,7 +175,7 @@ class Session:
             self.engine.metrics.cache_lookup(hit=True)
             return entry, True
         self.engine.metrics.cache_lookup(hit=False)
-        entry = await self.engine.hydrate(self.tenant, response_id, lane=self._current_lane_name())
+        entry = await self.engine.hydrate(self.tenant, response_id, lane=lane)
         if entry is None:
             raise TetherError(
                 errors.PREVIOUS_RESPONSE_NOT_FOUND,
@@ -219,10 +219,6 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    def _current_lane_name(self) -> str:
-        task = asyncio.current_task()
-        return getattr(task, "tether_lane", "") if task else ""
-
     async def _enqueue(self, params: request_pb2.ResponseCreateParams) -> None:
         stream_id = params.stream_id
         try:
@@ -260,7 +256,6 @@ class Session:
         lane.queue.append(params)
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
-            lane.worker.tether_lane = stream_id  # type: ignore[attr-defined]
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
@@ -323,10 +318,7 @@ class Session:
         turn = self._turns.get(target)
         items = list(steer.input)
         if not items and steer.HasField("input_text"):
-            item = items_pb2.Item()
-            item.message.role = "user"
-            item.message.content.add().input_text.text = steer.input_text
-            items = [item]
+            items = [user_message(steer.input_text)]
         problem = None
         if turn is None:
             problem = (

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from tether import errors, ids
 from tether.backends.base import BackendError, BackendRequest, Finish
-from tether.compaction_codec import effective_context, encode_payload
+from tether.compaction_codec import encode_payload
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
 from tether.core.postinference import PostJob
@@ -110,7 +110,7 @@ class Turn:
         with clock.stage("validate"):
             validate.validate_params(params, limits)
         with clock.stage("resolve"):
-            parent, from_cache = await session.resolve_parent(params.previous_response_id)
+            parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
         parent_node = parent.context_node if parent else None
         new_items = self._new_items()
         with clock.stage("validate"):
@@ -121,17 +121,11 @@ class Turn:
             findings = self.engine.classify(texts)
         with clock.stage("render"):
             new_segments = tuple(
-                Segment(ids.new_id("itm"), item, render.encode(text)) for item, text in zip(new_items, texts, strict=True)
+                Segment.of(ids.new_id("itm"), item, text) for item, text in zip(new_items, texts, strict=True)
             )
-            if any(item.WhichOneof("item") == "compaction" for item in new_items):
-                # A compaction item in the input starts a new window: rebuild from the kept segments.
-                prefix = parent_node.all_segments() if parent_node else []
-                window = effective_context([*prefix, *new_segments], lambda s: s.item)
-                node = Node.extend(None, tuple(window), findings)
-                reused = 0
-            else:
-                node = Node.extend(parent_node, new_segments, findings)
-                reused = parent_node.token_count if (parent_node and from_cache) else 0
+            node = Node.continue_with(parent_node, new_segments, findings)
+            # The prefix is reused only when it came from this connection and was not compacted away.
+            reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
             header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
             input_tokens = header_tokens + node.token_count
             cached_tokens = reused + (header_tokens if header_cached else 0)
@@ -161,10 +155,7 @@ class Turn:
         if params.input:
             items = list(params.input)
         elif params.HasField("input_text"):
-            item = items_pb2.Item()
-            item.message.role = "user"
-            item.message.content.add().input_text.text = params.input_text
-            items = [item]
+            items = [user_message(params.input_text)]
         else:
             items = []
         for steer in self.lane.take_pending_steer(params.previous_response_id):
@@ -397,11 +388,8 @@ class Turn:
 
     def _state_after(self, prepared: Prepared, output: list) -> tuple[tuple[Segment, ...], Node]:
         """The output as rendered segments, and the context a continuation builds on."""
-        out_segments = tuple(Segment(item_key(item), item, render.encode(render.render_item(item))) for item in output)
-        if any(s.item.WhichOneof("item") == "compaction" for s in out_segments):
-            window = effective_context([*prepared.node.all_segments(), *out_segments], lambda s: s.item)
-            return out_segments, Node.extend(None, tuple(window))
-        return out_segments, Node.extend(prepared.node, out_segments)
+        out_segments = tuple(Segment.of(item_key(item), item) for item in output)
+        return out_segments, Node.continue_with(prepared.node, out_segments)
 
     def _remember(self, prepared: Prepared, status: str, error: TetherError | None, context: Node) -> None:
         """Put the finished response into the connection cache (or evict its parent on error)."""
@@ -454,6 +442,14 @@ class Turn:
         entry = self.session.cache.get(parent_id)
         if entry is not None and entry.lane == self.lane.name:
             self.session.cache.evict(parent_id, reason="error")
+
+
+def user_message(text: str) -> items_pb2.Item:
+    """A plain-string input (`"input": "hi"`) as the one user message it stands for."""
+    item = items_pb2.Item()
+    item.message.role = "user"
+    item.message.content.add().input_text.text = text
+    return item
 
 
 def item_key(item: items_pb2.Item) -> str:
