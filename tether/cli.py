@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from tether import __version__
-from tether.config import TetherConfig, load_config, set_path
+from tether.config import TetherConfig, load_config, set_path, validate
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,13 +35,17 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> TetherConfig:
-    cfg = load_config(args.config)
+    try:
+        cfg = load_config(args.config)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"tether: configuration: {exc}") from None
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"--set expects SECTION.KEY=VALUE, got {item!r}")
         try:
             set_path(cfg, key.strip().split("."), value.strip())
+            validate(cfg)
         except (ValueError, AttributeError) as exc:
             raise SystemExit(f"--set {item}: {exc}") from None
     server = cfg.server
@@ -59,8 +63,18 @@ def build_config(args: argparse.Namespace) -> TetherConfig:
     return cfg
 
 
+def _as_program(args: argparse.Namespace, cfg: TetherConfig) -> None:
+    """When this is the `tether` program itself (not `main([...])` called in-process), switch to
+    the configured allocator first: a re-exec, so it must come before anything starts."""
+    if args.as_program:
+        from tether.memory import exec_with_allocator
+
+        exec_with_allocator(cfg.server.allocator)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    _as_program(args, cfg)
     if args.no_bridge:
         cfg.server.bridge = False
     from tether.logging_setup import setup_logging
@@ -81,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_bridge(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    _as_program(args, cfg)
     from tether.logging_setup import setup_logging
 
     setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
@@ -144,10 +159,14 @@ _DELEGATED = {"bench": "tether.lab.bench", "fuzz": "tether.lab.fuzz"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `tether` program (`argv` None: the command line of this process), or one command run
+    in-process with `argv` (which never re-executes the process; see `_as_program`)."""
+    as_program = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in _DELEGATED:  # argparse's REMAINDER would reject a leading --flag
         return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
     args = make_parser().parse_args(argv)
+    args.as_program = as_program
     return args.run(args)
 
 

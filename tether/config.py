@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.memory import ALLOCATORS
+
 
 @dataclass
 class Limits:
@@ -69,6 +71,14 @@ class ServerConfig:
     # The WebSocket "prototype" shape (tether/core/prototype.py): a create that includes
     # "tether:prototype_append" stays open across tool calls, fed by response.append.
     prototype_append: bool = False
+    # Process memory (tether/memory.py): `tether serve`/`tether bridge` re-execute once on this
+    # allocator so that memory freed after connections close goes back to the OS: "auto" =
+    # jemalloc where the system has it (as fast as pymalloc), else glibc "malloc" (more CPU per
+    # turn); "pymalloc" keeps CPython's (fastest, but keeps its peak). PYTHONMALLOC, if set, wins.
+    allocator: str = "auto"
+    # How often to check whether to give memory back (after at least as many sessions closed as
+    # remain open: gc + malloc_trim); 0 = never.
+    memory_reclaim_interval_s: float = 10.0
 
 
 @dataclass
@@ -115,6 +125,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         data = tomllib.loads(Path(path).read_text())
     cfg = from_dict(data)
     apply_env(cfg, os.environ if env is None else env)
+    validate(cfg)
     return cfg
 
 
@@ -136,9 +147,16 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
             setattr(cfg, key, data.pop(key))
     if data:
         raise ValueError(f"unknown configuration keys: {sorted(data)}")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TetherConfig) -> None:
+    """The checks a setting's type cannot express; run after every source (file, env, --set)."""
     if cfg.store_durability not in ("overlap", "before_terminal"):
         raise ValueError("store_durability must be 'overlap' or 'before_terminal'")
-    return cfg
+    if cfg.server.allocator not in ALLOCATORS:
+        raise ValueError(f"server.allocator must be one of {', '.join(ALLOCATORS)}")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

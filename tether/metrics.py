@@ -26,6 +26,7 @@ from prometheus_client import (
 )
 
 from tether.core.timing import StageClock
+from tether.memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -62,6 +63,15 @@ class Metrics:
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
         self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
+        self.memory_reclaims = Counter(
+            "tether_memory_reclaims", "Runs of gc + malloc_trim after connections closed", registry=r
+        )
+        self.memory_reclaimed_bytes = Counter(
+            "tether_memory_reclaimed_bytes", "Resident memory given back to the OS by those runs", registry=r
+        )
+        self.memory_reclaim_seconds = Counter("tether_memory_reclaim_seconds", "Time spent in those runs", registry=r)
+        self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
+        self.allocator.labels(allocator_in_use()).set(1)
         # Pre-create the label sets every scrape should show, so dashboards see zeros, not gaps.
         for kind in ("input", "cached", "output", "reasoning"):
             self.tokens.labels(kind)
@@ -79,6 +89,11 @@ class Metrics:
 
     def session_closed(self, transport: str) -> None:
         self.connections.labels(transport).dec()
+
+    def memory_reclaimed(self, seconds: float, released_bytes: int) -> None:
+        self.memory_reclaims.inc()
+        self.memory_reclaimed_bytes.inc(released_bytes)
+        self.memory_reclaim_seconds.inc(seconds)
 
     def turn_started(self) -> None:
         self.active_responses.inc()

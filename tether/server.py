@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.engine import Engine
+from tether.memory import MemoryReclaimer
 from tether.observability.health import ReadinessChecker
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
 from tether.service.grpc_server import GrpcServer, start_grpc_server
@@ -27,6 +28,7 @@ class Running:
     bridge: object | None  # tether.bridge.server.BridgeServer
     readiness: ReadinessChecker | None = None
     metrics: MetricsServer | None = None
+    reclaimer: MemoryReclaimer | None = None
 
     @property
     def grpc_port(self) -> int:
@@ -37,6 +39,8 @@ class Running:
         return getattr(self.bridge, "port", None)
 
     async def stop(self, grace: float) -> None:
+        if self.reclaimer is not None:
+            await self.reclaimer.stop()
         if self.readiness is not None:
             await self.readiness.stop()
         await self.grpc.health.enter_graceful_shutdown()
@@ -71,7 +75,12 @@ async def start(config: TetherConfig) -> Running:
         from tether.bridge.server import start_bridge
 
         bridge = await start_bridge(engine, auth, config)
-    return Running(engine, grpc_server, bridge, readiness, metrics)
+    reclaimer = MemoryReclaimer(
+        lambda: (len(engine.sessions), engine.sessions_closed),
+        config.server.memory_reclaim_interval_s,
+        engine.metrics.memory_reclaimed,
+    ).start()
+    return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer)
 
 
 async def serve_forever(config: TetherConfig) -> None:

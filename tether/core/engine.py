@@ -56,6 +56,7 @@ class Engine:
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
+        self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
         self._stopping = False
 
     @classmethod
@@ -108,6 +109,7 @@ class Engine:
         if session in self.sessions:
             self.sessions.discard(session)
             self._per_tenant[session.tenant] -= 1
+            self.sessions_closed += 1
             self.metrics.session_closed(session.transport)
 
     # -- shared stage helpers ---------------------------------------------------------------------

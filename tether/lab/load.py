@@ -5,7 +5,8 @@
 What it does, in order:
 
 1. starts `tether serve` (simulated backend, SQLite store in a temporary folder, both ports on
-   127.0.0.1:0) unless `--target` names a running one, and reads its RSS from /proc (baseline);
+   127.0.0.1:0), warms it with one rollout, waits for its memory reclaimer to run
+   (`tether/memory.py`, seen in `/metrics`) and reads its RSS from /proc (baseline);
 2. opens `--connections` WebSocket connections and keeps them open; `--rolling` of them run
    rollouts back to back for `--duration` seconds: a tool loop (create with a tool -> the model
    calls it -> the client sends the tool output with `previous_response_id` -> a text answer),
@@ -15,8 +16,10 @@ What it does, in order:
    p50/p99, which excludes the model's time), errors (anything but a completed turn: must be 0),
    memory per idle connection ((RSS with all connections open - baseline) / connections), peak RSS;
 4. retrieves every `store=true` response over HTTP (`GET /v1/responses/{id}`): all must be there;
-5. closes every connection and waits for the server's RSS to settle: it must come back near its
-   baseline (`--rss-slack-mib`).
+5. closes every connection, waits for the server's own memory reclaimer to run and its RSS to
+   settle: it must come back near its baseline (`--rss-slack-mib`; on `allocator = "pymalloc"`
+   it does not, see docs/reliability.md "Load"). Then the census (a prelude
+   the campaign installs; SIGUSR2) counts live objects after its own gc and heap purge.
 
 The client is one asyncio process; the server another (its CPU and memory are its own). File
 descriptors: each connection costs one in each process, so the soft `RLIMIT_NOFILE` is raised to
@@ -46,6 +49,8 @@ from typing import Any
 
 import orjson
 
+from tether.config import ServerConfig
+
 _BANNER = re.compile(r"tether: gRPC on (\S+):(\d+)(?:, HTTP/WebSocket on http://(\S+):(\d+)/v1)?")
 
 FAST_SIM = {"ttft_ms": 1, "tokens_per_s": 4000, "output_tokens": 24, "tick_ms": 2}
@@ -72,6 +77,16 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def write_config(path: Path, *, store: str, sim: dict[str, Any] | None = None, extra: str = "") -> Path:
@@ -125,7 +140,7 @@ class ServerProcess:
         if self.config is not None:
             cli += ["--config", str(self.config)]
         cli += self.args
-        launcher = "import sys\nfrom tether.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+        launcher = "import sys\nfrom tether.cli import main\nsys.exit(main())\n"
         if self.prelude:
             return [sys.executable, "-c", self.prelude + "\n" + launcher, *cli]
         return [sys.executable, "-m", "tether.cli", *cli]
@@ -204,6 +219,32 @@ async def wait_rss_settled(proc: ServerProcess, *, within_s: float = 10.0, step_
             return now
         last = now
     return last
+
+
+async def server_metric(server: ServerProcess, name: str) -> float:
+    """The sum of one metric's samples (every label set) in the server's /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as h:
+        text = (await h.get(f"{server.base_url}/metrics")).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+async def rss_after_reclaim(server: ServerProcess, interval_s: float, *, within_s: float = 60.0) -> int:
+    """The server's settled RSS once every session is gone and its memory reclaimer has had two
+    checks since (it checks every `interval_s` and runs once closes outnumber open sessions: a
+    run in the middle of a wave of closes is followed by one for the rest)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await server_metric(server, "tether_connections") == 0:
+            break
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(2 * interval_s + 0.5)
+    return await wait_rss_settled(server)
+
+
+RECLAIM_INTERVAL_S = ServerConfig().memory_reclaim_interval_s  # the server's default
 
 
 # -- the campaign ----------------------------------------------------------------------------------
@@ -354,14 +395,12 @@ async def _grpc_rollouts(
 
 
 CENSUS_PRELUDE = """
-import collections, ctypes, gc, json, signal, sys
+import collections, gc, json, signal, sys
 def _tether_census(signum, frame):
+    from tether.memory import trim_heap
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
-    try:
-        trimmed = ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        trimmed = -1
+    trimmed = trim_heap()
     sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()),
                      "top": counts.most_common(15), "trimmed": trimmed}) + "\\n")
     sys.stderr.flush()
@@ -370,8 +409,8 @@ signal.signal(signal.SIGUSR2, _tether_census)
 
 
 async def census(server: ServerProcess) -> dict[str, Any] | None:
-    """Ask a server started with `CENSUS_PRELUDE` for a gc object census (it also runs
-    `malloc_trim(0)`, so the RSS read afterwards is what the process really holds)."""
+    """Ask a server started with `CENSUS_PRELUDE` for a gc object census (it also purges the C
+    heap, `tether.memory.trim_heap`, so the RSS read afterwards is what the process really holds)."""
     if CENSUS_PRELUDE.strip() not in server.prelude or server.proc is None:
         return None
     before = server.log_text().count("TETHER_CENSUS ")
@@ -398,11 +437,13 @@ async def run_load(
     stored_every: int = 4,
     connect_concurrency: int = 50,
     cycles: int = 1,
+    reclaim_interval_s: float = RECLAIM_INTERVAL_S,
     progress: Any = None,
 ) -> dict[str, Any]:
     """The campaign against a running `ServerProcess` started with `LOAD_KEYS` (see `main`):
     `cycles` times (open, roll, check the store, close). The figures of the first cycle are the
-    headline; `cycles[*]` has every cycle's, so memory can be compared cycle to cycle."""
+    headline; `cycles[*]` has every cycle's, so memory can be compared cycle to cycle.
+    `reclaim_interval_s` is the server's `server.memory_reclaim_interval_s` (`load_server` sets it)."""
     say = progress or (lambda _m: None)
     raise_fd_limit()
     # Warm the server (tokenizer, codecs, store) with one rollout, then take the baseline.
@@ -410,13 +451,14 @@ async def run_load(
 
     async with connect(server.ws_url, additional_headers={"Authorization": f"Bearer {LOAD_KEYS[0]}"}) as warm:
         await _ws_rollout(warm, LOAD_KEYS[0], LoadStats(), 0, True, turns)
-    base = await wait_rss_settled(server)
+    base = await rss_after_reclaim(server, reclaim_interval_s)
     base_census = await census(server)
     runs = []
     for cycle in range(cycles):
         out = await _one_cycle(server, base, connections=connections, rolling=rolling, grpc_sessions=grpc_sessions,
                                duration_s=duration_s, turns=turns, stored_every=stored_every,
-                               connect_concurrency=connect_concurrency, say=say)  # fmt: skip
+                               connect_concurrency=connect_concurrency, reclaim_interval_s=reclaim_interval_s,
+                               say=say)  # fmt: skip
         out["census_after_close"] = await census(server)
         runs.append(out)
         say(f"load: cycle {cycle + 1}: {out['turns']} turns, {out['errors']} errors, RSS after close "
@@ -435,7 +477,7 @@ async def run_load(
 
 async def _one_cycle(server: ServerProcess, base: int, *, connections: int, rolling: int, grpc_sessions: int,
                      duration_s: float, turns: int, stored_every: int, connect_concurrency: int,
-                     say: Any) -> dict[str, Any]:  # fmt: skip
+                     reclaim_interval_s: float, say: Any) -> dict[str, Any]:  # fmt: skip
     import grpc
     import httpx
     from websockets.asyncio.client import connect
@@ -487,7 +529,7 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
             peak = max(peak, server.rss())
             await asyncio.sleep(0.5)
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds(server.pid)
     async with grpc.aio.insecure_channel(server.grpc_target) as channel:
         tasks = [roller(i) for i in range(min(rolling, connections))]
         tasks += [_grpc_rollouts(channel, LOAD_KEYS[i % len(LOAD_KEYS)], stats, stop_at, turns, stored_every)
@@ -500,7 +542,7 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
                 stats.error(f"grpc {type(exc).__name__}", repr(exc))
 
         await asyncio.gather(sampler(), *(guarded(t) for t in tasks))
-    elapsed = time.perf_counter() - started
+    elapsed, server_cpu = time.perf_counter() - started, cpu_seconds(server.pid) - cpu_started
     out.update(
         turns=stats.turns,
         rollouts=stats.rollouts,
@@ -508,6 +550,7 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
         seconds=round(elapsed, 1),
         turns_per_s=round(stats.turns / elapsed, 1),
         events_per_s=round(stats.events / elapsed, 1),
+        server_cpu_ms_per_turn=round(server_cpu * 1000 / max(1, stats.turns), 3),
         overhead_ms={"samples": len(stats.overhead_ms), "p50": _pct(stats.overhead_ms, 0.5),
                      "p99": _pct(stats.overhead_ms, 0.99), "max": _pct(stats.overhead_ms, 1.0)},
         client_turn_ms={"p50": _pct(stats.turn_ms, 0.5), "p99": _pct(stats.turn_ms, 0.99)},
@@ -529,11 +572,13 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
     out["stored_responses"] = len(stats.stored)
     out["stored_missing"] = len(missing)
 
-    # Close everything; memory should come back near the baseline.
+    # Close everything; memory should come back near the baseline, by the server's own doing
+    # (its memory reclaimer), not the census's gc and purge.
+    runs_before = await server_metric(server, "tether_memory_reclaims_total")
     await asyncio.gather(*(c.close() for c in conns if c is not None), return_exceptions=True)
     conns.clear()
-    await asyncio.sleep(1.0)
-    after = await wait_rss_settled(server, within_s=20)
+    after = await rss_after_reclaim(server, reclaim_interval_s)
+    out["reclaimed_by_server"] = await server_metric(server, "tether_memory_reclaims_total") > runs_before
     out["rss_after_close_mib"] = round(after / 2**20, 1)
     out["rss_after_close_delta_mib"] = round((after - base) / 2**20, 1)
     out["errors"] = stats.error_count
@@ -542,11 +587,14 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
     return out
 
 
-def load_server(tmp: Path, *, sim: dict[str, Any] | None = None) -> ServerProcess:
+def load_server(
+    tmp: Path, *, sim: dict[str, Any] | None = None, reclaim_interval_s: float = RECLAIM_INTERVAL_S
+) -> ServerProcess:
     """`tether serve` for the campaign: simulated model, SQLite store in `tmp`, LOAD_KEYS."""
     config = write_config(
         tmp / "load.toml", store=f"sqlite:///{tmp / 'load.db'}",
         sim={"ttft_ms": 5, "tokens_per_s": 4000, "output_tokens": 24, "tick_ms": 2, **(sim or {})},
+        extra=f"\n[server]\nmemory_reclaim_interval_s = {reclaim_interval_s}\n",
     )  # fmt: skip
     keys = ",".join(f"{k}:load{i}" for i, k in enumerate(LOAD_KEYS))
     return ServerProcess(
@@ -562,17 +610,19 @@ def format_load(out: dict[str, Any]) -> str:
         ("throughput", f"{out['turns_per_s']} turns/s, {out['events_per_s']} events/s"),
         ("server overhead per turn (ms)", f"p50 {out['overhead_ms']['p50']}, p99 {out['overhead_ms']['p99']}, "
                                           f"max {out['overhead_ms']['max']} ({out['overhead_ms']['samples']} turns)"),
+        ("server CPU per turn (ms, all of its work)", out["server_cpu_ms_per_turn"]),
         ("client-seen turn time (ms)", f"p50 {out['client_turn_ms']['p50']}, p99 {out['client_turn_ms']['p99']}"),
         ("errors", f"{out['errors']} {out['error_classes'] or ''}"),
         ("RSS baseline / all open / peak (MiB)", f"{out['rss_baseline_mib']} / {out['rss_all_open_mib']} / {out['rss_peak_mib']}"),
         ("memory per idle connection (KiB)", out["kib_per_idle_connection"]),
         ("stored responses / missing", f"{out['stored_responses']} / {out['stored_missing']}"),
-        ("RSS after close (MiB), delta vs baseline", f"{out['rss_after_close_mib']} ({out['rss_after_close_delta_mib']:+})"),
+        ("RSS after close (MiB), delta vs baseline", f"{out['rss_after_close_mib']} ({out['rss_after_close_delta_mib']:+})"
+                                                     + ("" if out.get("reclaimed_by_server") else ", server did not reclaim")),
     ]  # fmt: skip
     base = out.get("census_baseline")
     if base:
         rows.append(
-            ("baseline after malloc_trim: RSS (MiB), gc objects", f"{base['rss_mib']}, {base['objects']}")
+            ("baseline after gc + heap purge: RSS (MiB), gc objects", f"{base['rss_mib']}, {base['objects']}")
         )
     for n, c in enumerate(out.get("cycles", []), 1):
         cen = c.get("census_after_close") or {}
@@ -585,7 +635,7 @@ def format_load(out: dict[str, Any]) -> str:
         if cen:
             rows.append(
                 (
-                    f"cycle {n}: after malloc_trim: RSS (MiB), gc objects",
+                    f"cycle {n}: after gc + heap purge: RSS (MiB), gc objects",
                     f"{cen['rss_mib']}, {cen['objects']}",
                 )
             )
@@ -619,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cycles", type=int, default=1, help="open/roll/close cycles (memory compared cycle to cycle)"
     )
-    p.add_argument("--rss-slack-mib", type=float, default=64.0, help="allowed RSS above baseline after close")
+    p.add_argument("--rss-slack-mib", type=float, default=32.0, help="allowed RSS above baseline after close")
     p.add_argument(
         "--server-prelude", metavar="FILE", help="Python run in the server before it starts (experiments)"
     )
