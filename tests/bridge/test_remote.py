@@ -233,7 +233,7 @@ async def test_tether_bridge_cli_subprocess() -> None:
     env = {**os.environ, "TETHER_API_KEYS": ""}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tether", "bridge", "--upstream", f"127.0.0.1:{grpc_server.port}",
-        "--port", "0", "--host", "127.0.0.1", "--log-level", "warning",
+        "--port", "0", "--host", "127.0.0.1", "--log-level", "info", "--set", "server.memory_reclaim_interval_s=0.2",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     try:
@@ -248,6 +248,10 @@ async def test_tether_bridge_cli_subprocess() -> None:
                 async for ev in conn:
                     if ev.type == "response.completed":
                         break
+        # Its one WebSocket closed, so the bridge's memory reclaimer runs (tether/memory.py).
+        assert proc.stderr is not None
+        while b'"memory reclaimed"' not in (log_line := await asyncio.wait_for(proc.stderr.readline(), 30)):
+            assert log_line, "the bridge exited"
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:

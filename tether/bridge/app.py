@@ -69,6 +69,7 @@ class BridgeApp:
             self.routes.append(_METRICS_ROUTE)
         self.draining = False
         self.connections: set[ws.WsConnection] = set()
+        self.connections_closed = 0  # ever; the standalone bridge's memory reclaimer reads it
         self._no_connections = asyncio.Event()
         self._no_connections.set()
 
@@ -77,7 +78,9 @@ class BridgeApp:
         self._no_connections.clear()
 
     def connection_closed(self, conn: ws.WsConnection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self.connections_closed += 1
         if not self.connections:
             self._no_connections.set()
 

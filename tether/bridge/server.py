@@ -30,6 +30,7 @@ from tether.bridge.app import BridgeApp
 from tether.bridge.common import BridgeContext, http_header_timeout
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
+from tether.memory import MemoryReclaimer
 
 log = logging.getLogger("tether.bridge")
 
@@ -269,8 +270,13 @@ async def serve_remote_forever(
     else:
         authenticator = ForwardingAuthenticator()
     api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
+    reclaimer: MemoryReclaimer | None = None
     try:
         bridge = await start_bridge(api, authenticator, config)
+        app = bridge.app
+        reclaimer = MemoryReclaimer(
+            lambda: (len(app.connections), app.connections_closed), config.server.memory_reclaim_interval_s
+        ).start()
         print(f"tether bridge: HTTP/WebSocket on {bridge.base_url} -> gRPC {upstream}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -280,4 +286,6 @@ async def serve_remote_forever(
         log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
         await bridge.stop(config.server.shutdown_grace_s)
     finally:
+        if reclaimer is not None:
+            await reclaimer.stop()
         await api.aclose()
