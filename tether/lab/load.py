@@ -574,11 +574,14 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
 
     # Close everything; memory should come back near the baseline, by the server's own doing
     # (its memory reclaimer), not the census's gc and purge.
-    runs_before = await server_metric(server, "tether_memory_reclaims_total")
+    names = ("tether_memory_reclaims_total", "tether_memory_reclaim_seconds_total", "tether_memory_reclaimed_bytes_total")
+    before = [await server_metric(server, n) for n in names]
     await asyncio.gather(*(c.close() for c in conns if c is not None), return_exceptions=True)
     conns.clear()
     after = await rss_after_reclaim(server, reclaim_interval_s)
-    out["reclaimed_by_server"] = await server_metric(server, "tether_memory_reclaims_total") > runs_before
+    runs, seconds, released = [await server_metric(server, n) - b for n, b in zip(names, before, strict=True)]
+    out["reclaimed_by_server"] = runs > 0
+    out["reclaims"] = {"runs": int(runs), "ms": round(seconds * 1000, 1), "released_mib": round(released / 2**20, 1)}
     out["rss_after_close_mib"] = round(after / 2**20, 1)
     out["rss_after_close_delta_mib"] = round((after - base) / 2**20, 1)
     out["errors"] = stats.error_count
@@ -618,6 +621,8 @@ def format_load(out: dict[str, Any]) -> str:
         ("stored responses / missing", f"{out['stored_responses']} / {out['stored_missing']}"),
         ("RSS after close (MiB), delta vs baseline", f"{out['rss_after_close_mib']} ({out['rss_after_close_delta_mib']:+})"
                                                      + ("" if out.get("reclaimed_by_server") else ", server did not reclaim")),
+        ("server's reclaims after the close: runs, time (ms), released (MiB)",
+         f"{out['reclaims']['runs']}, {out['reclaims']['ms']}, {out['reclaims']['released_mib']}"),
     ]  # fmt: skip
     base = out.get("census_baseline")
     if base:
