@@ -56,7 +56,8 @@ from typing import Any
 
 import orjson
 
-from tether.lab.load import ServerProcess, rss_bytes, write_config
+from tether.lab.load import ServerProcess, write_config
+from tether.lab.metrics import ProcStat
 from tether.protocol import json_codec
 
 FUZZ_KEY = "sk-fuzz-0123456789abcdef"
@@ -1313,16 +1314,16 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
     mutator = Mutator(rng, seeds, huge_rate=huge_rate)
     report = Report({name: SurfaceStats(name) for name in surfaces}, seed=seed)
     rss = report.rss
-    pid = server.pid if server else None
-    if pid:
-        rss["start"] = rss_bytes(pid)
+    proc = ProcStat(server.pid) if server else None
+    if proc:
+        rss["start"] = proc.rss_bytes()
     peak = 0
     sampling = True
 
     async def sample() -> None:
         nonlocal peak
-        while sampling and pid:
-            peak = max(peak, rss_bytes(pid))
+        while sampling and proc:
+            peak = max(peak, proc.rss_bytes())
             await asyncio.sleep(0.5)
 
     sampler = asyncio.create_task(sample())
@@ -1333,8 +1334,8 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
             await _run_surface(
                 name, target, mutator, min(warmup, iterations), warm[name], deadline_s, raw_deadline_s
             )
-        if pid:
-            rss["after_warmup"] = rss_bytes(pid)
+        if proc:
+            rss["after_warmup"] = proc.rss_bytes()
         for name in surfaces:
             say(f"fuzz: {name}: {iterations} inputs")
             stats = report.surfaces[name]
@@ -1358,9 +1359,9 @@ async def run_campaign(target: Target, *, iterations: int, seed: int, surfaces: 
         sampling = False
         sampler.cancel()
     report.health = await healthy_rollout(target)
-    if pid:
+    if proc:
         await asyncio.sleep(1.0)
-        rss["end"] = rss_bytes(pid)
+        rss["end"] = proc.rss_bytes()
         rss["peak"] = peak
         growth = rss["end"] - rss.get("after_warmup", rss["end"])
         rss["growth_after_warmup"] = growth

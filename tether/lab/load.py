@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from tether.config import ServerConfig
+from tether.lab.metrics import ProcStat, parse_prometheus
 
 _BANNER = re.compile(r"tether: gRPC on (\S+):(\d+)(?:, HTTP/WebSocket on http://(\S+):(\d+)/v1)?")
 
@@ -65,28 +66,6 @@ def raise_fd_limit() -> int:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def write_config(path: Path, *, store: str, sim: dict[str, Any] | None = None, extra: str = "") -> Path:
@@ -133,7 +112,7 @@ class ServerProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def rss(self) -> int:
-        return rss_bytes(self.pid)
+        return ProcStat(self.pid).rss_bytes()
 
     def command(self) -> list[str]:
         cli = ["serve", "--host", "127.0.0.1", "--grpc-port", "0", "--port", "0"]
@@ -224,11 +203,10 @@ async def wait_rss_settled(proc: ServerProcess, *, within_s: float = 10.0, step_
 async def server_metric(server: ServerProcess, name: str) -> float:
     """The sum of one metric's samples (every label set) in the server's /metrics."""
     import httpx
-    from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient(timeout=10) as h:
         text = (await h.get(f"{server.base_url}/metrics")).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+    return sum(v for (sample, _labels), v in parse_prometheus(text).items() if sample == name)
 
 
 async def rss_after_reclaim(server: ServerProcess, interval_s: float, *, within_s: float = 60.0) -> int:
@@ -529,7 +507,8 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
             peak = max(peak, server.rss())
             await asyncio.sleep(0.5)
 
-    started, cpu_started = time.perf_counter(), cpu_seconds(server.pid)
+    server_stat = ProcStat(server.pid)
+    started, cpu_started = time.perf_counter(), server_stat.cpu_seconds()
     async with grpc.aio.insecure_channel(server.grpc_target) as channel:
         tasks = [roller(i) for i in range(min(rolling, connections))]
         tasks += [_grpc_rollouts(channel, LOAD_KEYS[i % len(LOAD_KEYS)], stats, stop_at, turns, stored_every)
@@ -542,7 +521,7 @@ async def _one_cycle(server: ServerProcess, base: int, *, connections: int, roll
                 stats.error(f"grpc {type(exc).__name__}", repr(exc))
 
         await asyncio.gather(sampler(), *(guarded(t) for t in tasks))
-    elapsed, server_cpu = time.perf_counter() - started, cpu_seconds(server.pid) - cpu_started
+    elapsed, server_cpu = time.perf_counter() - started, server_stat.cpu_seconds() - cpu_started
     out.update(
         turns=stats.turns,
         rollouts=stats.rollouts,

@@ -115,10 +115,14 @@ class ProcStat:
         return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
     def rss_bytes(self) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
+        """Resident set size (0 when the process is gone)."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
         return 0
 
     def alive(self) -> bool:

@@ -52,6 +52,8 @@ from pathlib import Path
 
 import httpx
 
+from tether.lab.metrics import ProcStat
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NGINX_TEMPLATE = REPO_ROOT / "deploy" / "nginx" / "tether.conf"
 PG_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -107,12 +109,6 @@ def established(pid: int, port: int) -> int:
 
 def listens(pid: int, port: int) -> bool:
     return any(local == port and state == TCP_LISTEN for local, _, state in tcp_sockets(pid))
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- a Tether subprocess ------------------------------------------------------------------------------
@@ -659,12 +655,12 @@ def part_throughput(args: argparse.Namespace, workdir: Path) -> None:
             server.start().wait_ready()
             try:
                 pids = server.serving_pids()
-                cpu0 = sum(cpu_seconds(p) for p in pids)
+                cpu0 = sum(ProcStat(p).cpu_seconds() for p in pids)
                 row = run_load(
                     server.grpc_target, clients=args.clients, concurrency=args.concurrency,
                     turns=args.rollout_turns, duration=args.duration,
                 )  # fmt: skip
-                cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+                cpu = sum(ProcStat(p).cpu_seconds() for p in pids) - cpu0
             finally:
                 server.stop()
         print(
