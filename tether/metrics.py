@@ -61,6 +61,12 @@ class Metrics:
         self.tokens = Counter("tether_tokens", "Tokens", ["kind"], registry=r)
         self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
+        self.post_failures = Counter(
+            "tether_post_inference_failures",
+            "Failed store/ledger write attempts: retried (transient), repaired (a referenced item was deleted "
+            "meanwhile; written again self-contained), permanent (the response is not stored)",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
         self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
         self.memory_reclaims = Counter(
@@ -77,6 +83,8 @@ class Metrics:
             self.tokens.labels(kind)
         for result in ("found", "missing"):
             self.hydrations.labels(result)
+        for reason in ("retried", "repaired", "permanent"):
+            self.post_failures.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -127,6 +135,9 @@ class Metrics:
 
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)
+
+    def post_inference_failure(self, reason: str) -> None:
+        self.post_failures.labels(reason).inc()
 
     def cache_lookup(self, *, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).inc()

@@ -211,27 +211,20 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         return
     try:
         tenant = common.authenticate(ctx, scope["headers"])
-        ctx.acquire_connection(tenant)
-    except TetherError as err:
-        await deny(scope, send, err)
+        # The engine counts connections per key (Limits.max_connections_per_key): a 429 here.
+        session = await ctx.api.open_session(tenant, transport="websocket")
+    except Exception as exc:
+        await deny(scope, send, common.as_tether_error(exc))
         return
+    tracing.adopt_parent(scope["headers"])
+    conn = WsConnection(ctx, receive, send, session)
     try:
-        try:
-            session = await ctx.api.open_session(tenant, transport="websocket")
-        except Exception as exc:
-            await deny(scope, send, common.as_tether_error(exc))
-            return
-        tracing.adopt_parent(scope["headers"])
-        conn = WsConnection(ctx, receive, send, session)
-        try:
-            await send({"type": "websocket.accept"})
-        except BaseException:
-            await session.close()
-            raise
-        app.connection_opened(conn)
-        try:
-            await conn.run()
-        finally:
-            app.connection_closed(conn)
+        await send({"type": "websocket.accept"})
+    except BaseException:
+        await session.close()
+        raise
+    app.connection_opened(conn)
+    try:
+        await conn.run()
     finally:
-        ctx.release_connection(tenant)
+        app.connection_closed(conn)

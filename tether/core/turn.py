@@ -433,7 +433,7 @@ class Turn:
             new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
             conversation_tokens=context.token_count,
         )
-        return PostJob(usage=usage, record=record)
+        return PostJob(usage=usage, record=record, context=context)
 
     def _evict_parent_after_error(self) -> None:
         parent_id = self.params.previous_response_id
