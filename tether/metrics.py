@@ -26,6 +26,7 @@ from prometheus_client import (
 )
 
 from tether.core.timing import StageClock
+from tether.errors import CLIENT_GONE
 from tether.memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -132,6 +133,11 @@ class Metrics:
         self.tokens.labels("cached").inc(usage.cached_tokens)
         self.tokens.labels("output").inc(usage.output_tokens)
         self.tokens.labels("reasoning").inc(usage.reasoning_tokens)
+
+    def turn_abandoned(self, transport: str) -> None:
+        """A turn cut short because its client went away (see errors.CLIENT_GONE)."""
+        self.turns.labels(transport, CLIENT_GONE).inc()
+        self.errors.labels(CLIENT_GONE).inc()
 
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)

@@ -207,13 +207,17 @@ async def test_client_vanishing_mid_stream_cancels_upstream_and_frees_everything
             assert await fake.disconnected(within=10, count=3)
         # Nothing is left: sessions, connection counts, turns, cache bytes, tasks.
         await wait_for(lambda: not engine.sessions, 10)
-        await wait_for(lambda: not stack.bridge.app.connections and not stack.bridge.app.ctx.connections, 10)
+        await wait_for(lambda: not stack.bridge.app.connections, 10)
         assert metric(engine, "tether_active_responses") == 0
         assert engine.cache_budget.used == 0
         await wait_for(_no_tether_tasks, 10)
         await engine.post.flush()
         # No response was completed, so none was stored or billed.
         assert await engine.store.usage_records() == []
+        # Each abandoned turn is counted as one (they were missing from both counters).
+        for transport in ("websocket", "http", "grpc"):
+            assert metric(engine, "tether_turns_total", transport=transport, outcome="client_gone") == 1, transport
+        assert metric(engine, "tether_errors_total", code="client_gone") == 3
 
 
 def _server_socket(stack: Any, client_port: int) -> Any:

@@ -61,6 +61,14 @@ class BridgeContext:
     limits: Limits
     server: ServerConfig
 
+    def count_error(self, code: str) -> None:
+        """Count an error the bridge answers itself (a WebSocket frame that never reached the
+        session) in `tether_errors_total`, like every error the session core answers. A bridge in
+        front of a remote Tether has no engine registry here (`metrics_response` says the same)."""
+        metrics = getattr(self.api, "metrics", None)
+        if metrics is not None:
+            metrics.error(code)
+
 
 # Slow-loris bounds. Read with getattr so a `ServerConfig` without these fields (they are not
 # in tether/config.py yet) gets the defaults: the request head must arrive within
@@ -87,7 +95,7 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def authenticate(ctx: BridgeContext, headers: Iterable[tuple[bytes, bytes]]) -> str:
-    return ctx.authenticator.tenant_for(header(headers, b"authorization"))
+    return ctx.authenticator.tenant_of([v.decode("latin-1") for k, v in headers if k == b"authorization"])
 
 
 def too_large(limit: int) -> TetherError:

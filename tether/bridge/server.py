@@ -84,12 +84,20 @@ class _DenialLogFilter(logging.Filter):
     """uvicorn 0.54's websockets-sansio protocol logs "ASGI callable returned without completing
     handshake." at ERROR after every upgrade refused through the `websocket.http.response`
     extension (that path never marks the handshake complete). The bridge always either accepts or
-    answers with a status, so the line is noise on every 401/429; drop just that message."""
+    answers with a status, so the line is noise on every 401/429; drop just that message.
+
+    It also logs a text frame that is not UTF-8 with `logger.exception`: a full traceback for a
+    client's mistake (the socket is closed with 1007). Keep it as one WARNING line."""
 
     MESSAGE = "ASGI callable returned without completing handshake."
+    INVALID_UTF8 = "Invalid UTF-8 sequence received from client."
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != self.MESSAGE
+        message = record.getMessage()
+        if message == self.INVALID_UTF8:
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return message != self.MESSAGE
 
 
 _REQUEST_TIMEOUT_REPLY = raw_http_error(

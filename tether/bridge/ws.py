@@ -161,6 +161,7 @@ class WsConnection:
         await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
 
     async def _send_error(self, err: TetherError, stream_id: str = "") -> None:
+        self._ctx.count_error(err.code)
         text = common.ws_error_text(err, stream_id)
         async with self._send_lock:
             if not self._closed:

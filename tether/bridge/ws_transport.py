@@ -8,7 +8,7 @@ that act on the transport itself, where the ASGI app cannot reach.
   (a limit) or 400 `invalid_request`, and the socket closes.
 - **Writes have a deadline.** A peer that stops reading fills the socket buffers, then the
   transport's: writes pause, and a graceful close never completes because the close frame
-  cannot be flushed either. The transport's high-water mark is 0, so "paused" means "bytes the
+  cannot be flushed either. The transport's high-water mark is ~0, so "paused" means "bytes the
   kernel would not take", including those of a close. When a paused transport makes no progress
   for `ServerConfig.ws_send_timeout_s`, it is aborted; `connection_lost` then ends the ASGI
   connection (the app's blocked `send` raises, its `receive` gets `websocket.disconnect`), which
@@ -67,7 +67,8 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._stall_timer: asyncio.TimerHandle | None = None
         self._stall_size = 0
         self._held = 0  # bytes of received messages not yet taken by the app (our budget share)
-        transport.set_write_buffer_limits(high=0)
+        # Paused as soon as anything is left unsent (1, not 0: the TLS transport pauses at >= high).
+        transport.set_write_buffer_limits(high=1)
 
     def data_received(self, data: bytes) -> None:
         if self.handshake_complete and self.budget.limit:

@@ -101,6 +101,10 @@ class Turn:
                 await self._finish(prepared, [], "completed", None, None)
             else:
                 await self._generate(prepared)
+        except asyncio.CancelledError:
+            # The client went away: no terminal event, but the turn ended and is counted as such.
+            self.engine.metrics.turn_abandoned(self.session.transport)
+            raise
         finally:
             active.dec()
 
