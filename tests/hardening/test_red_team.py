@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import grpc
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
 from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
@@ -394,3 +395,30 @@ async def test_invalid_utf8_frames_log_one_line_without_a_traceback(caplog: pyte
     lines = [r for r in caplog.records if "UTF-8" in r.getMessage()]
     assert len(lines) == 3
     assert all(r.exc_info is None and r.levelname == "WARNING" for r in lines)
+
+
+# -- degraded: permessage-deflate inflation ----------------------------------------------------------
+
+
+async def test_inflation_is_capped_by_the_process_budget_during_decompression() -> None:
+    """`ws_receive_budget_bytes` (here 2 MiB) caps what a message may inflate to, below the
+    transport cap (4 x 1 MiB): a 3 MiB deflate bomb (a few KB on the wire) is refused with 1009
+    while inflating, never held whole; within the budget an oversize message is still the
+    in-band `request_too_large`; messages the budget holds are given back when the app takes
+    them (the budget reads 0 after), so ordinary traffic goes on."""
+    limit = 1024 * 1024
+    config = make_config(max_request_bytes=limit)
+    config.server.ws_receive_budget_bytes = 2 * limit
+    async with full_stack(config) as stack:
+        async with stack.ws(compression="deflate") as conn:
+            [proto] = _ws_sockets(stack)
+            await conn.send("x" * (limit + limit // 2))  # within the budget: the app refuses it in-band
+            assert (await recv_json(conn))["error"]["code"] == "request_too_large"
+            await conn.send("x" * (3 * limit))  # past the budget, under the 4 MiB transport cap
+            with pytest.raises(ConnectionClosed):
+                await recv_json(conn)
+            assert conn.close_code == 1009
+        assert proto.budget.held == 0
+        async with stack.ws(compression="deflate") as conn:
+            await send_json(conn, CREATE)
+            assert (await recv_response(conn))[-1]["type"] == "response.completed"
