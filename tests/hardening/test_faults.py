@@ -49,6 +49,7 @@ from .support import (
     recv_response,
     recv_turn,
     send_json,
+    slow_reader,
     with_backend,
     with_models,
     ws_error,
@@ -280,16 +281,8 @@ async def test_slow_client_blocks_only_its_own_stream() -> None:
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack:
         engine = stack.engine
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.port))
-        slow_conn = await connect(
-            stack.ws_url, sock=sock, additional_headers={"Authorization": f"Bearer {KEY_A}"},
-            compression=None, max_size=None, max_queue=1,
-        )  # fmt: skip
+        slow_conn, _ = await slow_reader(stack)
         try:
-            _server_socket(stack, sock.getsockname()[1]).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             await send_json(slow_conn, {**CREATE, "model": "hose"})
             [slow_session] = list(engine.sessions)
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import socket
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import grpc
 import pytest
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
@@ -37,6 +35,7 @@ from .support import (
     recv_json,
     recv_response,
     send_json,
+    slow_reader,
     with_backend,
     with_models,
 )
@@ -88,19 +87,8 @@ async def test_ws_upgrade_with_an_oversized_header_gets_431_and_closes(extra: by
 
 
 async def _stalled_client(stack: Any, key: str = KEY_A) -> Any:
-    """A WebSocket client that reads nothing after the handshake: tiny receive buffer, the
-    server's send buffer shrunk too, the client's transport paused."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.port))
-    conn = await connect(
-        stack.ws_url, sock=sock, additional_headers={"Authorization": f"Bearer {key}"},
-        compression=None, max_size=None, max_queue=1,
-    )  # fmt: skip
-    port = sock.getsockname()[1]
-    [proto] = [p for p in _ws_sockets(stack) if p.client and p.client[1] == port]
-    proto.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    """A WebSocket client that reads nothing after the handshake (small buffers both ends)."""
+    conn, proto = await slow_reader(stack, key)
     conn.transport.pause_reading()
     return conn, proto
 
