@@ -79,6 +79,13 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # The browser console at /console on the bridge (tether/bridge/console): its WebSocket
+    # handshakes take a token from POST /console/token that lives `console_token_ttl_s`; the keys
+    # of `console_admin_tenants` (comma-separated tenant names) see the server view. An open
+    # server (no API keys) has one tenant, which is its admin.
+    console: bool = True
+    console_token_ttl_s: float = 300.0
+    console_admin_tenants: str = ""
 
 
 @dataclass

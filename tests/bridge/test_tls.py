@@ -71,3 +71,19 @@ async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> N
     config.server.tls_cert = "/nonexistent/cert.pem"
     with pytest.raises(ValueError, match="tls_cert and server.tls_key"):
         await start_bridge(None, authenticator, config)  # type: ignore[arg-type]
+
+
+async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path) -> None:
+    from tether.server import start, startup_lines
+
+    cert, key = self_signed(tmp_path)
+    config = make_config()
+    config.server.tls_cert, config.server.tls_key = str(cert), str(key)
+    running = await start(config)
+    try:
+        lines = startup_lines(config, running)
+    finally:
+        await running.stop(0.5)
+    port = running.bridge_port
+    assert lines[0].endswith(f", HTTP/WebSocket on https://127.0.0.1:{port}/v1")
+    assert lines[1] == f"tether: console at https://127.0.0.1:{port}/console"
