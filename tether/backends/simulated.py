@@ -236,7 +236,9 @@ _LAB_SCRIPTS: dict[str, Script] = {}
 
 def lab_script(model: str) -> Script:
     """The script of lab model `tether-lab/<workload>[@<speed>]` (speed as `tether bench --speeds`,
-    default 1000 tok/s); an unknown workload or a bad speed is a 400 naming the model."""
+    default 1000 tok/s). An unknown workload or a bad speed fails the response with
+    `model_not_found` / `invalid_request` naming the model (routing happened before, so the
+    response exists by then)."""
     hit = _LAB_SCRIPTS.get(model)
     if hit is not None:
         return hit
@@ -244,18 +246,13 @@ def lab_script(model: str) -> Script:
 
     name, _, speed = model[len(LAB_MODEL_PREFIX) :].partition("@")
     if name not in workloads.available():
-        raise TetherError(
-            errors.MODEL_NOT_FOUND,
-            f"The model '{model}' names no lab workload; known: {', '.join(workloads.available())}.",
-            param="model",
-            status=400,
-        )
+        known = ", ".join(workloads.available())
+        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.", status=400)
     try:
         profile = workloads.SpeedProfile.parse(speed or "1000")
     except ValueError:
-        raise TetherError(
-            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max].",
-            param="model", status=400,
+        raise BackendError(
+            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max].", status=400
         ) from None
     script = parse_script(workloads.load(name).simulated_script(profile), model)
     if len(_LAB_SCRIPTS) < 64:

@@ -75,27 +75,28 @@ class ConsoleHandlers:
         self.mints = auth.open or secret is not None
         self.tokens = tokens.ConsoleTokens(secret or os.urandom(32), ctx.server.console_token_ttl_s)
         self.admins = frozenset(t.strip() for t in ctx.server.console_admin_tenants.split(",") if t.strip())
-        self.static = {p.name: p for p in STATIC_DIR.iterdir() if p.suffix in _TYPES}
+        # A few KiB in all: read once, so serving a file never blocks the event loop on disk.
+        self.static = {p.name: (_TYPES[p.suffix], p.read_bytes()) for p in STATIC_DIR.iterdir() if p.suffix in _TYPES}
 
     def is_admin(self, tenant: str) -> bool:
         return self.ctx.authenticator.open or tenant in self.admins
 
-    async def _file(self, req: HttpRequest, path: Path, extra: list[tuple[bytes, bytes]]) -> None:
-        body = path.read_bytes()
-        headers = [(b"content-type", _TYPES[path.suffix]), (b"content-length", str(len(body)).encode()), *extra]
+    async def _file(self, req: HttpRequest, name: str, extra: list[tuple[bytes, bytes]]) -> None:
+        found = self.static.get(name)
+        if found is None:
+            raise TetherError(common.NOT_FOUND, f"No console file {name!r}.", status=404)
+        content_type, body = found
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
         await req.send({"type": "http.response.start", "status": 200, "headers": headers})
         await req.send({"type": "http.response.body", "body": body})
 
     # GET /console
     async def console_page(self, req: HttpRequest) -> None:
-        await self._file(req, STATIC_DIR / "index.html", [*_PAGE_HEADERS, *_NO_STORE])
+        await self._file(req, "index.html", [*_PAGE_HEADERS, *_NO_STORE])
 
     # GET /console/static/{name}
     async def console_static(self, req: HttpRequest) -> None:
-        path = self.static.get(req.path_params["name"])
-        if path is None:
-            raise TetherError(common.NOT_FOUND, f"No console file {req.path_params['name']!r}.", status=404)
-        await self._file(req, path, [*_PAGE_HEADERS, (b"cache-control", b"no-cache")])
+        await self._file(req, req.path_params["name"], [*_PAGE_HEADERS, (b"cache-control", b"no-cache")])
 
     # POST /console/token (Authorization: Bearer <API key>)
     async def console_token(self, req: HttpRequest) -> None:
