@@ -44,7 +44,7 @@ class ConsoleStack:
 async def console_stack(
     authenticator: Authenticator | None = None, backend: dict[str, Any] | None = None, **server: Any
 ) -> AsyncIterator[ConsoleStack]:
-    config = make_config(backend)
+    config = make_config({"output_tokens": 80, **(backend or {})})  # the whole explanation
     config.server.console_admin_tenants = "ops"
     for key, value in server.items():
         setattr(config.server, key, value)

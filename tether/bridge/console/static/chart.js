@@ -8,8 +8,8 @@ function svg(tag, attrs) {
   return node;
 }
 
-// series: [{name, cls, points: [y, ...]}] (x = index); labels: legend text per series.
-export function drawLines(container, series, { yLabel = "" } = {}) {
+// series: [{name, cls, points: [y, ...]}] (x = index); `name` is the series' legend text.
+export function drawLines(container, series, { yLabel = "", xLabel = "turn" } = {}) {
   const W = 560, H = 220, L = 52, R = 10, T = 14, B = 24;
   const all = series.flatMap((s) => s.points);
   const n = Math.max(1, ...series.map((s) => s.points.length));
@@ -22,11 +22,11 @@ export function drawLines(container, series, { yLabel = "" } = {}) {
   for (const frac of [0, 0.5, 1]) {
     const v = (ymax / 1.1) * frac;
     const t = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" });
-    t.textContent = v >= 10000 ? `${Math.round(v / 1000)}k` : String(Math.round(v));
+    t.textContent = v >= 10000 ? `${Math.round(v / 1000)}k` : v >= 10 ? String(Math.round(v)) : v.toFixed(1);
     root.append(t);
   }
   const xl = svg("text", { x: W - R, y: H - 6, "text-anchor": "end" });
-  xl.textContent = `turn (1–${n})`;
+  xl.textContent = `${xLabel} (1–${n})`;
   root.append(xl);
   if (yLabel) {
     const yl = svg("text", { x: L + 4, y: T - 2 });

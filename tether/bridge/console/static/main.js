@@ -25,7 +25,8 @@ async function applyKey() {
     $("server-tab").disabled = !minted.admin;
     await loadWorkloads();
   } catch (err) {
-    s.textContent = `key refused: ${err.message}`;
+    const needed = err.status === 401 && !$("api-key").value.trim();
+    s.textContent = needed ? "this server needs an API key" : `key refused: ${err.message}`;
     s.className = "status bad";
   }
 }
@@ -37,4 +38,4 @@ $("key-form").addEventListener("submit", (e) => {
 });
 initSession();
 initRace();
-applyKey();
+applyKey(); // an open server needs no key: this shows at once whether one is needed

@@ -67,6 +67,6 @@ async function poll() {
   const codes = Object.entries(snap.errors).sort((a, b) => b[1] - a[1]);
   $("v-errors").replaceChildren(...(codes.length ? codes.map(([code, n]) => el("tr", {}, el("td", {}, code), el("td", {}, fmt(n, 0))))
     : [el("tr", {}, el("td", { class: "muted" }, "none"), el("td", {}, ""))]));
-  drawLines($("v-chart"), [{ name: "turns/s", cls: "ws", points: rates }], { yLabel: "turns/s" });
+  drawLines($("v-chart"), [{ name: "turns/s", cls: "ws", points: rates }], { yLabel: "turns/s", xLabel: "second" });
   prev = snap;
 }
