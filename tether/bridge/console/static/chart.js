@@ -22,7 +22,7 @@ export function drawLines(container, series, { yLabel = "", xLabel = "turn" } = 
   for (const frac of [0, 0.5, 1]) {
     const v = (ymax / 1.1) * frac;
     const t = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" });
-    t.textContent = v >= 10000 ? `${Math.round(v / 1000)}k` : v >= 10 ? String(Math.round(v)) : v.toFixed(1);
+    t.textContent = v >= 10000 ? `${Math.round(v / 1000)}k` : v >= 10 || v === 0 ? String(Math.round(v)) : v.toFixed(1);
     root.append(t);
   }
   const xl = svg("text", { x: W - R, y: H - 6, "text-anchor": "end" });

@@ -16,6 +16,7 @@ let workloads = [];
 export async function initRace() {
   $("r-run").addEventListener("click", () => run().catch((err) => setStatus(`failed: ${err.message}`, "bad")));
   $("r-workload").addEventListener("change", describe);
+  $("r-speed").addEventListener("input", describe);
 }
 
 export async function loadWorkloads() {
@@ -30,7 +31,8 @@ export async function loadWorkloads() {
 function describe() {
   const w = workloads.find((x) => x.name === $("r-workload").value);
   $("r-desc").textContent = w ? `${w.description}. ${w.turns} model turns, ${w.tool_calls} tool calls; ` +
-    "the simulated model plays it as the model tether-lab/<workload>@<speed>." : "";
+    `the simulated model plays it as the model tether-lab/${w.name}@${$("r-speed").value.trim() || "1000"}, ` +
+    "the script tether bench runs for that workload and speed." : "";
 }
 
 function setStatus(text, cls = "") {
