@@ -3,7 +3,8 @@
     .venv/bin/tether serve &
     .venv/bin/python scripts/console_screenshots.py --workload bugfix20 --speed 1000 --out /tmp/console
 
-Prints what each view showed (the race's figures per transport). Needs Debian's `chromium` and
+Prints what each view showed (the race's figures per transport); `server-live.png` is the server
+view taken while the race runs. Needs Debian's `chromium` and
 `chromium-driver` and selenium (the dev extra). The same steps as tests/console/test_console_browser.py.
 """
 
@@ -32,7 +33,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     seen = drive(webdriver, args.origin, args.out, key=args.key, workload=args.workload, speed=args.speed,
-                 race_timeout_s=args.timeout_s)
+                 race_timeout_s=args.timeout_s, live_server_shot=True)
     seen.pop("log", None)
     print(json.dumps(seen, indent=1))
 

@@ -61,7 +61,7 @@ def start_chromium(webdriver, profile: str):
 
 
 def drive(webdriver, origin: str, shots: Path, *, key: str = KEY_ADMIN, workload: str = "chat3",
-          speed: str = "4000@5:10", race_timeout_s: float = WAIT_S) -> dict:
+          speed: str = "4000@5:10", race_timeout_s: float = WAIT_S, live_server_shot: bool = False) -> dict:
     """The whole browser session (blocking: runs in a thread while the server serves). Also
     used by scripts/console_screenshots.py against a running `tether serve`."""
     from selenium.webdriver.common.by import By
@@ -98,6 +98,12 @@ def drive(webdriver, origin: str, shots: Path, *, key: str = KEY_ADMIN, workload
             seen["chain"] = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#s-chain li")]
             seen["events"] = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#s-events tr")]
             driver.save_screenshot(str(shots / "session.png"))
+            # A turn on another lane for a model that does not exist: the server view counts its code.
+            for field_id, value in (("s-model", "tether-lab/nope"), ("s-lane", "probe")):
+                driver.find_element(By.ID, field_id).clear()
+                driver.find_element(By.ID, field_id).send_keys(value)
+            driver.find_element(By.ID, "s-send").click()
+            wait.until(ec.text_to_be_present_in_element((By.ID, "s-status"), "failed"))
 
             # Transport race on a small workload at a fast model speed.
             driver.find_element(By.CSS_SELECTOR, ".tab[data-view=race]").click()
@@ -106,6 +112,12 @@ def drive(webdriver, origin: str, shots: Path, *, key: str = KEY_ADMIN, workload
             field.clear()
             field.send_keys(speed)
             driver.find_element(By.ID, "r-run").click()
+            if live_server_shot:  # the server view while the race runs, then back to the race
+                driver.find_element(By.CSS_SELECTOR, ".tab[data-view=server]").click()
+                wait.until(lambda d: d.find_element(By.ID, "v-active").text not in ("", "0"))
+                wait.until(lambda d: d.find_element(By.ID, "v-rate").text not in ("", "–", "0"))
+                driver.save_screenshot(str(shots / "server-live.png"))
+                driver.find_element(By.CSS_SELECTOR, ".tab[data-view=race]").click()
             WebDriverWait(driver, race_timeout_s).until(
                 lambda d: d.execute_script("return document.body.dataset.raceDone") == "1")
             seen["race_status"] = text_of("r-status")
@@ -121,6 +133,7 @@ def drive(webdriver, origin: str, shots: Path, *, key: str = KEY_ADMIN, workload
             seen["server_turns"] = text_of("v-turns")
             seen["server_hit"] = text_of("v-hit")
             seen["server_stages"] = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#v-stages tr")]
+            seen["server_errors"] = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#v-errors tr")]
             driver.save_screenshot(str(shots / "server.png"))
             seen["log"] = driver.get_log("browser")
         finally:
@@ -145,6 +158,7 @@ async def test_console_in_a_browser(stack: ConsoleStack, tmp_path: Path) -> None
     assert seen["race_points"] == 2 * 4  # chat3: 4 turns per transport
     completed = int(seen["server_turns"].split("/")[0].replace(",", ""))
     assert completed >= 2 + 2 * 4
+    assert "model_not_found 1" in seen["server_errors"]
     assert seen["server_hit"].endswith("%")
     assert any(row.startswith("backend") for row in seen["server_stages"])
     # The page's first token request, before a key is typed, is a 401 on a server with keys:

@@ -158,7 +158,7 @@ function finished(lane, state, r) {
       el("dt", {}, "response"), el("dd", {}, r.id),
       el("dt", {}, "previous_response_id"), el("dd", {}, r.previous_response_id || "–"),
       el("dt", {}, "lane"), el("dd", {}, lane || "default"),
-      el("dt", {}, "status"), el("dd", {}, r.status),
+      el("dt", {}, "status"), el("dd", { id: "s-status" }, r.status),
       el("dt", {}, "input tokens"), el("dd", {}, fmt(usage.input_tokens, 0)),
       el("dt", {}, "cached_tokens"), el("dd", { id: "s-cached" }, fmt(cached, 0)),
       el("dt", {}, "output tokens"), el("dd", {}, fmt(usage.output_tokens, 0)),
