@@ -197,3 +197,13 @@ async def test_a_forwarding_bridge_cannot_mint_tokens() -> None:
     async with console_stack(ForwardingAuthenticator()) as stack, httpx.AsyncClient(base_url=stack.origin) as http:
         r = await http.post("/console/token", headers=bearer(KEY_A))
     assert r.status_code == 501 and r.json()["error"]["code"] == "unsupported_feature"
+
+
+def test_token_lifetime_edge() -> None:
+    minter = tokens.ConsoleTokens(b"secret", ttl_s=10)
+    token = minter.mint("a", now=1000.0).token
+    assert minter.check(token, 1009.999) == (tokens.TokenCheck.VALID, "a")
+    assert minter.check(token, 1010.0) == (tokens.TokenCheck.EXPIRED, "")
+    assert tokens.ConsoleTokens(b"other", ttl_s=10).check(token, 1000.0)[0] is tokens.TokenCheck.BAD_SIGNATURE
+    with pytest.raises(ValueError, match="console_token_ttl_s"):
+        tokens.ConsoleTokens(b"secret", ttl_s=0)
