@@ -590,7 +590,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             data = [
-                {"id": m, "object": "model", "created": CREATED, "owned_by": "Cerebras"}
+                {"id": m, "object": "model", "created": CREATED, "owned_by": self.server.fake.owned_by}
                 for m in self.server.fake.models
             ]
             self._send_json(200, {"object": "list", "data": data})
@@ -666,8 +666,10 @@ class FakeChatServer:
         check_model: bool = False,
         default: Scenario | None = None,
         lifetime_s: float = 60.0,
+        owned_by: str = "Cerebras",
     ) -> None:
         self.api_key = api_key
+        self.owned_by = owned_by  # what GET /v1/models says (dialect detection reads it)
         self.models = list(models)
         self.strict = strict
         self.check_model = check_model

@@ -355,6 +355,13 @@ class SimulatedBackend:
     async def aclose(self) -> None:
         return None
 
+    async def prepare(self, request: BackendRequest) -> None:
+        """Nothing to check: the simulated model takes every request shape."""
+
+    async def discover(self) -> list[str]:
+        """The simulated model answers whatever names are routed to it; it lists none itself."""
+        return []
+
     # planning ---------------------------------------------------------------------------------
 
     def _script_for(self, request: BackendRequest) -> Script | None:
