@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.fakes import chat_server as fk
-from tests.fakes.items import assistant, function_call, function_output, reasoning, request
+from tests.fakes.items import request
 from tether.backends.base import BackendError, ReasoningDelta, TextDelta, ToolCallDelta
 from tether.backends.openai_compat import OpenAICompatBackend
 from tether.backends.registry import build_backend

@@ -150,3 +150,17 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release connections (called once at server shutdown)."""
         ...
+
+
+class BackendBase:
+    """Defaults for the parts of the contract most adapters need nothing for: every request shape
+    accepted, no model list of its own, nothing to release."""
+
+    async def prepare(self, request: BackendRequest) -> None:
+        return None
+
+    async def discover(self) -> Sequence[str]:
+        return []
+
+    async def aclose(self) -> None:
+        return None
