@@ -6,9 +6,10 @@ Behaviour and token accounting only, never speed: each test keeps prompts and ou
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx
+
+from tests.bridge.helpers import one_response
 
 from .conftest import ALIAS, RealStack, wait_for
 
@@ -24,15 +25,6 @@ WEATHER = {
     },
 }
 TIMING = ["tether:server_timing"]
-
-
-async def one_response(conn: Any) -> tuple[list[Any], Any]:
-    events = []
-    async for ev in conn:
-        events.append(ev)
-        if ev.type in TERMINAL or ev.type == "error":
-            break
-    return events, events[-1]
 
 
 async def test_plain_turn_usage_is_the_servers_own(real: RealStack) -> None:
