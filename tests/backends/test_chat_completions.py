@@ -422,3 +422,47 @@ def test_retry_rules():
         d = retry_delay(n, {"retry-after": "120"})  # > 60 s: ignored, exponential instead
         base = min(0.5 * 2**n, 8.0)
         assert 0.75 * base <= d <= base
+
+
+def test_sanitize_keeps_meaning_drops_insides():
+    from tether.backends.chat.upstream_errors import MAX_MESSAGE_CHARS, sanitize
+
+    raw = (
+        'Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/x.py", line 3, in f\n'
+        "ValueError: boom"
+    )
+    assert sanitize(raw) == "no error message"  # only a stack trace: nothing of meaning left
+    assert sanitize("Automatic streaming tool choice is not supported") == (
+        "Automatic streaming tool choice is not supported"
+    )
+    assert sanitize("could not open /opt/models/smol.gguf: denied") == "could not open <path>: denied"
+    assert sanitize("bad\n\n  input   here") == "bad input here"
+    assert len(sanitize("x" * 5000)) == MAX_MESSAGE_CHARS
+    # FastAPI/pydantic `detail` lists keep their locations and messages.
+    body = b'{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string"}]}'
+    assert parse_error_body(body)[0] == "messages.1.content: Input should be a valid string"
+
+
+def test_rate_limit_wait_from_headers():
+    from tether.backends.chat.upstream_errors import rate_limit_wait
+
+    assert rate_limit_wait({"retry-after-ms": "1500", "x-ratelimit-reset-tokens-minute": "30"}) == 1.5
+    exhausted_day = {
+        "x-ratelimit-remaining-tokens-minute": "500", "x-ratelimit-reset-tokens-minute": "20.5",
+        "x-ratelimit-remaining-requests-day": "0", "x-ratelimit-reset-requests-day": "3600",
+    }  # fmt: skip
+    assert rate_limit_wait(exhausted_day) == 3600.0
+    assert rate_limit_wait({"x-ratelimit-reset-tokens-minute": "20.5", "x-ratelimit-reset-requests-day": "9"}) == 9.0
+    assert rate_limit_wait({}) is None
+
+
+def test_schema_type_list_with_object_keeps_its_keywords_on_its_branch():
+    from tether.backends.chat.schema import reduce_schema
+
+    schema = {"type": ["object", "null"], "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert reduce_schema(schema, "cerebras", "p", "t") == {
+        "anyOf": [
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {"type": "null"},
+        ]
+    }

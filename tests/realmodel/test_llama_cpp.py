@@ -112,35 +112,49 @@ async def test_websocket_memory_with_store_false(real: RealStack) -> None:
     assert u2.input_tokens == direct["usage"]["prompt_tokens"]
 
 
+def chat_tool(tool: dict) -> dict:
+    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")}}
+
+
 async def test_tool_round_trip_forced_over_websocket(real: RealStack) -> None:
+    """The agent loop: a forced call, its result sent back (content "" on the assistant message:
+    llama-cpp-python refuses null), an answer; both turns billed with the server's own counts."""
+    forced = {"type": "function", "name": "get_weather"}
+    question = "What is the weather in Paris?"
     async with real.client() as client, client.responses.connect() as conn:
         await conn.response.create(
-            model=ALIAS,
-            input="What is the weather in Paris?",
-            tools=[WEATHER],
-            tool_choice={"type": "function", "name": "get_weather"},
-            store=False,
-            max_output_tokens=48,
-            temperature=0,
-        )
+            model="smol-exact", input=question, tools=[WEATHER], tool_choice=forced,
+            store=False, max_output_tokens=48, temperature=0,
+        )  # fmt: skip
         _, done = await one_response(conn)
         assert done.type == "response.completed", done
         call = done.response.output[-1]
         assert call.type == "function_call" and call.name == "get_weather"
         assert isinstance(json.loads(call.arguments), dict)
-        # The tool result goes back: the assistant message carrying the call has content "" upstream.
+        result = '{"temp_c": 21}'
         await conn.response.create(
-            model=ALIAS,
-            previous_response_id=done.response.id,
-            input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 21}'}],
-            tools=[WEATHER],
-            store=False,
-            max_output_tokens=16,
-            temperature=0,
-        )
+            model="smol-exact", previous_response_id=done.response.id, tools=[WEATHER], store=False,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": result}],
+            max_output_tokens=16, temperature=0,
+        )  # fmt: skip
         _, answer = await one_response(conn)
     assert answer.type in ("response.completed", "response.incomplete"), answer
     assert answer.response.output_text
+    # The same two calls made straight to the server: Tether's usage is the server's own.
+    first = [{"role": "user", "content": question}]
+    direct1 = await real.upstream(
+        {"messages": first, "tools": [chat_tool(WEATHER)], "max_tokens": 48, "temperature": 0,
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    )  # fmt: skip
+    tool_call = {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    second = [*first, {"role": "assistant", "content": "", "tool_calls": [tool_call]},
+              {"role": "tool", "tool_call_id": call.call_id, "content": result}]  # fmt: skip
+    direct2 = await real.upstream(
+        {"messages": second, "tools": [chat_tool(WEATHER)], "max_tokens": 16, "temperature": 0}
+    )
+    for turn, direct in ((done.response, direct1), (answer.response, direct2)):
+        assert turn.usage.input_tokens == direct["usage"]["prompt_tokens"]
+        assert turn.usage.output_tokens == direct["usage"]["completion_tokens"]
 
 
 async def test_required_tool_choice_with_one_tool_calls_it(real: RealStack) -> None:
