@@ -154,3 +154,14 @@ def test_unknown_dialect_is_a_config_error():
 async def test_assistant_history_roles(server):
     await call(server, "openai", "hi", assistant("a"), "again")
     assert server.last_body["messages"][1] == {"role": "assistant", "content": "a"}
+
+
+async def test_output_a_stream_did_not_count_is_counted_by_the_models_tokenizer(server):
+    server.push(fk.completion(content="one two three four", usage_mode="none"))
+    finish = (await call(server, "llama-cpp-python", "hi"))[-1]
+    assert finish.usage.output_tokens == 4 and finish.usage.model_counted == {"output"}
+    assert server.requests[-1].path == "/extras/tokenize/count"
+    assert server.requests[-1].body == {"input": "one two three four"}
+    server.push(fk.completion(content="one two", usage_mode="none"))
+    finish = (await call(server, "vllm", "hi"))[-1]  # no tokenizer endpoint declared: Tether counts later
+    assert finish.usage is None

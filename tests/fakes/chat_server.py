@@ -7,7 +7,8 @@
         body = server.chat_requests[-1].body                     # what the adapter sent
 
 Routes: `POST /v1/chat/completions` (SSE when the body says `"stream": true`, else one JSON
-`chat.completion`), `GET /v1/models`. Every request is recorded (`server.requests`: method, path,
+`chat.completion`), `GET /v1/models`, `POST /extras/tokenize/count` (llama-cpp-python's; counts
+words). Every request is recorded (`server.requests`: method, path,
 lower-cased headers, parsed JSON body). The Bearer key is checked (401 with Cerebras's top-level
 error body on mismatch). With `strict=True` (default) the body is validated like Cerebras does:
 unknown top-level or message fields -> 400 `wrong_api_format`; with `models` set, an unknown model
@@ -602,6 +603,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         rec = self._record()
         fake = self.server.fake
+        if self.path == "/extras/tokenize/count" and isinstance(rec.body, dict):
+            # llama-cpp-python's tokenizer endpoint; the fake's "tokenizer" counts words.
+            self._send_json(200, {"count": len(str(rec.body.get("input", "")).split())})
+            return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._send_json(404, error_body(f"no route {self.path}", "not_found_error", None, "not_found"))
             return

@@ -57,12 +57,18 @@ async def test_streamed_turn_counts_what_the_stream_does_not_report(real: RealSt
                 final = ev.response
     assert final is not None and final.status in ("completed", "incomplete")
     assert "".join(deltas) == final.output_text != ""
-    # llama-cpp-python streams no usage: Tether's own count, never 0 for a non-empty answer.
-    assert final.usage.output_tokens > 0 and final.usage.input_tokens > 0
+    # llama-cpp-python streams no usage: the output is counted by the model's own tokenizer (the
+    # server's endpoint), the input by Tether's.
     sources = final.model_extra["server_timing"]["usage_sources"]
-    assert sources["output"] == sources["input"] == "tether"
+    assert sources["output"] == "model_tokenizer" and sources["input"] == "tether"
+    async with httpx.AsyncClient(timeout=30) as c:
+        count = await c.post(f"http://127.0.0.1:{real.server.port}/extras/tokenize/count",
+                             json={"input": final.output_text})  # fmt: skip
+    assert final.usage.output_tokens == count.json()["count"] > 0
+    assert final.usage.input_tokens > 0
     metrics = await real.metrics()
-    assert 'tether_usage_source_total{kind="output",source="tether"} 1.0' in metrics
+    assert 'tether_usage_source_total{kind="output",source="model_tokenizer"} 1.0' in metrics
+    assert 'tether_usage_source_total{kind="input",source="tether"} 1.0' in metrics
 
 
 async def test_max_output_tokens_ends_incomplete(real: RealStack) -> None:

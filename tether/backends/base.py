@@ -87,6 +87,8 @@ class Usage:
     cached_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # Kinds the adapter counted itself with the model's own tokenizer (the server reported none).
+    model_counted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

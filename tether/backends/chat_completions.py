@@ -19,14 +19,24 @@ import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import httpx
 import orjson
 
 from tether import errors
-from tether.backends.base import BackendError, BackendRequest, Capabilities, Chunk, Finish
+from tether.backends.base import (
+    BackendError,
+    BackendRequest,
+    Capabilities,
+    Chunk,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
 from tether.backends.chat.dialects import Dialect, detect, dialect_named
 from tether.backends.chat.mapping import MappingOptions, forces_tool_call, to_chat_request
 from tether.backends.chat.sse import SSEDecoder
@@ -300,19 +310,21 @@ class ChatCompletionsBackend:
             except orjson.JSONDecodeError:
                 raise BackendError(errors.BACKEND_ERROR, "upstream sent invalid JSON") from None
             if not isinstance(obj, dict) or obj.get("error"):
-                raise StreamParser._stream_error(obj if isinstance(obj, dict) else {"error": str(obj)})
+                raise StreamParser.stream_error(obj if isinstance(obj, dict) else {"error": str(obj)})
             for chunk in parser.chunk(obj):
                 yield chunk
-            yield self._finish(parser, forced)
+            yield await self._finish(parser, forced, [])
             return
         decoder = SSEDecoder()
         seen = 0
+        generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
         async with contextlib.aclosing(resp.aiter_bytes()) as it:
             try:
                 async for data in it:
                     for event, payload in decoder.feed(data):
                         for chunk in parser.feed(event, payload):
                             seen += 1
+                            _note_generated(chunk, generated)
                             yield chunk
                         if parser.done:
                             break
@@ -322,6 +334,7 @@ class ChatCompletionsBackend:
                     for event, payload in decoder.flush():
                         for chunk in parser.feed(event, payload):
                             seen += 1
+                            _note_generated(chunk, generated)
                             yield chunk
                         if parser.done:
                             break
@@ -338,7 +351,7 @@ class ChatCompletionsBackend:
             if not parser.done:
                 where = "after partial output" if seen else "before any output (its log says why)"
                 raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
-            yield self._finish(parser, forced)
+            yield await self._finish(parser, forced, generated)
             # Read to the end of the body so the connection goes back to the pool (normally instant).
             try:
                 async with asyncio.timeout(self.drain_timeout_s):
@@ -347,7 +360,7 @@ class ChatCompletionsBackend:
             except (TimeoutError, httpx.HTTPError):
                 pass
 
-    def _finish(self, parser: StreamParser, forced: bool) -> Finish:
+    async def _finish(self, parser: StreamParser, forced: bool, generated: list[str]) -> Finish:
         finish = parser.finish()
         if forced and not parser.calls:
             raise BackendError(
@@ -355,5 +368,31 @@ class ChatCompletionsBackend:
                 "the model answered without the tool call that tool_choice required "
                 f"(the {self.dialect.server if self.dialect else 'upstream'} server did not enforce it)",
             )
+        usage = finish.usage or Usage()
+        if usage.output_tokens is None and generated:
+            counted = await self._count_with_model_tokenizer("".join(generated))
+            if counted is not None:
+                usage = replace(usage, output_tokens=counted, model_counted=usage.model_counted | {"output"})
+                finish = replace(finish, usage=usage)
         return finish
 
+    async def _count_with_model_tokenizer(self, text: str) -> int | None:
+        """Tokens of `text` by the server's own tokenizer (the dialect's endpoint), None without one
+        or when it fails (the turn then counts with Tether's tokenizer)."""
+        path = self.dialect.tokenize_path if self.dialect else None
+        if not path:
+            return None
+        root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        try:
+            resp = await self._client.post(root + path, json={"input": text}, headers={"accept": "application/json"})
+            count = resp.json().get("count") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            count = None
+        return count if isinstance(count, int) and count >= 0 else None
+
+
+def _note_generated(chunk: Chunk, generated: list[str]) -> None:
+    if isinstance(chunk, TextDelta | ReasoningDelta):
+        generated.append(chunk.text)
+    elif isinstance(chunk, ToolCallDelta):
+        generated.append((chunk.name or "") + chunk.arguments)

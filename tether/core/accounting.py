@@ -4,7 +4,8 @@ otherwise, and which source each figure came from.
 The upstream's counts are the ones to bill on (its tokenizer, its chat template, its prefix cache):
 `input_tokens` and `cached_tokens` reported by the server replace Tether's o200k estimate and
 connection-cache figure. Where a server reports nothing (llama-cpp-python's streams, a failed or
-cancelled stream, the simulated model's cache figure) Tether counts with its own tokenizer. An
+cancelled stream, the simulated model's cache figure) the adapter may count with the model's own
+tokenizer (a dialect's tokenizer endpoint), else Tether counts with its own. An
 answer that produced output is never billed 0 output tokens: a reported 0 next to a non-empty
 output is replaced by Tether's count.
 """
@@ -18,8 +19,9 @@ from tether.backends.base import Usage
 from tether.core.stages import render
 from tether.responses.v1 import items_pb2
 
-UPSTREAM = "upstream"
-TETHER = "tether"
+UPSTREAM = "upstream"  # reported by the backend
+MODEL_TOKENIZER = "model_tokenizer"  # counted by the adapter with the model's own tokenizer
+TETHER = "tether"  # counted here with Tether's tokenizer (o200k)
 KINDS = ("input", "cached", "output", "reasoning")
 
 
@@ -29,7 +31,7 @@ class TurnUsage:
     cached_tokens: int
     output_tokens: int
     reasoning_tokens: int
-    sources: dict[str, str]  # kind (KINDS) -> UPSTREAM | TETHER
+    sources: dict[str, str]  # kind (KINDS) -> UPSTREAM | MODEL_TOKENIZER | TETHER
 
 
 def output_tokens(output: Sequence[items_pb2.Item]) -> tuple[int, int]:
@@ -64,8 +66,11 @@ def account(
     sources: dict[str, str] = {}
 
     def pick(kind: str, value: int | None, fallback: int) -> int:
-        sources[kind] = UPSTREAM if value is not None else TETHER
-        return value if value is not None else fallback
+        if value is None:
+            sources[kind] = TETHER
+            return fallback
+        sources[kind] = MODEL_TOKENIZER if kind in up.model_counted else UPSTREAM
+        return value
 
     counted_out, counted_reasoning = output_tokens(output) if output else (0, 0)
     out = up.output_tokens

@@ -53,6 +53,9 @@ class Dialect:
     # request that forces a call is sent as the one named function when exactly one tool is
     # offered, and refused (400) otherwise: the server would answer with plain text.
     tool_choice_required: bool = True
+    # The server's tokenizer endpoint (path from the server root, POST {"input": text} ->
+    # {"count": n}): output a stream did not count is counted there, with the model's own tokenizer.
+    tokenize_path: str | None = None
     # Automatic tool choice works in a stream. When False (llama-cpp-python's
     # chatml-function-calling raises "Automatic streaming tool choice is not supported" inside the
     # stream and closes it without a word), such a call is made without streaming.
@@ -70,7 +73,7 @@ DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
         Dialect("openai", "OpenAI and any server not listed here"),
-        Dialect("vllm", "vLLM", reasoning_history_field=None, rejected_fields=frozenset({"service_tier"})),
+        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier"})),
         Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier"})),
         Dialect(
             "llamacpp",
@@ -85,6 +88,7 @@ DIALECTS: dict[str, Dialect] = {
             max_tokens_field="max_tokens",
             tool_calls_content="",
             usage_in_stream=False,
+            tokenize_path="/extras/tokenize/count",
             stream_auto_tool_choice=False,
             reasoning_controls="none",
             tool_choice_required=False,

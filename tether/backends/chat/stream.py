@@ -85,12 +85,13 @@ class StreamParser:
         if not isinstance(obj, dict):
             raise BackendError(errors.BACKEND_ERROR, "upstream sent a non-object stream chunk")
         if event == "error" or obj.get("error"):
-            raise self._stream_error(obj)
+            raise self.stream_error(obj)
         return self.chunk(obj)
 
     @staticmethod
-    def _stream_error(obj: dict[str, Any]) -> BackendError:
-        message, _etype, code = parse_error_body(obj)
+    def stream_error(obj: dict[str, Any]) -> BackendError:
+        """A mid-stream (or JSON-reply) error payload as a BackendError, never retried."""
+        message, etype, code = parse_error_body(obj)
         status = obj.get("status_code")
         err = obj.get("error")
         if status is None and isinstance(err, dict) and isinstance(err.get("code"), int):
@@ -99,7 +100,7 @@ class StreamParser:
             status = int(status) if status is not None else 500
         except (TypeError, ValueError):
             status = 500
-        out = error_from_status(status, message, code)
+        out = error_from_status(status, message, code, upstream_type=etype)
         out.retryable = False  # never retried once streaming has begun
         return out
 

@@ -360,7 +360,8 @@ class ServerTiming(_message.Message):
     @_builtins.property
     def usage_sources(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Where each usage figure came from, per kind (input, cached, output, reasoning): "upstream"
-        (the backend reported it) or "tether" (counted with Tether's tokenizer).
+        (the backend reported it), "model_tokenizer" (counted with the model's own tokenizer) or
+        "tether" (counted with Tether's tokenizer).
         """
 
     def __init__(
