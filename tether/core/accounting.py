@@ -7,7 +7,8 @@ connection-cache figure. Where a server reports nothing (llama-cpp-python's stre
 cancelled stream, the simulated model's cache figure) the adapter may count with the model's own
 tokenizer (a dialect's tokenizer endpoint), else Tether counts with its own. An
 answer that produced output is never billed 0 output tokens: a reported 0 next to a non-empty
-output is replaced by Tether's count.
+output is replaced by Tether's count. A server that reports its input but not what it reused gets
+Tether's cached share of the input, scaled to the server's count.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def account(
     if out == 0 and counted_out > 0:
         out = None  # a non-empty answer is never billed as nothing
     inp = pick("input", up.input_tokens, input_tokens)
+    if up.input_tokens is not None and input_tokens > 0:
+        # Tether's cached share, in the server's units (its tokenizer counts the input differently).
+        cached_tokens = up.input_tokens * cached_tokens // input_tokens
     cached = pick("cached", up.cached_tokens, cached_tokens)
     return TurnUsage(
         input_tokens=inp,
