@@ -149,6 +149,10 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
         }
     if "models" in data:
         cfg.models = {name: _build(Route, spec, f"models.{name}") for name, spec in data.pop("models").items()}
+    elif any(spec.kind != "simulated" for spec in cfg.backends.values()):
+        # A real backend and no [models]: names come from the backends' own model lists; an
+        # unknown name is model_not_found, never silently answered by the simulated catch-all.
+        cfg.models = {}
     for key in ("store", "store_durability", "log_level", "log_format", "log_content"):
         if key in data:
             setattr(cfg, key, data.pop(key))

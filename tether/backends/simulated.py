@@ -57,6 +57,7 @@ import orjson
 
 from tether import errors
 from tether.backends.base import (
+    BackendBase,
     BackendError,
     BackendRequest,
     Capabilities,
@@ -382,8 +383,9 @@ class _Plan:
     error_after: int = 0
 
 
-class SimulatedBackend:
-    """Offline deterministic backend (kind "simulated")."""
+class SimulatedBackend(BackendBase):
+    """Offline deterministic backend (kind "simulated"): takes every request shape, answers
+    whatever model names are routed to it (it lists none of its own)."""
 
     kind: ClassVar[str] = "simulated"
     Config: ClassVar[type] = SimulatedConfig
@@ -400,9 +402,6 @@ class SimulatedBackend:
         self.capabilities = Capabilities(
             tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True
         )
-
-    async def aclose(self) -> None:
-        return None
 
     # planning ---------------------------------------------------------------------------------
 
