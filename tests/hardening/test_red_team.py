@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
-from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
 from tether.bridge.ws_transport import GuardedWebSocketProtocol
 from tether.core.postinference import PostInference, PostJob
 from tether.core.stages import render
@@ -197,7 +197,7 @@ class GateConfig:
     pass
 
 
-class Gate:
+class Gate(BackendBase):
     """A backend that answers only when the test opens the gate (`Gate.open`)."""
 
     kind: ClassVar[str] = "hardening_gate"
@@ -215,9 +215,6 @@ class Gate:
         await Gate.open.wait()
         yield TextDelta("the answer")
         yield Finish("stop", Usage(input_tokens=request.input_tokens, output_tokens=2))
-
-    async def aclose(self) -> None:
-        return None
 
 
 local_adapter(Gate)
