@@ -113,17 +113,27 @@ async def test_client_that_stops_reading_is_aborted_and_frees_its_slot() -> None
         conn.transport.abort()
 
 
-async def test_one_per_key_connection_count_for_every_transport() -> None:
-    """The bridge no longer keeps a count of its own: a WebSocket holds the key's slot exactly
-    as long as its engine session, so the limit reads the same on WS, gRPC and HTTP."""
-    async with full_stack(make_config(max_connections_per_key=1)) as stack:
-        async with stack.ws(KEY_A):
-            async with stack.http(KEY_A) as http:
-                r = await http.post("/v1/responses", json={"model": "sim-model", "input": "x"})
-                assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
-        await wait_for(lambda: not stack.engine.sessions, 10)
-        async with stack.http(KEY_A) as http:
-            assert (await http.post("/v1/responses", json={"model": "sim-model", "input": "x"})).status_code == 200
+async def test_the_per_key_slot_is_the_sessions_even_while_its_socket_lingers() -> None:
+    """One count of connections per key, the engine's. A client asks for 100 KiB and reads
+    none of it; the answer is generated (it fits in the outbox and the socket buffers), the idle
+    timeout ends the session, and the socket lingers (its close frame cannot be flushed; the
+    write deadline is set far off here). Before, the bridge kept its own count, held until the
+    socket went: a new connection got 429 while `tether_connections` read 0. Now the slot went
+    with the session, and a new connection completes a turn while the old socket is still open."""
+    config = make_config(max_connections_per_key=1, idle_timeout_s=0.5)
+    config.server.ws_send_timeout_s = 600
+    with_backend(config, "hose", "hardening_firehose", chunks=100, chunk_bytes=1024)
+    with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
+    async with full_stack(config) as stack:
+        conn, proto = await _stalled_client(stack)
+        await send_json(conn, {**CREATE, "model": "hose"})
+        await wait_for(lambda: not stack.engine.sessions, 30)  # the idle timeout ended it
+        assert metric(stack.engine, "tether_connections", transport="websocket") == 0
+        async with stack.ws(KEY_A) as again:
+            await send_json(again, CREATE)
+            assert (await recv_response(again))[-1]["type"] == "response.completed"
+            assert proto in _ws_sockets(stack)  # the first socket is still there
+        conn.transport.abort()
 
 
 # -- 3. ping flood -------------------------------------------------------------------------------------
