@@ -30,6 +30,9 @@ class Capabilities:
     images: bool = False
     # Hosted tool types (web_search, namespace, ...) are dropped, not forwarded, when False.
     hosted_tools: bool = False
+    # The adapter's Finish.usage.cached_tokens is the upstream's prompt-cache hit; the response's
+    # usage reports it instead of Tether's own count of reused tokens.
+    reports_prompt_cache: bool = False
 
 
 @dataclass
@@ -53,6 +56,11 @@ class BackendRequest:
     input_tokens: int = 0
     # Free-form per-request hints (e.g. the simulated backend's script step); never sent upstream.
     hints: dict[str, str] = field(default_factory=dict)
+    # The replica that served the parent response (chain-affine routing in a backend pool).
+    affinity: str | None = None
+    # Fields a backend pool adds to the upstream request body (cache/slot hints, e.g. llama.cpp's
+    # `id_slot`); adapters that build a JSON body merge them in.
+    upstream_fields: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ class Finish:
     reason: str = "stop"
     usage: Usage | None = None
     timing: Timing | None = None
+    replica: str = ""  # the pool replica that served the call ("" outside a pool)
 
 
 Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish

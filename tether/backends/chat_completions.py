@@ -335,6 +335,7 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
     if opts.include_usage:
         body["stream_options"] = {"include_usage": True}
     body.update(opts.extra_body)
+    body.update(request.upstream_fields)
     return body
 
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from tether import errors, ids
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
-from tether.backends.registry import build_backend
+from tether.backends.pool import build_configured_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
@@ -62,12 +62,18 @@ class Engine:
     @classmethod
     async def start(cls, config: TetherConfig) -> Engine:
         store = await open_store(config.store)
-        backends = {name: build_backend(name, spec.kind, dict(spec.options)) for name, spec in config.backends.items()}
+        backends = {
+            name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
+            for name, spec in config.backends.items()
+        }
         engine = cls(config, store, backends)
         render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
         for backend in backends.values():
             if hasattr(backend, "on_retry"):
                 backend.on_retry = engine.metrics.retry_hook(backend.name)
+            if hasattr(backend, "bind_metrics"):  # a pool: per-replica metrics and health checks
+                backend.bind_metrics(engine.metrics)
+                await backend.start()
         return engine
 
     async def ready(self) -> bool:
@@ -150,6 +156,7 @@ class Engine:
             store=True,
             tenant=tenant,
             nbytes=input_node.nbytes + context.nbytes,
+            replica=hydrated.replica,
         )
 
     async def summarize(

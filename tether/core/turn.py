@@ -69,6 +69,7 @@ class Turn:
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
         self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
+        self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -228,6 +229,7 @@ class Turn:
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
             input_tokens=input_tokens,
+            affinity=(prepared.parent.replica or None) if prepared.parent else None,
         )
 
     async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
@@ -344,6 +346,10 @@ class Turn:
         reasoning_tokens = finish.usage.reasoning_tokens if finish and finish.usage else 0
         u = r.usage
         u.input_tokens, u.cached_tokens = prepared.input_tokens, prepared.cached_tokens
+        if finish is not None:
+            self.replica = finish.replica
+            if finish.usage is not None and prepared.route.backend.capabilities.reports_prompt_cache:
+                u.cached_tokens = min(finish.usage.cached_tokens, prepared.input_tokens)  # the upstream's KV hit
         u.output_tokens, u.reasoning_tokens = out_tokens, reasoning_tokens
         u.total_tokens = prepared.input_tokens + out_tokens
         self.engine.rate_limiter.charge_output(self.session.tenant, out_tokens)
@@ -405,6 +411,7 @@ class Turn:
                 store=r.store,
                 tenant=self.session.tenant,
                 nbytes=prepared.node.nbytes + context.nbytes,
+                replica=self.replica,
             )
             self.session.cache.put(entry)
             self.lane.last_response_id = r.id
@@ -432,6 +439,7 @@ class Turn:
             output_keys=[s.key for s in out_segments],
             new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
             conversation_tokens=context.token_count,
+            replica=self.replica,
         )
         return PostJob(usage=usage, record=record)
 
