@@ -12,7 +12,8 @@ With the model on, one call on a replica:
 2. queues its uncached tokens on the replica's prefill engine (one prefill at a time, FIFO, at
    `prefill_tokens_per_s`), then inserts the whole prompt into the cache;
 3. TTFT = `ttft_ms` (scheduling and the first decode step) + time queued + uncached tokens /
-   prefill rate; `cached_tokens` in the response's usage is the hit, as a real server reports it;
+   prefill rate; `cached_tokens` in the response's usage is the hit, as a real server reports it
+   (block sizes are estimated from the rendered text, `routing.CHARS_PER_TOKEN`);
 4. decodes at `tokens_per_s / (1 + decode_slowdown * (sequences decoding on the replica - 1))`,
    re-evaluated at every emission, so a sequence slows down while others share the replica.
 

@@ -219,7 +219,7 @@ class BackendPool:
         )
         if not needs:
             return []
-        return prefix_chain(request.instructions, request.tools, request.items, request.input_tokens)
+        return prefix_chain(request.instructions, request.tools, request.items)
 
     def _hints(self, chain: list[Block], request: BackendRequest) -> dict[str, object]:
         hint = self.config.cache_hint

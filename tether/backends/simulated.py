@@ -502,9 +502,9 @@ class SimulatedBackend:
         ttft_s, cached = plan.ttft_s, 0
         physics = self.physics
         if physics is not None:
-            chain = prefix_chain(request.instructions, request.tools, request.items, request.input_tokens)
+            chain = prefix_chain(request.instructions, request.tools, request.items)
             admission = physics.admit(chain, plan.ttft_s, t0)
-            ttft_s, cached = admission.ttft_s, admission.cached_tokens
+            ttft_s, cached = admission.ttft_s, min(admission.cached_tokens, request.input_tokens)
         if ttft_s > 0:
             await asyncio.sleep(ttft_s)
         start = loop.time()

@@ -67,27 +67,23 @@ class Block:
     tokens: int
 
 
+CHARS_PER_TOKEN = 4  # a block's token estimate: stable for the same text, whatever follows it
+
+
 def prefix_chain(
-    instructions: str | None,
-    tools: Sequence[request_pb2.Tool],
-    items: Sequence[items_pb2.Item],
-    input_tokens: int,
+    instructions: str | None, tools: Sequence[request_pb2.Tool], items: Sequence[items_pb2.Item]
 ) -> list[Block]:
     """The prompt as a chain of blocks, hashed over the rendered text (what the model sees, so a
-    resent history hashes like a cached one). `input_tokens` (Tether's count for the whole prompt)
-    is shared out over the blocks in proportion to their rendered length."""
+    resent history hashes like a cached one). Token counts are estimated from the rendered length
+    (`CHARS_PER_TOKEN`), not tokenised: routing and the simulator need them per block, every call."""
     texts = [render.render_header(instructions, list(tools)), *(render.render_item(i) for i in items)]
-    total_chars = sum(len(t) for t in texts) or 1
     chain: list[Block] = []
     h = hashlib.blake2b(digest_size=16)
-    assigned = 0
-    for n, text in enumerate(texts):
-        h.update(text.encode())
+    for text in texts:
+        data = text.encode()
+        h.update(data)
         h.update(b"\x00")
-        tokens = (input_tokens - assigned) if n == len(texts) - 1 else round(input_tokens * len(text) / total_chars)
-        tokens = max(0, tokens)
-        assigned += tokens
-        chain.append(Block(h.copy().digest(), tokens))
+        chain.append(Block(h.copy().digest(), -(-len(data) // CHARS_PER_TOKEN)))
     return chain
 
 
