@@ -259,10 +259,14 @@ class BackendPool:
                     continue
                 self.balancer.succeeded(state)
                 self._report_health(state, time.monotonic())
-                yield self._tagged(first, state)
-                async for chunk in stream:
-                    yield self._tagged(chunk, state)
-                outcome = "ok"
+                outcome = "ok"  # served; an error after this point goes to the client, not elsewhere
+                try:
+                    yield self._tagged(first, state)
+                    async for chunk in stream:
+                        yield self._tagged(chunk, state)
+                except BackendError:
+                    outcome = "error"
+                    raise
                 return
             finally:
                 await stream.aclose()
