@@ -76,7 +76,7 @@ class Metrics:
         )
         self.replica_calls = Counter(
             "tether_replica_calls",
-            "Model calls per pool replica by outcome: ok, failover (failed before its first chunk), error",
+            "Model calls per pool replica by outcome: ok, failover (failed before its first chunk), error, cancelled",
             ["backend", "replica", "outcome"], registry=r,
         )
         self.replica_up = Gauge(
@@ -163,6 +163,15 @@ class Metrics:
         """A zero-argument callback counting one upstream retry of `backend`."""
         counter = self.backend_retries.labels(backend)
         return lambda *_: counter.inc()
+
+    def replica_declared(self, backend: str, replica: str) -> None:
+        """A pool replica exists: its label sets show zeros (and `up` 1) before any call."""
+        self.replica_in_flight.labels(backend, replica)
+        for outcome in ("ok", "failover", "error", "cancelled"):
+            self.replica_calls.labels(backend, replica, outcome)
+        for kind in ("prompt", "cached"):
+            self.replica_tokens.labels(backend, replica, kind)
+        self.replica_up.labels(backend, replica).set(1)
 
     def replica_started(self, backend: str, replica: str) -> None:
         self.replica_in_flight.labels(backend, replica).inc()

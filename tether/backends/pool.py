@@ -166,7 +166,7 @@ class BackendPool:
     def bind_metrics(self, metrics: Any) -> None:
         self.metrics = metrics
         for state in self.balancer.replicas:
-            metrics.replica_health(self.name, state.name, up=True)
+            metrics.replica_declared(self.name, state.name)
 
     async def start(self) -> None:
         """Start the active health checks (when `health_path` is set)."""
@@ -244,12 +244,13 @@ class BackendPool:
             if self.metrics is not None:
                 self.metrics.replica_started(self.name, state.name)
             stream = replica.backend.stream(upstream)
-            outcome = "error"
+            outcome = "cancelled"  # until the replica answers or fails
             try:
                 try:
                     first = await anext(stream)
                 except BackendError as exc:
                     if not _failover_worthy(exc):
+                        outcome = "error"
                         raise
                     outcome = "failover"
                     failure = exc

@@ -74,6 +74,8 @@ class Cell:
     calls: dict[str, float] = field(default_factory=dict)
     in_flight_mean: dict[str, float] = field(default_factory=dict)  # time-averaged, per replica
     wall_s: float = 0.0
+    server_cpu_s: float = 0.0  # the Tether process (replicas simulated in it), during the cell
+    client_cpu_s: float = 0.0  # this process: every agent's client
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -197,7 +199,7 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 async def run_cell(variant: str, n: int, wl: workloads.Workload, agents: int, base: Target,
-                   metrics_url: str, stagger_s: float) -> Cell:
+                   metrics_url: str, stagger_s: float, server: M.ProcStat) -> Cell:
     transport, _ = VARIANTS[variant]
     model = model_name(variant, n)
     target = replace(base, model=model)
@@ -212,9 +214,11 @@ async def run_cell(variant: str, n: int, wl: workloads.Workload, agents: int, ba
             await asyncio.sleep(k * stagger_s)
             return await TRANSPORTS[transport](target).run_rollout(tickets[k], phase=f"{variant}-{n}", rep=k)
 
-        t0 = time.perf_counter()
+        t0, cpu0, client0 = time.perf_counter(), server.cpu_seconds(), time.process_time()
         results = await asyncio.gather(*(agent(k) for k in range(agents)))
         cell.wall_s = time.perf_counter() - t0
+        cell.server_cpu_s = server.cpu_seconds() - cpu0
+        cell.client_cpu_s = time.process_time() - client0
         cell.in_flight_mean = await sampler.stop()
         after = await sampler.scrape()
     cell.prompt_tokens = _diff(after.get("tokens_prompt", {}), before.get("tokens_prompt", {}))
@@ -249,19 +253,19 @@ def run_phase(args: argparse.Namespace, out: Path) -> list[Cell]:
         bridge = server.bridge_url or ""
         base = Target("", bridge, f"127.0.0.1:{server.grpc_port}", client="raw")
         metrics_url = bridge.rsplit("/v1", 1)[0] + "/metrics"
-        return asyncio.run(_run_cells(wl, counts, variants, args, base, metrics_url))
+        return asyncio.run(_run_cells(wl, counts, variants, args, base, metrics_url, server.stat))
     finally:
         server.stop()
 
 
 async def _run_cells(wl: workloads.Workload, counts: list[int], variants: list[str], args: argparse.Namespace,
-                     base: Target, metrics_url: str) -> list[Cell]:
+                     base: Target, metrics_url: str, server: M.ProcStat) -> list[Cell]:
     cells: list[Cell] = []
     stagger = 0.25 / args.time_scale
     for i, n in enumerate(counts):
         k = i % len(variants)
         for variant in variants[k:] + variants[:k]:  # rotate so no variant always runs first
-            cell = await run_cell(variant, n, wl, args.agents, base, metrics_url, stagger)
+            cell = await run_cell(variant, n, wl, args.agents, base, metrics_url, stagger, server)
             cells.append(cell)
             print(f"  {variant:<12} x{n}: {cell.ok}/{cell.agents} ok, e2e mean {cell.e2e_mean:.2f} s, "
                   f"hit {cell.hit_ratio:.0%}, balance {cell.balance:.2f}", file=sys.stderr)
@@ -283,8 +287,9 @@ def render_markdown(cells: list[Cell], meta: dict) -> str:
              f"{meta['workload']}, {meta['agents']} concurrent agents per cell, simulated replicas at "
              f"Llama 3.1 8B / H100 figures x{meta['time_scale']:g} time scale; run took {meta['duration_s']:.0f} s.", "",
              "| variant | replicas | ok | e2e mean s | e2e p50 s | TTFT mean ms | prompt ktok | prefill ktok computed "
-             "| hit ratio | hit ratio per replica | calls per replica | in-flight mean per replica | balance max/mean |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| hit ratio | hit ratio per replica | calls per replica | in-flight mean per replica | balance max/mean "
+             "| CPU % of a core: server | client |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
         names = c.replica_names
         ttft = [t for t in c.ttft_by_turn_s if t == t]
@@ -295,13 +300,15 @@ def render_markdown(cells: list[Cell], meta: dict) -> str:
             f"{c.prefill_tokens / 1000:.0f} | {c.hit_ratio:.0%} | "
             f"{' / '.join(f'{c.hit_ratio_of(r):.0%}' for r in names)} | "
             f"{' / '.join(f'{c.calls.get(r, 0):.0f}' for r in names)} | "
-            f"{' / '.join(f'{c.in_flight_mean.get(r, 0):.2f}' for r in names)} | {c.balance:.2f} |")
+            f"{' / '.join(f'{c.in_flight_mean.get(r, 0):.2f}' for r in names)} | {c.balance:.2f} | "
+            f"{100 * c.server_cpu_s / c.wall_s:.0f} | {100 * c.client_cpu_s / c.wall_s:.0f} |")
     lines += ["", "| replicas | " + " | ".join(ratios(cells, max(c.replicas for c in cells))) + " |",
               "|---|" + "---|" * len(ratios(cells, max(c.replicas for c in cells)))]
     for n in sorted({c.replicas for c in cells}):
         r = ratios(cells, n)
         lines.append(f"| {n} | " + " | ".join(f"{v:.2f}x" for v in r.values()) + " |")
-    lines += ["", "Ratios are e2e means (lower = the first variant is faster)."]
+    lines += ["", "Ratios are e2e means (lower = the first variant is faster). A server CPU near 100% means the "
+              "cell measured Tether's (single-core) CPU as much as the replicas: compare cells below it."]
     return "\n".join(lines) + "\n"
 
 
@@ -324,8 +331,8 @@ def add_argument_group_to(p: argparse.ArgumentParser) -> None:
     g.add_argument("--agents", type=int, default=8, help="concurrent agents per cell (default 8)")
     g.add_argument("--replica-counts", default="1,2,4", help="replica counts per pool (default 1,2,4)")
     g.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {', '.join(VARIANTS)}")
-    g.add_argument("--time-scale", type=float, default=4.0,
-                   help="speed-up of the simulated replicas (rates x, fixed TTFT /; default 4)")
+    g.add_argument("--time-scale", type=float, default=1.0,
+                   help="speed-up of the simulated replicas (rates x, fixed TTFT /; default 1: the published rates)")
     g.add_argument("--workload", default="bugfix20", help="the agents' workload (default bugfix20)")
 
 
