@@ -7,7 +7,7 @@ from tether.core.turn import user_message
 
 
 def balancer(policy: Policy, n: int = 3, **settings) -> Balancer:
-    return Balancer([f"r{i}" for i in range(n)], BalancerSettings(policy=policy, **settings))
+    return Balancer([f"r{i}" for i in range(n)], BalancerSettings(policy=policy.value, **settings))
 
 
 def chain(*labels: str) -> list[Block]:
@@ -38,7 +38,7 @@ def test_least_loaded_takes_the_idlest_replica():
 
 
 def test_chain_affine_follows_the_parent_and_falls_back_on_load_and_health():
-    b = balancer(Policy.CHAIN_AFFINE, balance_abs=2, balance_rel=1.5, eject_after=1)
+    b = balancer(Policy.CHAIN_AFFINE, balance_abs=2, balance_rel=1.5, eject_after_failures=1)
     r0, r1, r2 = b.replicas
     assert [b.order(0.0, affinity="r2")[0] for _ in range(5)] == [r2] * 5  # sticky, whatever the rotation
     assert b.order(0.0, affinity="gone")[0].in_flight == 0  # unknown replica: least-loaded
@@ -68,7 +68,7 @@ def test_prefix_aware_routes_to_the_replica_that_saw_the_longest_prefix():
 
 
 def test_prefix_aware_with_a_prompt_cache_key_is_a_stable_hash_that_skips_ejected_replicas():
-    b = balancer(Policy.PREFIX_AWARE, eject_after=1)
+    b = balancer(Policy.PREFIX_AWARE, eject_after_failures=1)
     picks = {b.order(0.0, cache_key="agent-7")[0].name for _ in range(5)}
     assert len(picks) == 1
     spread = {b.order(0.0, cache_key=f"agent-{k}")[0].name for k in range(40)}
@@ -88,7 +88,7 @@ def test_prefix_aware_does_not_pile_onto_an_overloaded_replica():
 
 
 def test_ejection_probation_and_return():
-    b = balancer(Policy.ROUND_ROBIN, n=2, eject_after=2, eject_s=10.0)
+    b = balancer(Policy.ROUND_ROBIN, n=2, eject_after_failures=2, eject_s=10.0)
     r0, r1 = b.replicas
     b.failed(r0, now=0.0)
     assert r0.health is Health.UP  # one failure is not enough
@@ -110,7 +110,7 @@ def test_ejection_probation_and_return():
 
 
 def test_when_every_replica_is_ejected_all_are_still_tried():
-    b = balancer(Policy.LEAST_LOADED, n=2, eject_after=1)
+    b = balancer(Policy.LEAST_LOADED, n=2, eject_after_failures=1)
     for r in b.replicas:
         b.failed(r, now=0.0)
     assert len(b.order(1.0)) == 2

@@ -58,20 +58,15 @@ log = logging.getLogger("tether.pool")
 CACHE_HINTS = ("", "prompt_cache_key", "id_slot")
 
 
-@dataclass(kw_only=True)
-class PoolConfig:
+@dataclass(frozen=True, kw_only=True)
+class PoolConfig(BalancerSettings):
+    """The `pool` table: the balancer's settings (policy, ejection, balance thresholds) and these."""
+
     replicas: Any  # int, or a list of base URLs / option tables
-    policy: str = "round-robin"
     failover_attempts: int = 1  # further replicas tried when one fails before its first chunk
-    eject_after_failures: int = 2
-    eject_s: float = 10.0
     health_path: str = ""  # "" = passive health only
     health_interval_s: float = 5.0
     health_timeout_s: float = 2.0
-    balance_abs: int = 8
-    balance_rel: float = 1.5
-    min_prefix_match: float = 0.5
-    prefix_index_entries: int = 200_000
     cache_hint: str = ""  # "" | "prompt_cache_key" | "id_slot"
     slots_per_replica: int = 1  # with cache_hint = "id_slot": the upstream's --parallel
 
@@ -126,12 +121,10 @@ class BackendPool:
     """Several replicas of one backend behind one name (the `Backend` protocol)."""
 
     def __init__(self, name: str, replicas: list[Replica], config: PoolConfig) -> None:
-        try:
-            policy = Policy(config.policy)
-        except ValueError:
+        if config.policy not in {p.value for p in Policy}:
             raise ValueError(
                 f"backend {name!r}: pool.policy must be one of {', '.join(p.value for p in Policy)}, got {config.policy!r}"
-            ) from None
+            )
         if config.cache_hint not in CACHE_HINTS:
             raise ValueError(f"backend {name!r}: pool.cache_hint must be one of {CACHE_HINTS}, got {config.cache_hint!r}")
         if config.failover_attempts < 0 or config.eject_after_failures < 1 or config.slots_per_replica < 1:
@@ -145,18 +138,7 @@ class BackendPool:
         self.capabilities = replicas[0].backend.capabilities
         self.config = config
         self.replicas = replicas
-        self.balancer = Balancer(
-            [r.name for r in replicas],
-            BalancerSettings(
-                policy=policy,
-                eject_after=config.eject_after_failures,
-                eject_s=config.eject_s,
-                balance_abs=config.balance_abs,
-                balance_rel=config.balance_rel,
-                min_prefix_match=config.min_prefix_match,
-                prefix_index_entries=config.prefix_index_entries,
-            ),
-        )
+        self.balancer = Balancer([r.name for r in replicas], config)
         self.metrics: Any = None  # tether.metrics.Metrics, bound by the engine
         self._health_task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
@@ -215,7 +197,7 @@ class BackendPool:
 
     def _chain(self, request: BackendRequest) -> list[Block]:
         needs = self.config.cache_hint or (
-            self.balancer.settings.policy is Policy.PREFIX_AWARE and not request.prompt_cache_key
+            self.balancer.policy is Policy.PREFIX_AWARE and not request.prompt_cache_key
         )
         if not needs:
             return []

@@ -26,7 +26,7 @@ than `balance_rel` (SGLang's `balance_abs_threshold` / `balance_rel_threshold`).
 
 Health (`Health`): a replica is UP, EJECTED (not routable until `ejected_until`, or until a health
 probe succeeds) or on PROBATION (routable again; one success makes it UP, one failure ejects it
-again). `eject_after` consecutive failures before the first byte eject an UP replica. When no
+again). `eject_after_failures` consecutive failures before the first byte eject an UP replica. When no
 replica is routable every replica is a candidate (a pool never refuses on stale health alone).
 """
 
@@ -143,10 +143,12 @@ class ReplicaState:
         return self.health is not Health.EJECTED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BalancerSettings:
-    policy: Policy = Policy.ROUND_ROBIN
-    eject_after: int = 2
+    """The balancer's knobs; a pool's `pool` table holds these plus its own (tether.backends.pool)."""
+
+    policy: str = Policy.ROUND_ROBIN.value  # a Policy value
+    eject_after_failures: int = 2
     eject_s: float = 10.0
     balance_abs: int = 8
     balance_rel: float = 1.5
@@ -161,6 +163,7 @@ class Balancer:
         if len(set(names)) != len(names):
             raise ValueError(f"replica names must be distinct: {list(names)}")
         self.settings = settings
+        self.policy = Policy(settings.policy)  # ValueError for an unknown policy
         self.replicas = [
             ReplicaState(name, i, prefixes=PrefixIndex(settings.prefix_index_entries)) for i, name in enumerate(names)
         ]
@@ -184,7 +187,7 @@ class Balancer:
         candidates = [r for r in self.replicas if r.routable(now)] or list(self.replicas)
         rotation = self._rotate(candidates)
         by_load = sorted(rotation, key=lambda r: r.in_flight)
-        policy = self.settings.policy
+        policy = self.policy
         first: ReplicaState | None = None
         if policy is Policy.ROUND_ROBIN:
             first = rotation[0]
@@ -232,7 +235,7 @@ class Balancer:
 
     def started(self, replica: ReplicaState, chain: Sequence[Block] = ()) -> None:
         replica.in_flight += 1
-        if chain and self.settings.policy is Policy.PREFIX_AWARE:
+        if chain and self.policy is Policy.PREFIX_AWARE:
             replica.prefixes.add(chain)
 
     def ended(self, replica: ReplicaState) -> None:
@@ -247,7 +250,7 @@ class Balancer:
     def failed(self, replica: ReplicaState, now: float) -> None:
         """The replica failed before its first chunk (connection refused, 5xx, timeout)."""
         replica.failures += 1
-        if replica.health is Health.PROBATION or replica.failures >= self.settings.eject_after:
+        if replica.health is Health.PROBATION or replica.failures >= self.settings.eject_after_failures:
             self._eject(replica, now)
 
     def probed(self, replica: ReplicaState, ok: bool, now: float) -> None:

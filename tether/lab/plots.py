@@ -162,6 +162,16 @@ def _tps(speed: str) -> float:
 
 # --- `tether bench replicas` (tether.lab.replicas.Cell) -------------------------------------------
 
+def _save(fig, ax, path: Path, *, legend: bool = True) -> Path:
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 REPLICA_COLORS = {"http-rr": "#ff7f0e", "http-prefix": "#d62728", "ws-affine": "#1f77b4", "grpc-affine": "#2ca02c"}
 
 
@@ -181,12 +191,7 @@ def replicas_e2e(cells: list, path: Path) -> Path | None:
     ax.set_xticks(sorted({c.replicas for c in cells}))
     ax.set_ylabel("rollout e2e, s (mean over agents, time-scaled)")
     ax.set_title("Many agents sharing replicas: e2e by routing policy")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def replicas_ttft_by_turn(cells: list, path: Path) -> Path | None:
@@ -200,12 +205,7 @@ def replicas_ttft_by_turn(cells: list, path: Path) -> Path | None:
     ax.set_xlabel("turn (model call) index")
     ax.set_ylabel("TTFT, ms (mean over agents, time-scaled)")
     ax.set_title(f"TTFT per turn with {cells[0].replicas} replicas: prefill of the uncached history")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def replicas_hit_ratio(cells: list, path: Path) -> Path | None:
@@ -224,8 +224,4 @@ def replicas_hit_ratio(cells: list, path: Path) -> Path | None:
     ax.set_ylabel("prompt tokens served from the replica's KV cache, %")
     ax.set_ylim(0, 100)
     ax.set_title(f"Cache hit ratio per replica ({n} replicas; one bar per replica)")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, legend=False)
