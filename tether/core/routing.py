@@ -8,7 +8,9 @@ and arithmetic, so the policies are tested without sockets or clocks.
 Policies (`Policy`):
 
 - `round-robin`: rotate over the routable replicas.
-- `least-loaded`: the replica with the fewest calls in flight (ties rotate).
+- `least-loaded`: the replica with the fewest calls in flight; ties go to the one that has
+  started the fewest calls (with sticky conversations, calls in flight undercount a replica's
+  share between turns), then rotate.
 - `chain-affine`: a continuation goes to the replica that served its parent (`affinity`, the
   replica recorded with the parent response, in the connection cache or the store), unless that
   replica is not routable or is overloaded (see below); otherwise, and for a first turn,
@@ -132,6 +134,7 @@ class ReplicaState:
     name: str
     index: int
     in_flight: int = 0
+    calls: int = 0  # ever started here: the tie-break that spreads new conversations
     health: Health = Health.UP
     failures: int = 0  # consecutive failures before the first byte
     ejected_until: float = 0.0
@@ -186,7 +189,7 @@ class Balancer:
         """Candidates for one call, first choice first; the rest are failover candidates."""
         candidates = [r for r in self.replicas if r.routable(now)] or list(self.replicas)
         rotation = self._rotate(candidates)
-        by_load = sorted(rotation, key=lambda r: r.in_flight)
+        by_load = sorted(rotation, key=lambda r: (r.in_flight, r.calls))
         policy = self.policy
         first: ReplicaState | None = None
         if policy is Policy.ROUND_ROBIN:
@@ -235,6 +238,7 @@ class Balancer:
 
     def started(self, replica: ReplicaState, chain: Sequence[Block] = ()) -> None:
         replica.in_flight += 1
+        replica.calls += 1
         if chain and self.policy is Policy.PREFIX_AWARE:
             replica.prefixes.add(chain)
 
