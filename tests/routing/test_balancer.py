@@ -64,8 +64,7 @@ def test_prefix_aware_routes_to_the_replica_that_saw_the_longest_prefix():
     assert [b.order(0.0, chain=longer)[0] for _ in range(4)] == [r1] * 4
     # A different conversation shares only the header (1 block of 4): below the 0.5 threshold.
     other = chain("write docs", "tool output: listing", "tool output: file")
-    # least-loaded instead: r1 (which served the first conversation) only after the idle ones
-    assert {b.order(0.0, chain=other)[0].name for _ in range(3)} == {"r0", "r2"}
+    assert {b.order(0.0, chain=other)[0].name for _ in range(3)} == {"r0", "r1", "r2"}  # least-loaded, rotating
 
 
 def test_prefix_aware_with_a_prompt_cache_key_is_a_stable_hash_that_skips_ejected_replicas():
@@ -138,12 +137,19 @@ def test_prefix_index_is_bounded_and_keeps_shared_roots():
     assert index.match(xy) == xy[0].tokens + xy[1].tokens
 
 
-def test_least_loaded_ties_go_to_the_replica_with_fewer_calls_so_new_conversations_spread():
-    """Between turns a sticky conversation has nothing in flight; counting started calls keeps
+def test_chain_affine_places_new_conversations_evenly_even_while_they_are_idle():
+    """Between turns a sticky conversation has nothing in flight; placing by conversations keeps
     first turns from piling onto the replica whose conversations happen to be idle right now."""
     b = balancer(Policy.CHAIN_AFFINE, n=2)
     r0, r1 = b.replicas
-    for _ in range(3):  # r0's conversation: three finished turns, idle now
-        b.started(r0)
+    b.started(r0)  # conversation A placed on r0 ...
+    b.ended(r0)
+    for _ in range(3):  # ... and continued there three times; idle now
+        b.started(r0, affinity="r0")
         b.ended(r0)
-    assert [b.order(0.0)[0] for _ in range(4)] == [r1] * 4
+    first = b.order(0.0)[0]
+    assert first is r1  # conversation B goes to r1, though both have nothing in flight
+    b.started(r1)
+    b.started(r1, affinity="r1")  # B is generating
+    assert b.order(0.0)[0] is r0  # C: one placed each, r0 less loaded
+    assert r0.placed == 1 and r1.placed == 1

@@ -222,7 +222,7 @@ class BackendPool:
         failure: BackendError | None = None
         for state in candidates:
             replica = self.replicas[state.index]
-            self.balancer.started(state, chain)
+            self.balancer.started(state, chain, affinity=request.affinity)
             if self.metrics is not None:
                 self.metrics.replica_started(self.name, state.name)
             stream = replica.backend.stream(upstream)

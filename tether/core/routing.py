@@ -8,14 +8,14 @@ and arithmetic, so the policies are tested without sockets or clocks.
 Policies (`Policy`):
 
 - `round-robin`: rotate over the routable replicas.
-- `least-loaded`: the replica with the fewest calls in flight; ties go to the one that has
-  started the fewest calls (with sticky conversations, calls in flight undercount a replica's
-  share between turns), then rotate.
+- `least-loaded`: the replica with the fewest calls in flight (ties rotate).
 - `chain-affine`: a continuation goes to the replica that served its parent (`affinity`, the
   replica recorded with the parent response, in the connection cache or the store), unless that
-  replica is not routable or is overloaded (see below); otherwise, and for a first turn,
-  least-loaded. This is the policy a persistent connection makes natural: the parent's replica
-  holds the conversation's KV prefix.
+  replica is not routable or is overloaded (see below). Otherwise, and for a first turn, the call
+  places the conversation: on the replica with the fewest conversations placed so far, then the
+  least loaded (calls in flight alone undercount a replica whose sticky conversations are between
+  turns). This is the policy a persistent connection makes natural: the parent's replica holds
+  the conversation's KV prefix.
 - `prefix-aware`: what gateways do for stateless requests (SGLang's cache-aware router, llm-d's
   prefix scorer): with a `prompt_cache_key`, rendezvous hashing of the key over the routable
   replicas; otherwise the replica whose routed-prefix index holds the longest prefix of the
@@ -134,7 +134,7 @@ class ReplicaState:
     name: str
     index: int
     in_flight: int = 0
-    calls: int = 0  # ever started here: the tie-break that spreads new conversations
+    placed: int = 0  # conversations placed here (calls that followed no affinity), ever
     health: Health = Health.UP
     failures: int = 0  # consecutive failures before the first byte
     ejected_until: float = 0.0
@@ -189,7 +189,7 @@ class Balancer:
         """Candidates for one call, first choice first; the rest are failover candidates."""
         candidates = [r for r in self.replicas if r.routable(now)] or list(self.replicas)
         rotation = self._rotate(candidates)
-        by_load = sorted(rotation, key=lambda r: (r.in_flight, r.calls))
+        by_load = sorted(rotation, key=lambda r: r.in_flight)
         policy = self.policy
         first: ReplicaState | None = None
         if policy is Policy.ROUND_ROBIN:
@@ -200,6 +200,8 @@ class Balancer:
             preferred = self._by_name.get(affinity or "")
             if preferred is not None and preferred in candidates and not self._overloaded(preferred, by_load[0]):
                 first = preferred
+            else:  # place the conversation: fewest placed so far, then least loaded
+                first = min(by_load, key=lambda r: r.placed)
         elif policy is Policy.PREFIX_AWARE:
             preferred = self._prefix_choice(candidates, chain, cache_key)
             if preferred is not None and not self._overloaded(preferred, by_load[0]):
@@ -236,9 +238,11 @@ class Balancer:
 
     # -- outcomes ---------------------------------------------------------------------------------
 
-    def started(self, replica: ReplicaState, chain: Sequence[Block] = ()) -> None:
+    def started(self, replica: ReplicaState, chain: Sequence[Block] = (), *, affinity: str | None = None) -> None:
+        """A call starts on `replica`; `affinity` is the replica its parent asked for, if any."""
         replica.in_flight += 1
-        replica.calls += 1
+        if replica.name != affinity:
+            replica.placed += 1
         if chain and self.policy is Policy.PREFIX_AWARE:
             replica.prefixes.add(chain)
 
