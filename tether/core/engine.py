@@ -160,9 +160,15 @@ class Engine:
         )
 
     async def summarize(
-        self, route: Resolved, context: Sequence[items_pb2.Item], instructions: str | None
+        self,
+        route: Resolved,
+        context: Sequence[items_pb2.Item],
+        instructions: str | None,
+        *,
+        affinity: str | None = None,
     ) -> tuple[str, int]:
         """Compaction: ask the backend to summarise the older items; keep the recent turn verbatim.
+        `affinity`: the pool replica that holds the conversation (chain-affine routing).
         Returns (summary, number of trailing items kept)."""
         keep = _kept_tail(context)
         older = list(context[: len(context) - keep])
@@ -172,6 +178,7 @@ class Engine:
             instructions=SUMMARY_INSTRUCTIONS,
             items=older,
             input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
+            affinity=affinity,
         )
         stream = route.backend.stream(request)
         try:

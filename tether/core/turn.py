@@ -317,7 +317,9 @@ class Turn:
         ev.compaction_compacting.output_index = builder.next_index
         await self.session.outbox.put(ev)
         context = [*prepared.node.items(), *output]
-        summary, keep = await self.engine.summarize(prepared.route, context, self.params.instructions or None)
+        summary, keep = await self.engine.summarize(
+            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None
+        )
         item = items_pb2.Item()
         item.compaction.id = item_id
         item.compaction.encrypted_content = encode_payload(summary, keep)
