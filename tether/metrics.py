@@ -59,6 +59,10 @@ class Metrics:
             ["transport"], buckets=_STAGE_BUCKETS, registry=r,
         )
         self.tokens = Counter("tether_tokens", "Tokens", ["kind"], registry=r)
+        self.usage_sources = Counter(
+            "tether_usage_source", "Turns by where each usage figure came from (upstream or tether)",
+            ["kind", "source"], registry=r,
+        )
         self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
@@ -126,7 +130,7 @@ class Metrics:
         finally:
             self.active_responses.dec()
 
-    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage) -> None:
+    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage, sources=None) -> None:
         self.turns.labels(transport, outcome).inc()
         stages = clock.stages
         observe = self.stage_seconds.labels
@@ -140,6 +144,8 @@ class Metrics:
         self.tokens.labels("cached").inc(usage.cached_tokens)
         self.tokens.labels("output").inc(usage.output_tokens)
         self.tokens.labels("reasoning").inc(usage.reasoning_tokens)
+        for kind, source in (sources or {}).items():
+            self.usage_sources.labels(kind, source).inc()
 
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)
@@ -184,8 +190,8 @@ class Metrics:
         self.replica_up.labels(backend, replica).set(1 if up else 0)
 
     def replica_usage(self, backend: str, replica: str, usage) -> None:
-        self.replica_tokens.labels(backend, replica, "prompt").inc(usage.input_tokens)
-        self.replica_tokens.labels(backend, replica, "cached").inc(usage.cached_tokens)
+        self.replica_tokens.labels(backend, replica, "prompt").inc(usage.input_tokens or 0)
+        self.replica_tokens.labels(backend, replica, "cached").inc(usage.cached_tokens or 0)
 
     def safety_finding(self, kind: str) -> None:
         self.safety_findings.labels(kind).inc()

@@ -79,7 +79,7 @@ def test_invalid_settings_are_refused():
 
 def test_published_profile_is_a_valid_simulated_config():
     backend = build_backend("h100", "simulated", dict(LLAMA_31_8B_H100))
-    assert backend.physics is not None and backend.capabilities.reports_prompt_cache
+    assert backend.physics is not None and backend.physics.cache.capacity == 400_000
 
 
 async def _finish(backend, items) -> Finish:
@@ -102,7 +102,8 @@ async def test_simulated_backend_reports_the_replica_cache_hit_as_cached_tokens(
 
 
 async def test_without_the_prefill_model_nothing_changes():
+    """No prefix cache of its own: it reports no cached count, so the turn reports Tether's."""
     backend = build_backend("s", "simulated", {"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 3})
-    assert backend.physics is None and not backend.capabilities.reports_prompt_cache
+    assert backend.physics is None
     for _ in range(2):
-        assert (await _finish(backend, [user_message("hello")])).usage.cached_tokens == 0
+        assert (await _finish(backend, [user_message("hello")])).usage.cached_tokens is None

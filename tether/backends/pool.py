@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -193,6 +193,18 @@ class BackendPool:
                 log.exception("health check of pool %s failed", self.name)
             await asyncio.sleep(self.config.health_interval_s)
 
+    # -- the Backend contract ---------------------------------------------------------------------
+
+    async def prepare(self, request: BackendRequest) -> None:
+        """Checked (and its upstream body built) by one replica: they all run the same model and
+        server, so what one refuses every one would."""
+        await self.replicas[0].backend.prepare(request)
+
+    async def discover(self) -> Sequence[str]:
+        """Every model id any replica lists (a replica that cannot say lists nothing)."""
+        listed = await asyncio.gather(*(r.backend.discover() for r in self.replicas))
+        return list(dict.fromkeys(m for models in listed for m in models))
+
     # -- serving ----------------------------------------------------------------------------------
 
     def _chain(self, request: BackendRequest) -> list[Block]:
@@ -218,10 +230,12 @@ class BackendPool:
         order = self.balancer.order(now, affinity=request.affinity, chain=chain, cache_key=request.prompt_cache_key)
         candidates = order[: 1 + self.config.failover_attempts]
         fields = self._hints(chain, request)
-        upstream = replace(request, upstream_fields={**request.upstream_fields, **fields}) if fields else request
         failure: BackendError | None = None
         for state in candidates:
             replica = self.replicas[state.index]
+            upstream = request
+            if fields or state.index != 0:  # hints, or another replica than `prepare` asked: it builds its own body
+                upstream = replace(request, upstream_fields={**request.upstream_fields, **fields}, prepared=None)
             self.balancer.started(state, chain, affinity=request.affinity)
             if self.metrics is not None:
                 self.metrics.replica_started(self.name, state.name)
