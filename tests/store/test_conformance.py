@@ -58,7 +58,7 @@ class Chain:
         self.turn = 0
 
     def next(
-        self, n_inputs: int = 1, n_outputs: int = 1, tokens: int = 0
+        self, n_inputs: int = 1, n_outputs: int = 1, tokens: int = 0, replica: str = ""
     ) -> tuple[ResponseRecord, list, list]:
         t, p = self.turn, self.prefix
         self.turn += 1
@@ -79,6 +79,7 @@ class Chain:
             output_keys=[k.key for k in outs],
             new_items=new_in + outs,
             conversation_tokens=tokens,
+            replica=replica,
         )
         self.context = inputs + outs
         self.last = rid
@@ -93,6 +94,7 @@ def assert_hydrated(h: Hydrated | None, record: ResponseRecord, inputs: list, ou
     assert [k.key for k in h.outputs] == [k.key for k in outputs]
     assert [k.item for k in h.outputs] == [k.item for k in outputs]
     assert h.conversation_tokens == record.conversation_tokens
+    assert h.replica == record.replica
 
 
 def usage(tenant: str, rid: str, **kw) -> UsageRecord:
@@ -126,6 +128,31 @@ async def test_put_get_and_load(store):
     got = await store.get_response(T1, record.response.id)
     assert got == record.response
     assert_hydrated(await store.load_context(T1, record.response.id), record, inputs, outs)
+
+
+async def test_serving_replica_is_recorded_and_replaced(store):
+    """The backend-pool replica that served a response comes back with it (chain-affine routing
+    after a reconnect), per response of a chain, and a rewrite of the response replaces it."""
+    chain = Chain()
+    first, _, _ = chain.next(replica="http://10.0.0.1:8080/v1")
+    second, inputs, outs = chain.next(replica="pool/1")
+    unpooled, _, _ = chain.next()
+    for record in (first, second, unpooled):
+        await store.put_response(record)
+    assert (await store.load_context(T1, first.response.id)).replica == "http://10.0.0.1:8080/v1"
+    assert_hydrated(await store.load_context(T1, second.response.id), second, inputs, outs)
+    assert (await store.load_context(T1, unpooled.response.id)).replica == ""
+    moved = ResponseRecord(
+        tenant=T1,
+        response=second.response,
+        input_keys=second.input_keys,
+        output_keys=second.output_keys,
+        new_items=[],
+        replica="pool/3",
+    )
+    await store.put_response(moved)
+    assert (await store.load_context(T1, second.response.id)).replica == "pool/3"
+    assert (await store.load_context(T2, second.response.id)) is None  # tenant-scoped as ever
 
 
 async def test_unknown_ids(store):

@@ -56,6 +56,11 @@ class BackendRequest:
     hints: dict[str, str] = field(default_factory=dict)
     # What the adapter's `prepare` made of this request (its upstream body), reused by `stream`.
     prepared: Any = None
+    # The replica that served the parent response (chain-affine routing in a backend pool).
+    affinity: str | None = None
+    # Fields a backend pool adds to the upstream request body (cache/slot hints, e.g. llama.cpp's
+    # `id_slot`); adapters that build a JSON body merge them in.
+    upstream_fields: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class Finish:
     reason: str = "stop"
     usage: Usage | None = None
     timing: Timing | None = None
+    replica: str = ""  # the pool replica that served the call ("" outside a pool)
 
 
 Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish

@@ -116,9 +116,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 def parse_options(kind: str, options: Mapping[str, Any] | None, name: str = "") -> Any:
     """The adapter's config dataclass built from `options`, validated."""
-    cls = adapter_class(kind)
-    config_cls = cls.Config
     label = f"backend {name!r} (kind {kind!r})" if name else f"backend kind {kind!r}"
+    return parse_dataclass(adapter_class(kind).Config, options, label)
+
+
+def parse_dataclass(config_cls: type, options: Mapping[str, Any] | None, label: str) -> Any:
+    """`config_cls(**options)`, checked: unknown or missing options and wrong types are a
+    ValueError that starts with `label` and names the option."""
     options = dict(options or {})
     fields = {f.name: f for f in dataclasses.fields(config_cls) if f.init}
     unknown = sorted(set(options) - set(fields))

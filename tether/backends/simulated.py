@@ -69,6 +69,8 @@ from tether.backends.base import (
     ToolCallDelta,
     Usage,
 )
+from tether.backends.kvsim import ReplicaPhysics
+from tether.core.routing import prefix_chain
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2
 
@@ -109,6 +111,11 @@ class SimulatedConfig:
     call_tools: bool = True  # unscripted: call the first function tool before answering
     tokens_per_chunk: int = 1  # tokens merged into one delta (1 = one delta per token, like upstreams)
     tick_ms: float = 4.0  # the shortest sleep between emissions
+    # Prefill like a real replica (tether/backends/kvsim.py); 0 keeps the flat `ttft_ms`. With it,
+    # `ttft_ms` is the fixed part of TTFT and `tokens_per_s` the rate of one sequence alone.
+    prefill_tokens_per_s: float = 0.0
+    kv_cache_tokens: int = 400_000  # this replica's KV prefix cache (LRU, in tokens)
+    decode_slowdown: float = 0.0  # per extra sequence decoding at once on this replica
 
 
 @dataclass(frozen=True)
@@ -399,8 +406,15 @@ class SimulatedBackend(BackendBase):
         if c.output_tokens < 0 or c.summary_tokens < 0 or c.reasoning_tokens < 0 or c.tokens_per_chunk < 1:
             raise ValueError("simulated backend: token counts must be >= 0 and tokens_per_chunk >= 1")
         self.script: Script | None = load_script(c.script) if c.script else None
+        self.physics: ReplicaPhysics | None = None
+        if c.prefill_tokens_per_s > 0:
+            self.physics = ReplicaPhysics(
+                prefill_tokens_per_s=c.prefill_tokens_per_s,
+                kv_cache_tokens=c.kv_cache_tokens,
+                decode_slowdown=c.decode_slowdown,
+            )
         self.capabilities = Capabilities(
-            tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True
+            tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True,
         )
 
     # planning ---------------------------------------------------------------------------------
@@ -558,26 +572,42 @@ class SimulatedBackend(BackendBase):
             units = units[:error_at]
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        if plan.ttft_s > 0:
-            await asyncio.sleep(plan.ttft_s)
+        ttft_s, cached = plan.ttft_s, None  # None: no prefix cache of its own, Tether counts the reuse
+        physics = self.physics
+        if physics is not None:
+            chain = prefix_chain(request.instructions, request.tools, request.items)
+            admission = physics.admit(chain, plan.ttft_s, t0)
+            ttft_s, cached = admission.ttft_s, min(admission.cached_tokens, request.input_tokens)
+        if ttft_s > 0:
+            await asyncio.sleep(ttft_s)
         start = loop.time()
         tps = plan.tokens_per_s
         tick = self.config.tick_ms / 1000.0
         group = self.config.tokens_per_chunk
         n = len(units)
         emitted = 0
-        while emitted < n:
-            due = n if tps <= 0 else min(n, 1 + int((loop.time() - start) * tps))
-            while emitted < due:
-                if group == 1:
-                    yield units[emitted]
-                    emitted += 1
-                else:
-                    chunk, emitted = _merge(units, emitted, min(due, emitted + group))
-                    yield chunk
-            if emitted < n:
-                wait = start + emitted / tps - loop.time()
-                await asyncio.sleep(max(wait, tick))
+        credit, last = 0.0, start  # tokens due so far, integrated over the (varying) decode rate
+        if physics is not None:
+            physics.decoding += 1
+        try:
+            while emitted < n:
+                now = loop.time()
+                rate = tps if physics is None else physics.decode_rate(tps)
+                credit += (now - last) * rate
+                last = now
+                due = n if tps <= 0 else min(n, 1 + int(credit))
+                while emitted < due:
+                    if group == 1:
+                        yield units[emitted]
+                        emitted += 1
+                    else:
+                        chunk, emitted = _merge(units, emitted, min(due, emitted + group))
+                        yield chunk
+                if emitted < n:
+                    await asyncio.sleep(max((emitted - credit) / rate, tick))
+        finally:
+            if physics is not None:
+                physics.decoding -= 1
         end = loop.time()
         if error_at >= 0 and plan.error is not None:
             e = plan.error
@@ -591,7 +621,9 @@ class SimulatedBackend(BackendBase):
         reasoning = min(plan.reasoning_units, n)
         yield Finish(
             reason=finish,
-            usage=Usage(input_tokens=request.input_tokens, output_tokens=n, reasoning_tokens=reasoning),
+            usage=Usage(
+                input_tokens=request.input_tokens, cached_tokens=cached, output_tokens=n, reasoning_tokens=reasoning
+            ),
             timing=Timing(prompt_time=start - t0, completion_time=end - start, total_time=end - t0),
         )
 

@@ -111,6 +111,7 @@ class CachedResponse:
     input_keys: tuple[str, ...] = ()
     output_keys: tuple[str, ...] = ()
     nbytes: int = 0
+    replica: str = ""  # the backend-pool replica that served it (chain-affine routing)
 
 
 class CacheBudget:

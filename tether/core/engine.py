@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from tether import errors, ids
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
-from tether.backends.registry import build_backend
+from tether.backends.pool import build_configured_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
@@ -64,7 +64,10 @@ class Engine:
     @classmethod
     async def start(cls, config: TetherConfig) -> Engine:
         store = await open_store(config.store)
-        backends = {name: build_backend(name, spec.kind, dict(spec.options)) for name, spec in config.backends.items()}
+        backends = {
+            name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
+            for name, spec in config.backends.items()
+        }
         engine = cls(config, store, backends)
         render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
         for name, backend in backends.items():
@@ -81,6 +84,9 @@ class Engine:
         for backend in backends.values():
             if hasattr(backend, "on_retry"):
                 backend.on_retry = engine.metrics.retry_hook(backend.name)
+            if hasattr(backend, "bind_metrics"):  # a pool: per-replica metrics and health checks
+                backend.bind_metrics(engine.metrics)
+                await backend.start()
         return engine
 
     async def ready(self) -> bool:
@@ -163,12 +169,19 @@ class Engine:
             store=True,
             tenant=tenant,
             nbytes=input_node.nbytes + context.nbytes,
+            replica=hydrated.replica,
         )
 
     async def summarize(
-        self, route: Resolved, context: Sequence[items_pb2.Item], instructions: str | None
+        self,
+        route: Resolved,
+        context: Sequence[items_pb2.Item],
+        instructions: str | None,
+        *,
+        affinity: str | None = None,
     ) -> tuple[str, int]:
         """Compaction: ask the backend to summarise the older items; keep the recent turn verbatim.
+        `affinity`: the pool replica that holds the conversation (chain-affine routing).
         Returns (summary, number of trailing items kept)."""
         keep = _kept_tail(context)
         older = list(context[: len(context) - keep])
@@ -178,6 +191,7 @@ class Engine:
             instructions=SUMMARY_INSTRUCTIONS,
             items=older,
             input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
+            affinity=affinity,
         )
         stream = route.backend.stream(request)
         try:

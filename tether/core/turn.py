@@ -71,6 +71,7 @@ class Turn:
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
         self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
+        self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -145,7 +146,9 @@ class Turn:
             )
         with clock.stage("route"):
             # What the backend cannot do is a request error now, before response.created.
-            request = self._backend_request(route, node.items(), input_tokens)
+            request = self._backend_request(
+                route, node.items(), input_tokens, affinity=(parent.replica or None) if parent else None
+            )
             await route.backend.prepare(request)
         self.engine.rate_limiter.admit(session.tenant, input_tokens)
         return Prepared(
@@ -220,7 +223,9 @@ class Turn:
 
     # -- generation -------------------------------------------------------------------------------
 
-    def _backend_request(self, route: Resolved, items: list[items_pb2.Item], input_tokens: int) -> BackendRequest:
+    def _backend_request(
+        self, route: Resolved, items: list[items_pb2.Item], input_tokens: int, *, affinity: str | None = None
+    ) -> BackendRequest:
         p = self.params
         return BackendRequest(
             model=route.upstream_model,
@@ -238,6 +243,7 @@ class Turn:
             prompt_cache_key=p.prompt_cache_key or None,
             service_tier=p.service_tier,
             input_tokens=input_tokens,
+            affinity=affinity,
         )
 
     async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
@@ -324,7 +330,9 @@ class Turn:
         ev.compaction_compacting.output_index = builder.next_index
         await self.session.outbox.put(ev)
         context = [*prepared.node.items(), *output]
-        summary, keep = await self.engine.summarize(prepared.route, context, self.params.instructions or None)
+        summary, keep = await self.engine.summarize(
+            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None
+        )
         item = items_pb2.Item()
         item.compaction.id = item_id
         item.compaction.encrypted_content = encode_payload(summary, keep)
@@ -360,6 +368,7 @@ class Turn:
         u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
         u.total_tokens = usage.input_tokens + usage.output_tokens
         self.engine.rate_limiter.charge_output(self.session.tenant, usage.output_tokens)
+        self.replica = finish.replica if finish else ""
         if finish and finish.timing:
             t = finish.timing
             r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time
@@ -421,6 +430,7 @@ class Turn:
                 store=r.store,
                 tenant=self.session.tenant,
                 nbytes=prepared.node.nbytes + context.nbytes,
+                replica=self.replica,
             )
             self.session.cache.put(entry)
             self.lane.last_response_id = r.id
@@ -448,6 +458,7 @@ class Turn:
             output_keys=[s.key for s in out_segments],
             new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
             conversation_tokens=context.token_count,
+            replica=self.replica,
         )
         return PostJob(usage=usage, record=record, context=context)
 

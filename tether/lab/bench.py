@@ -7,6 +7,7 @@ with `--plot`) under `bench-results/`.
     tether bench -- --workloads bugfix20 --speeds 1000 --reps 3 --delay-ms 10 --transports ws-inproc,grpc
     tether bench throughput               # 100 concurrent gRPC streams at 4,000 tok/s; coalescing on/off
     tether bench overhead                 # per-turn overhead, turn 1 vs 50 vs 100, cached gRPC continuation
+    tether bench replicas --plot          # many agents on 1/2/4 simulated replicas, per routing policy
 
 (`python -m tether.lab.bench ...` takes the same arguments. The `tether` CLI passes everything after
 `bench` through, but its parser rejects a first argument that starts with `--`: lead with the
@@ -39,7 +40,7 @@ from pathlib import Path
 import httpx
 
 from tether.lab import metrics as M
-from tether.lab import report, workloads
+from tether.lab import replicas, report, workloads
 from tether.lab.proxy import query_control
 from tether.lab.server import (
     TetherProcess,
@@ -432,7 +433,7 @@ def _ttft(spec: str) -> tuple[float, float]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("what", nargs="?", choices=[*sorted(PROFILES), "throughput", "overhead"],
+    p.add_argument("what", nargs="?", choices=[*sorted(PROFILES), "throughput", "overhead", "replicas"],
                    help="shorthand for --profile NAME / --throughput / --overhead (works with the `tether` CLI, "
                         "whose sub-command parser drops a leading --option; `tether bench -- --opts` also works)")
     p.add_argument("--profile", choices=sorted(PROFILES), help="a preset list of phases (default: quick)")
@@ -473,6 +474,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--coalesce", default="default,0", help="--throughput: coalesce_ms values to compare")
     p.add_argument("--tokens-per-chunk", default="1", help="--throughput: tokens per backend chunk (comma list)")
     p.add_argument("--turns", type=int, default=100, help="--overhead: turns per session")
+    replicas.add_argument_group_to(p)
     return p
 
 
@@ -535,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         from tether.lab import overhead
 
         return overhead.main(args)
+    if args.what == "replicas":
+        return replicas.main(args)
     phases = phases_from_args(args)
     label = args.profile or ("custom" if (args.workloads or args.speeds) else "quick")
     out = args.out or DEFAULT_OUT / f"{label}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"

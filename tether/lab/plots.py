@@ -158,3 +158,70 @@ def _tps(speed: str) -> float:
         return float(digits)
     except ValueError:
         return float("nan")
+
+
+# --- `tether bench replicas` (tether.lab.replicas.Cell) -------------------------------------------
+
+def _save(fig, ax, path: Path, *, legend: bool = True) -> Path:
+    ax.grid(True, alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+REPLICA_COLORS = {"http-rr": "#ff7f0e", "http-prefix": "#d62728", "ws-affine": "#1f77b4", "grpc-affine": "#2ca02c"}
+
+
+def replicas_e2e(cells: list, path: Path) -> Path | None:
+    """Mean rollout e2e against the number of replicas, one line per variant."""
+    by: dict[str, list] = defaultdict(list)
+    for c in cells:
+        by[c.variant].append(c)
+    if not by:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for variant, cs in by.items():
+        cs = sorted(cs, key=lambda c: c.replicas)
+        ax.plot([c.replicas for c in cs], [c.e2e_mean for c in cs], marker="o", label=variant,
+                color=REPLICA_COLORS.get(variant))
+    ax.set_xlabel("replicas in the pool")
+    ax.set_xticks(sorted({c.replicas for c in cells}))
+    ax.set_ylabel("rollout e2e, s (mean over agents, time-scaled)")
+    ax.set_title("Many agents sharing replicas: e2e by routing policy")
+    return _save(fig, ax, path)
+
+
+def replicas_ttft_by_turn(cells: list, path: Path) -> Path | None:
+    """Client-observed TTFT (mean over agents) against the turn index, one line per variant."""
+    if not cells:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for c in cells:
+        ax.plot(range(1, len(c.ttft_by_turn_s) + 1), [1000 * t for t in c.ttft_by_turn_s], label=c.variant,
+                color=REPLICA_COLORS.get(c.variant))
+    ax.set_xlabel("turn (model call) index")
+    ax.set_ylabel("TTFT, ms (mean over agents, time-scaled)")
+    ax.set_title(f"TTFT per turn with {cells[0].replicas} replicas: prefill of the uncached history")
+    return _save(fig, ax, path)
+
+
+def replicas_hit_ratio(cells: list, path: Path) -> Path | None:
+    """KV prefix cache hit ratio per replica, grouped by variant."""
+    if not cells:
+        return None
+    n = max(c.replicas for c in cells)
+    fig, ax = plt.subplots(figsize=(9, 5))
+    width = 0.8 / n
+    for i, c in enumerate(cells):
+        for j, name in enumerate(c.replica_names):
+            ax.bar(i + (j - (n - 1) / 2) * width, 100 * c.hit_ratio_of(name), width * 0.9,
+                   color=REPLICA_COLORS.get(c.variant), alpha=0.5 + 0.5 * (j + 1) / n)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([c.variant for c in cells])
+    ax.set_ylabel("prompt tokens served from the replica's KV cache, %")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Cache hit ratio per replica ({n} replicas; one bar per replica)")
+    return _save(fig, ax, path, legend=False)

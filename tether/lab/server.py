@@ -46,7 +46,7 @@ def model_name(workload: Workload | str, speed: SpeedProfile | str) -> str:
     return f"bench-{w}-{s}".replace("@", "-").replace(":", "-")
 
 
-def _toml_value(v: object) -> str:
+def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int | float):
@@ -67,12 +67,12 @@ def write_config(
 ) -> dict[tuple[str, str], str]:
     """Write the server TOML; returns {(workload, speed name): model name}."""
     script_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"store = {_toml_value(store)}", f"log_level = {_toml_value(log_level)}", 'log_format = "text"', ""]
+    lines = [f"store = {toml_value(store)}", f"log_level = {toml_value(log_level)}", 'log_format = "text"', ""]
     srv = {"grpc_port": 0, "bridge_port": 0, "shutdown_grace_s": 2.0, **(server or {})}
     lines.append("[server]")
-    lines += [f"{k} = {_toml_value(v)}" for k, v in srv.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in srv.items()]
     if limits:
-        lines += ["", "[limits]"] + [f"{k} = {_toml_value(v)}" for k, v in limits.items()]
+        lines += ["", "[limits]"] + [f"{k} = {toml_value(v)}" for k, v in limits.items()]
     models: dict[tuple[str, str], str] = {}
     lines += ["", '[backends."default"]', 'kind = "simulated"', "ttft_ms = 1", "tokens_per_s = 0"]
     for wl, speed in pairs:
@@ -83,8 +83,8 @@ def write_config(
         script.write_text(json.dumps(wl.simulated_script(speed), indent=1))
         opts = {"kind": "simulated", "ttft_ms": speed.ttft_min_ms, "tokens_per_s": speed.tokens_per_s,
                 "script": str(script.resolve()), **(backend_options or {})}
-        lines += ["", f"[backends.{_toml_value(name)}]"] + [f"{k} = {_toml_value(v)}" for k, v in opts.items()]
-        lines += ["", f"[models.{_toml_value(name)}]", f"backend = {_toml_value(name)}"]
+        lines += ["", f"[backends.{toml_value(name)}]"] + [f"{k} = {toml_value(v)}" for k, v in opts.items()]
+        lines += ["", f"[models.{toml_value(name)}]", f"backend = {toml_value(name)}"]
         models[(wl.name, speed.name)] = name
     lines += ["", '[models."*"]', 'backend = "default"', ""]
     path.write_text("\n".join(lines))

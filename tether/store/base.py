@@ -38,6 +38,7 @@ class ResponseRecord:
     output_keys: Sequence[str]  # this response's output items, in order
     new_items: Sequence[KeyedItem]  # items not stored before: this turn's new input and its output
     conversation_tokens: int = 0  # rendered tokens of input + output (lets hydration skip a recount)
+    replica: str = ""  # the backend-pool replica that served it (chain-affine routing survives reconnects)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Hydrated:
     inputs: Sequence[KeyedItem]
     outputs: Sequence[KeyedItem]
     conversation_tokens: int = 0
+    replica: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ class _StoredResponse:
     input_keys: tuple[str, ...]
     output_keys: tuple[str, ...]
     conversation_tokens: int
+    replica: str
 
 
 @dataclass
@@ -77,7 +78,7 @@ class MemoryStore:
                 item.refs += 1
         old = self._responses.get((tenant, rid))
         self._responses[(tenant, rid)] = _StoredResponse(
-            data, tuple(record.input_keys), tuple(record.output_keys), record.conversation_tokens
+            data, tuple(record.input_keys), tuple(record.output_keys), record.conversation_tokens, record.replica
         )
         if old is not None:
             self._release(tenant, set(old.input_keys) | set(old.output_keys))
@@ -119,6 +120,7 @@ class MemoryStore:
             inputs=keyed(stored.input_keys),
             outputs=keyed(stored.output_keys),
             conversation_tokens=stored.conversation_tokens,
+            replica=stored.replica,
         )
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:

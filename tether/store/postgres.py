@@ -4,7 +4,8 @@ Schema (`migrations/postgres/0001_init.sql`): the same layout as the SQLite engi
 for proto bytes:
 
 * `items(tenant, key, item_id, item)`: each item once per tenant.
-* `responses(tenant, id, response, created_at, conversation_tokens, stored_at)`.
+* `responses(tenant, id, response, created_at, conversation_tokens, stored_at, replica)`
+  (`replica`, from 0002: the backend-pool replica that served the response).
 * `response_items(tenant, response_id, kind, position, item_key)`: the ordered key lists (kind 0
   input, 1 output), indexed by (tenant, item_key) for deletion. A table rather than a text[]
   column: hydration is one ordered index range scan joined to `items`, paging happens in SQL,
@@ -73,10 +74,10 @@ _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 _HYDRATE = """
 SELECT -1::smallint AS kind, 0 AS position, NULL::text AS key, response AS data,
-       conversation_tokens AS tokens
+       conversation_tokens AS tokens, replica
   FROM responses WHERE tenant = $1 AND id = $2
 UNION ALL
-SELECT ri.kind, ri.position, ri.item_key, i.item, NULL
+SELECT ri.kind, ri.position, ri.item_key, i.item, NULL, NULL
   FROM response_items ri
   LEFT JOIN items i ON i.tenant = ri.tenant AND i.key = ri.item_key
  WHERE ri.tenant = $1 AND ri.response_id = $2
@@ -291,16 +292,18 @@ class PostgresStore:
             await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _LOCK_CLASS, tenant)
             # Upsert the response row first: its row lock serializes two writes of one id.
             await conn.execute(
-                """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens)
-                   VALUES ($1, $2, $3, $4, $5)
+                """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, replica)
+                   VALUES ($1, $2, $3, $4, $5, $6)
                    ON CONFLICT (tenant, id) DO UPDATE SET
                      response = excluded.response, created_at = excluded.created_at,
-                     conversation_tokens = excluded.conversation_tokens, stored_at = now()""",
+                     conversation_tokens = excluded.conversation_tokens, stored_at = now(),
+                     replica = excluded.replica""",
                 tenant,
                 rid,
                 record.response.SerializeToString(),
                 record.response.created_at,
                 record.conversation_tokens,
+                record.replica,
             )
             old = await conn.fetch(
                 "DELETE FROM response_items WHERE tenant = $1 AND response_id = $2 RETURNING item_key",
@@ -358,7 +361,7 @@ class PostgresStore:
         inputs: list[KeyedItem] = []
         outputs: list[KeyedItem] = []
         parse = items_pb2.Item.FromString
-        for kind, _, key, item, _ in rows[1:]:
+        for kind, _, key, item, _, _ in rows[1:]:
             if item is None:
                 raise MissingItemError(tenant, response_id, key)
             (inputs if kind == 0 else outputs).append(KeyedItem(key, parse(item)))
@@ -367,6 +370,7 @@ class PostgresStore:
             inputs=inputs,
             outputs=outputs,
             conversation_tokens=rows[0][4] or 0,
+            replica=rows[0][5] or "",
         )
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:

@@ -6,7 +6,8 @@ Layout (P = the `prefix` option, default "tether"; T = the tenant, percent-encod
 * `P:{t:T}:i:<item key>`: a hash per item: `d` serialized Item proto, `i` API item id, `r` the
   number of stored responses referencing it.
 * `P:{t:T}:r:<response id>`: a hash per response: `d` serialized Response proto, `tok`
-  conversation tokens, `in` / `out` the ordered key lists as JSON arrays, `ca` created_at.
+  conversation tokens, `in` / `out` the ordered key lists as JSON arrays, `ca` created_at, `rep`
+  the backend-pool replica that served it.
 * `P:{usage}:stream`: the usage ledger, a stream (XADD, one entry per response, fields as in
   UsageRecord); `P:{usage}:seen`: the idempotency set, members `[tenant, response_id]` as JSON.
   A Lua script does `SADD seen member` and XADDs only when the member is new (the "SETNX on the
@@ -17,7 +18,7 @@ Every operation is one network round trip: each is a single command or a single 
 Lua script (the scripts are loaded by `open()`; redis-py reloads one transparently after a
 server restart flushed the script cache). Hydration (`load_context`) is one EVALSHA: the script
 reads the response hash, decodes the key lists with cjson and HGETs every item server-side,
-returning [response, tokens, n_inputs, key1, item1, key2, item2, ...]. Lua scripts run
+returning [response, tokens, n_inputs, replica, key1, item1, key2, item2, ...]. Lua scripts run
 atomically, so hydration is a consistent snapshot and writes are all-or-nothing. The scripts
 touch keys they compute from the response's key lists rather than keys declared in KEYS: fine
 on standalone / Sentinel Redis (what the tests run); on Cluster all of a tenant's keys share one
@@ -59,13 +60,13 @@ DEFAULT_TTL_S = 30 * 24 * 3600
 URL_OPTIONS = ("ttl_s", "prefix")
 
 # KEYS[1] response hash; ARGV[1] item key prefix.
-# -> false | {response, tokens, n_inputs, key, item, key, item, ...} (a missing item is nil)
+# -> false | {response, tokens, n_inputs, replica, key, item, key, item, ...} (a missing item is nil)
 _HYDRATE_LUA = """
-local r = redis.call('HMGET', KEYS[1], 'd', 'tok', 'in', 'out')
+local r = redis.call('HMGET', KEYS[1], 'd', 'tok', 'in', 'out', 'rep')
 if not r[1] then return false end
 local ins = cjson.decode(r[3])
 local outs = cjson.decode(r[4])
-local res = {r[1], r[2], #ins}
+local res = {r[1], r[2], #ins, r[5] or ''}
 for _, list in ipairs({ins, outs}) do
   for _, k in ipairs(list) do
     res[#res + 1] = k
@@ -76,11 +77,11 @@ return res
 """
 
 # KEYS[1] response hash; ARGV: item prefix, ttl, response bytes, tokens, in json, out json,
-# created_at, then (key, item_id, item bytes) per new item. -> {1} | {0, missing key}
+# created_at, replica, then (key, item_id, item bytes) per new item. -> {1} | {0, missing key}
 _PUT_LUA = """
 local prefix, ttl = ARGV[1], tonumber(ARGV[2])
 local new = {}
-for j = 8, #ARGV, 3 do new[ARGV[j]] = j end
+for j = 9, #ARGV, 3 do new[ARGV[j]] = j end
 local refs, order = {}, {}
 for _, list in ipairs({cjson.decode(ARGV[5]), cjson.decode(ARGV[6])}) do
   for _, k in ipairs(list) do
@@ -131,7 +132,7 @@ if old[1] then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'tok', ARGV[4], 'in', ARGV[5], 'out', ARGV[6], 'ca', ARGV[7])
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'tok', ARGV[4], 'in', ARGV[5], 'out', ARGV[6], 'ca', ARGV[7], 'rep', ARGV[8])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 return {1}
 """
@@ -291,6 +292,7 @@ class RedisStore:
             json.dumps(list(record.input_keys), ensure_ascii=False, separators=(",", ":")),
             json.dumps(list(record.output_keys), ensure_ascii=False, separators=(",", ":")),
             record.response.created_at,
+            record.replica,
         ]
         for keyed in record.new_items:
             args += [keyed.key, item_api_id(keyed.item), keyed.item.SerializeToString()]
@@ -313,7 +315,7 @@ class RedisStore:
         n_inputs = int(res[2])
         keyed: list[KeyedItem] = []
         parse = items_pb2.Item.FromString
-        for j in range(3, len(res), 2):
+        for j in range(4, len(res), 2):
             key = res[j].decode()
             if res[j + 1] is None:
                 raise MissingItemError(tenant, response_id, key)
@@ -323,6 +325,7 @@ class RedisStore:
             inputs=keyed[:n_inputs],
             outputs=keyed[n_inputs:],
             conversation_tokens=int(res[1] or 0),
+            replica=res[3].decode() if isinstance(res[3], bytes) else str(res[3] or ""),
         )
 
     async def delete_response(self, tenant: str, response_id: str) -> bool:

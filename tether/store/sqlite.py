@@ -16,8 +16,8 @@ Schema
 ------
 * `items(tenant, key, item_id, item)`: each item once; `item` is the serialized Item proto,
   `item_id` its API-visible id (for `list_input_items` paging).
-* `responses(tenant, id, response, created_at, conversation_tokens, stored_at)`: the final
-  Response proto.
+* `responses(tenant, id, response, created_at, conversation_tokens, stored_at, replica)`: the
+  final Response proto, and the backend-pool replica that served it (migration 2).
 * `response_items(tenant, response_id, kind, position, item_key)`: the ordered key lists, kind
   0 = effective input, 1 = output. A table rather than a JSON array column because:
   hydration is then one indexed range scan joined to `items` (ordered by kind, position) in a
@@ -106,14 +106,16 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
             )""",
         ),
     ),
+    (2, ("ALTER TABLE responses ADD COLUMN replica TEXT NOT NULL DEFAULT ''",)),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _HYDRATE = """
-SELECT -1 AS kind, 0 AS position, NULL AS key, response AS data, conversation_tokens AS tokens
+SELECT -1 AS kind, 0 AS position, NULL AS key, response AS data, conversation_tokens AS tokens,
+       replica
   FROM responses WHERE tenant = :tenant AND id = :rid
 UNION ALL
-SELECT ri.kind, ri.position, ri.item_key, i.item, NULL
+SELECT ri.kind, ri.position, ri.item_key, i.item, NULL, NULL
   FROM response_items ri
   LEFT JOIN items i ON i.tenant = ri.tenant AND i.key = ri.item_key
  WHERE ri.tenant = :tenant AND ri.response_id = :rid
@@ -307,11 +309,12 @@ class SqliteStore:
             if missing is not None:
                 raise MissingItemError(tenant, rid, missing[0])
         conn.execute(
-            """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, stored_at)
-               VALUES (?, ?, ?, ?, ?, ?)
+            """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, stored_at, replica)
+               VALUES (?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (tenant, id) DO UPDATE SET
                  response = excluded.response, created_at = excluded.created_at,
-                 conversation_tokens = excluded.conversation_tokens, stored_at = excluded.stored_at""",
+                 conversation_tokens = excluded.conversation_tokens, stored_at = excluded.stored_at,
+                 replica = excluded.replica""",
             (
                 tenant,
                 rid,
@@ -319,6 +322,7 @@ class SqliteStore:
                 record.response.created_at,
                 record.conversation_tokens,
                 time.time(),
+                record.replica,
             ),
         )
         dropped = old_keys - set(record.input_keys) - set(record.output_keys)
@@ -407,15 +411,15 @@ class SqliteStore:
 
 
 def _hydrate(rows: list[Any], tenant: str, response_id: str) -> Hydrated | None:
-    """Build a Hydrated from the hydration query's rows: (kind, position, key, data, tokens),
-    the response row (kind -1) first, then inputs (0) and outputs (1) in position order."""
+    """Build a Hydrated from the hydration query's rows: (kind, position, key, data, tokens,
+    replica), the response row (kind -1) first, then inputs (0) and outputs (1) in position order."""
     if not rows or rows[0][0] != -1:
         return None
-    _, _, _, data, tokens = rows[0]
+    _, _, _, data, tokens, replica = rows[0]
     inputs: list[KeyedItem] = []
     outputs: list[KeyedItem] = []
     parse = items_pb2.Item.FromString
-    for kind, _, key, item, _ in rows[1:]:
+    for kind, _, key, item, _, _ in rows[1:]:
         if item is None:
             raise MissingItemError(tenant, response_id, key)
         (inputs if kind == INPUT else outputs).append(KeyedItem(key, parse(item)))
@@ -424,6 +428,7 @@ def _hydrate(rows: list[Any], tenant: str, response_id: str) -> Hydrated | None:
         inputs=inputs,
         outputs=outputs,
         conversation_tokens=tokens or 0,
+        replica=replica or "",
     )
 
 

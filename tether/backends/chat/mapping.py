@@ -350,4 +350,5 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
             )
         del body[name]
     body.update(opts.extra_body)
+    body.update(request.upstream_fields)  # a backend pool's cache/slot hints
     return body
