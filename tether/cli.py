@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import sys
 
 from tether import __version__
 from tether.config import TetherConfig, load_config, set_path, validate
+from tether.extras import MissingExtra, require
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def _as_program(args: argparse.Namespace, cfg: TetherConfig) -> None:
     """When this is the `tether` program itself (not `main([...])` called in-process), switch to
     the configured allocator first: a re-exec, so it must come before anything starts."""
     if args.as_program:
-        from tether.memory import exec_with_allocator
+        from tether.process_memory import exec_with_allocator
 
         exec_with_allocator(cfg.server.allocator)
 
@@ -102,7 +102,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from tether.observability.tracing import configure_from_env
 
     configure_from_env()
-    from tether.bridge.server import serve_remote_forever
+    from tether.bridge.listener import serve_remote_forever
 
     asyncio.run(serve_remote_forever(cfg, upstream=args.upstream, api_key=args.upstream_api_key, tls_ca=args.upstream_ca))
     return 0
@@ -155,7 +155,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 # Commands whose own parser takes every argument after the command name.
-_DELEGATED = {"bench": "tether.lab.bench", "fuzz": "tether.lab.fuzz"}
+_DELEGATED = {"bench": "tether_lab.bench", "fuzz": "tether_lab.fuzz"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,11 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     in-process with `argv` (which never re-executes the process; see `_as_program`)."""
     as_program = argv is None
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in _DELEGATED:  # argparse's REMAINDER would reject a leading --flag
-        return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
-    args = make_parser().parse_args(argv)
-    args.as_program = as_program
-    return args.run(args)
+    try:
+        if argv and argv[0] in _DELEGATED:  # argparse's REMAINDER would reject a leading --flag
+            return require(_DELEGATED[argv[0]], "lab").main(argv[1:])
+        args = make_parser().parse_args(argv)
+        args.as_program = as_program
+        return args.run(args)
+    except MissingExtra as exc:
+        print(f"tether: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.memory import ALLOCATORS
+from tether.process_memory import ALLOCATORS
 
 
 @dataclass
@@ -77,7 +77,7 @@ class ServerConfig:
     # The WebSocket "prototype" shape (tether/core/prototype.py): a create that includes
     # "tether:prototype_append" stays open across tool calls, fed by response.append.
     prototype_append: bool = False
-    # Process memory (tether/memory.py): `tether serve`/`tether bridge` re-execute once on this
+    # Process memory (tether/process_memory.py): `tether serve`/`tether bridge` re-execute once on this
     # allocator so that memory freed after connections close goes back to the OS: "auto" =
     # jemalloc where the system has it (as fast as pymalloc), else glibc "malloc" (more CPU per
     # turn); "pymalloc" keeps CPython's (fastest, but keeps its peak). PYTHONMALLOC, if set, wins.

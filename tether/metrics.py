@@ -27,7 +27,7 @@ from prometheus_client import (
 
 from tether.core.timing import StageClock
 from tether.errors import CLIENT_GONE
-from tether.memory import allocator_in_use
+from tether.process_memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

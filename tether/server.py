@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.engine import Engine
-from tether.memory import MemoryReclaimer
 from tether.observability.health import ReadinessChecker
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
+from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
 
 log = logging.getLogger("tether.server")
@@ -25,7 +25,7 @@ log = logging.getLogger("tether.server")
 class Running:
     engine: Engine
     grpc: GrpcServer
-    bridge: object | None  # tether.bridge.server.BridgeServer
+    bridge: object | None  # tether.bridge.listener.BridgeServer
     readiness: ReadinessChecker | None = None
     metrics: MetricsServer | None = None
     reclaimer: MemoryReclaimer | None = None
@@ -72,7 +72,7 @@ async def start(config: TetherConfig) -> Running:
         )
     bridge = None
     if config.server.bridge:
-        from tether.bridge.server import start_bridge
+        from tether.bridge.listener import start_bridge
 
         bridge = await start_bridge(engine, auth, config)
     reclaimer = MemoryReclaimer(

@@ -82,7 +82,7 @@ async def test_unscripted_answer_says_what_it_is():
 
 
 async def test_lab_model_plays_the_workload_script():
-    from tether.lab import workloads
+    from tether import workloads
 
     wl = workloads.load("chat3")
     b = backend()

@@ -248,7 +248,7 @@ async def test_tether_bridge_cli_subprocess() -> None:
                 async for ev in conn:
                     if ev.type == "response.completed":
                         break
-        # Its one WebSocket closed, so the bridge's memory reclaimer runs (tether/memory.py).
+        # Its one WebSocket closed, so the bridge's memory reclaimer runs (tether/process_memory.py).
         assert proc.stderr is not None
         while b'"memory reclaimed"' not in (log_line := await asyncio.wait_for(proc.stderr.readline(), 30)):
             assert log_line, "the bridge exited"

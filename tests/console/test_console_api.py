@@ -14,11 +14,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from tether import workloads
 from tether.auth import Authenticator
 from tether.backends.simulated import lab_script, parse_script
 from tether.bridge.console import CSP, tokens
 from tether.errors import TetherError
-from tether.lab import workloads
 from tether.service.remote import ForwardingAuthenticator
 
 from ..bridge.helpers import recv_response, send_json

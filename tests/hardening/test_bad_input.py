@@ -1,4 +1,4 @@
-"""Deterministic replays of what the fuzzer found (tether/lab/fuzz.py, docs/reliability.md
+"""Deterministic replays of what the fuzzer found (tether_lab/fuzz.py, docs/reliability.md
 "Findings"): fixed ones as regression tests, open ones as strict xfails naming the core fix, so
 each flips to a failure (remove the marker) the moment its fix lands."""
 

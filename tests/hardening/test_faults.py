@@ -35,8 +35,9 @@ from tests.fakes.chat_server import (
 )
 from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
-from tether.lab.load import ServerProcess, write_config
 from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether_lab.load import write_config
+from tether_lab.processes import ServerProcess
 
 from .support import (
     CREATE,

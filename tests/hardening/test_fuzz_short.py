@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.lab.fuzz import FUZZ_KEY, Report, Target, own_server, run_campaign
+from tether_lab.fuzz import FUZZ_KEY, Report, Target, own_server, run_campaign
 
 ITERATIONS = 300
 SEED = 20260

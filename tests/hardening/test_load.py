@@ -1,4 +1,4 @@
-"""The CI slice of the load campaign (`python -m tether.lab.load`): 50 WebSocket connections of
+"""The CI slice of the load campaign (`python -m tether_lab.load`): 50 WebSocket connections of
 which 10 run tool-loop rollouts, plus 2 gRPC sessions, for a few seconds against a `tether serve`
 subprocess. Asserts only what must hold at any scale: no errors, and every store=true response
 retrievable afterwards, and the server's memory reclaimer ran once the connections closed. The full
@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tether.lab.load import load_server, run_load
+from tether_lab.load import load_server, run_load
 
 
 def test_tiny_load_campaign(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ from collections import defaultdict
 
 import pytest
 
-from tether.lab import bench, workloads
-from tether.lab.transports import VARIANTS
+from tether import workloads
+from tether_lab import bench
+from tether_lab.transports import VARIANTS
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tether.lab.proxy import DelayProxy
+from tether_lab.proxy import DelayProxy
 
 
 async def _echo_server():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tether.lab import bench, replicas
+from tether_lab import bench, replicas
 
 
 def test_replicas_phase_runs_every_cell_and_routes_as_configured(tmp_path):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from tether import workloads
 from tether.backends.simulated import parse_script
-from tether.lab import workloads
 
 
 @pytest.mark.parametrize("name", ["bugfix20", "chat3", "long100"])

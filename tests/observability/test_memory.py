@@ -1,4 +1,4 @@
-"""Process memory (tether/memory.py): `tether serve` runs on the configured allocator, and its
+"""Process memory (tether/process_memory.py): `tether serve` runs on the configured allocator, and its
 memory reclaimer runs after connections close. The figures (RSS back near the baseline after
 1,000 connections) come from the load campaign, docs/reliability.md "Load"."""
 
@@ -17,8 +17,9 @@ from websockets.asyncio.client import connect
 
 from tests.observability.conftest import samples, value
 from tether.config import load_config
-from tether.lab.load import ServerProcess, write_config
-from tether.memory import MemoryReclaimer, exec_with_allocator, resident_bytes, trim_heap
+from tether.process_memory import MemoryReclaimer, exec_with_allocator, resident_bytes, trim_heap
+from tether_lab.load import write_config
+from tether_lab.processes import ServerProcess
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="allocator switch and /proc are Linux-only"

@@ -14,7 +14,7 @@ from opentelemetry.trace import StatusCode  # noqa: E402
 
 import tether.client as tc  # noqa: E402
 from tether.observability import tracing  # noqa: E402
-from tether.observability.bench_tracing import ensure_hooks  # noqa: E402
+from tether_lab.bench_tracing import ensure_hooks  # noqa: E402
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

@@ -1,7 +1,7 @@
 """Shared pieces of the scale-out suite: Tether and nginx as real subprocesses on loopback.
 
 Which process holds a connection is read from the kernel: `/proc/<pid>/fd` + `/proc/<pid>/net/tcp`
-(`tether.lab.scaleout_bench.tcp_sockets`), i.e. which process owns the accepted socket whose
+(`tether_lab.processes.tcp_sockets`), i.e. which process owns the accepted socket whose
 remote port is the client's local port. No server code is involved, so the answer cannot lie,
 and it works the same for WebSocket and gRPC, for workers and replicas.
 """
@@ -15,7 +15,7 @@ import sys
 import httpx
 import pytest
 
-from tether.lab.scaleout_bench import TCP_ESTABLISHED, TetherProcess, established, tcp_sockets
+from tether_lab.processes import TCP_ESTABLISHED, ServerProcess, established, tcp_sockets
 
 if not sys.platform.startswith("linux"):
     pytest.skip("scale-out tests need Linux (SO_REUSEPORT balancing, /proc)", allow_module_level=True)
@@ -39,7 +39,7 @@ def owner_of(pids: list[int], server_port: int, client_port: int) -> int | None:
     return None
 
 
-def holders(procs: list[TetherProcess], port_of) -> list[TetherProcess]:
+def holders(procs: list[ServerProcess], port_of) -> list[ServerProcess]:
     """The processes that hold at least one accepted connection on their own port."""
     return [
         p
@@ -48,7 +48,7 @@ def holders(procs: list[TetherProcess], port_of) -> list[TetherProcess]:
     ]
 
 
-async def wait_visible(replica: TetherProcess, response_id: str, within: float = 10.0) -> int:
+async def wait_visible(replica: ServerProcess, response_id: str, within: float = 10.0) -> int:
     """Poll GET /v1/responses/{id} straight on `replica` until 200; returns how many polls were
     not 200 first. A 200 means the write has landed in the shared store (a process that still has
     the write queued waits for it before answering)."""
@@ -57,7 +57,7 @@ async def wait_visible(replica: TetherProcess, response_id: str, within: float =
     deadline = loop.time() + within
     async with httpx.AsyncClient(timeout=5) as http:
         while True:
-            status = (await http.get(f"{replica.base_url}/responses/{response_id}")).status_code
+            status = (await http.get(f"{replica.api_url}/responses/{response_id}")).status_code
             if status == 200:
                 return misses
             assert status == 404, status

@@ -16,7 +16,7 @@ store: a store=true response is in the store before its terminal event goes out,
 the client has `response.completed` the other replica can read it (checked: the first GET there
 answers 200) and a crash right after loses nothing. With the default "overlap" the write follows
 the terminal event and a quick reconnect elsewhere can miss it (docs/deployment.md measures how
-often: `python -m tether.lab.scaleout_bench --parts visibility`).
+often: `python -m tether_lab.scaleout --parts visibility`).
 
 Needs nginx (apt-get install -y nginx), PostgreSQL (TETHER_TEST_PG_URL) and Redis
 (TETHER_TEST_REDIS_URL); each missing piece skips with the reason (fails under
@@ -34,10 +34,10 @@ import grpc
 import pytest
 from openai import AsyncOpenAI
 
-from tether.lab.scaleout_bench import (
+from tether.responses.v1 import service_pb2_grpc
+from tether_lab.processes import ServerProcess, free_ports
+from tether_lab.scaleout import (
     Nginx,
-    TetherProcess,
-    free_ports,
     grpc_reader,
     grpc_turn,
     nginx_binary,
@@ -46,7 +46,6 @@ from tether.lab.scaleout_bench import (
     scratch_store,
     write_config,
 )
-from tether.responses.v1 import service_pb2_grpc
 
 from .conftest import holders, unavailable, wait_visible
 
@@ -57,7 +56,7 @@ TERMINAL = {"response.completed", "response.failed", "response.incomplete", "err
 @dataclass
 class Cluster:
     kind: str
-    replicas: list[TetherProcess]
+    replicas: list[ServerProcess]
     lb: Nginx
 
     def ensure_up(self) -> None:
@@ -67,7 +66,7 @@ class Cluster:
         for r in self.replicas:
             r.wait_ready()
 
-    def holder(self, transport: str) -> tuple[TetherProcess, TetherProcess]:
+    def holder(self, transport: str) -> tuple[ServerProcess, ServerProcess]:
         """(the replica holding the one open connection of `transport`, the other one)."""
         port_of = (lambda r: r.bridge_port) if transport == "websocket" else (lambda r: r.grpc_port)
         held = holders(self.replicas, port_of)
@@ -93,8 +92,8 @@ def cluster(request, tmp_path_factory):
         cfg = write_config(workdir / "tether.toml", url, durability="before_terminal")
         ports = free_ports(6)
         replicas = [
-            TetherProcess(cfg, workdir, ports[0], ports[1], name="replica-1"),
-            TetherProcess(cfg, workdir, ports[2], ports[3], name="replica-2"),
+            ServerProcess(cfg, workdir, ports[0], ports[1], name="replica-1"),
+            ServerProcess(cfg, workdir, ports[2], ports[3], name="replica-2"),
         ]
         lb = Nginx(workdir / "nginx", ports[4], ports[5], replicas)
         c = Cluster(kind, replicas, lb)
@@ -108,7 +107,7 @@ def cluster(request, tmp_path_factory):
                 r.stop(timeout=15)
 
 
-async def _durable_on(replica: TetherProcess, response_id: str) -> None:
+async def _durable_on(replica: ServerProcess, response_id: str) -> None:
     """The response is already readable on `replica` (before_terminal: written before its
     terminal event reached the client)."""
     assert await wait_visible(replica, response_id) == 0, f"{response_id} was not in the store yet"

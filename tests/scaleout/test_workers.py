@@ -20,17 +20,9 @@ import grpc
 import pytest
 from websockets.asyncio.client import connect
 
-from tether.lab.scaleout_bench import (
-    TetherProcess,
-    established,
-    free_ports,
-    grpc_reader,
-    grpc_turn,
-    listens,
-    write_config,
-    ws_turn,
-)
 from tether.responses.v1 import service_pb2_grpc
+from tether_lab.processes import ServerProcess, established, free_ports, listens
+from tether_lab.scaleout import grpc_reader, grpc_turn, write_config, ws_turn
 
 from .conftest import owner_of, wait_visible
 
@@ -42,7 +34,7 @@ MODEL = "tether-sim"
 def server(tmp_path):
     cfg = write_config(tmp_path / "tether.toml", f"sqlite:///{tmp_path}/store.db")
     grpc_port, bridge_port = free_ports(2)
-    proc = TetherProcess(cfg, tmp_path, grpc_port, bridge_port, workers=2, name="workers").start()
+    proc = ServerProcess(cfg, tmp_path, grpc_port, bridge_port, workers=2, name="workers").start()
     try:
         proc.wait_ready()
         yield proc
@@ -58,7 +50,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def test_both_workers_serve_websocket_and_grpc_sessions(server: TetherProcess) -> None:
+async def test_both_workers_serve_websocket_and_grpc_sessions(server: ServerProcess) -> None:
     pids = sorted(server.worker_pids().values())
     assert len(pids) == 2 and server.pid not in pids
     for pid in pids:  # both workers listen on both ports (SO_REUSEPORT)
@@ -124,7 +116,7 @@ async def test_both_workers_serve_websocket_and_grpc_sessions(server: TetherProc
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
 
-async def test_a_crashed_worker_is_restarted_and_sigterm_stops_all(server: TetherProcess) -> None:
+async def test_a_crashed_worker_is_restarted_and_sigterm_stops_all(server: ServerProcess) -> None:
     before = server.worker_pids()
     victim = before[0]
     os.kill(victim, signal.SIGKILL)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tether.store import bench_hydrate
 from tether.store.factory import create_store, migrate, open_store
 from tether.store.memory import MemoryStore
 from tether.store.postgres import PostgresStore
 from tether.store.redis import DEFAULT_TTL_S, RedisStore
 from tether.store.sqlite import SCHEMA_VERSION, SqliteStore
+from tether_lab import bench_hydrate
 
 
 async def test_memory_url_opens():

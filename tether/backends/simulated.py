@@ -14,7 +14,7 @@ What it says is decided per turn, in this order:
    function_call and reasoning items), or the hint `turn`; after the last step, the script's
    `after` step (default: a text answer);
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
-   of that lab workload (`tether.lab.workloads`) at that speed, exactly the one `tether bench`
+   of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
 4. no script: when function tools are offered and the context has no function_call_output yet,
    one call to the first function tool (arguments built from its JSON schema), else a text answer
@@ -250,7 +250,7 @@ def lab_script(model: str) -> Script:
     hit = _LAB_SCRIPTS.get(model)
     if hit is not None:
         return hit
-    from tether.lab import workloads  # the lab's workload files; imported only for lab models
+    from tether import workloads  # the lab workload files; imported only for lab models
 
     name, _, speed = model[len(LAB_MODEL_PREFIX) :].partition("@")
     if name not in workloads.available():

@@ -7,8 +7,9 @@ same in-process next to the Engine or in a separate process over `RemoteResponse
 
 Modules: `app` (the raw ASGI app and its router), `common` (what HTTP and WebSocket share: auth,
 body decoding, error rendering), `http` (HTTP handlers), `ws` (one WebSocket connection),
-`server` (`start_bridge`: uvicorn on a bound socket, TLS, graceful stop), `console` (the browser
-console at `/console` and its WebSocket tokens), `bench_overhead`.
+`listener` (`start_bridge`: uvicorn on a bound socket, TLS, graceful stop), `ws_transport` (the
+websockets-sansio protocol under uvicorn), `console` (the browser console at `/console` and its
+WebSocket tokens). Its cost per frame is measured by `python -m tether_lab.bench_bridge`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.bridge.server import BridgeServer, start_bridge
+    from tether.bridge.listener import BridgeServer, start_bridge
 
 __all__ = ["BridgeServer", "start_bridge"]
 
 
-def __getattr__(name: str) -> Any:  # lazy: `python -m tether.bridge.bench_overhead` stays light
+def __getattr__(name: str) -> Any:  # lazy: importing one module of the bridge loads no uvicorn
     if name in __all__:
-        from tether.bridge import server
+        from tether.bridge import listener
 
-        return getattr(server, name)
+        return getattr(listener, name)
     raise AttributeError(name)

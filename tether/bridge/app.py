@@ -7,7 +7,7 @@ Stack: uvicorn (h11 HTTP) with `ws="websockets-sansio"`, i.e. the `websockets` l
   the bytes, with no extra task per connection. uvicorn's other `"websockets"` implementation
   wraps `websockets.legacy` (deprecated since websockets 14, slated for removal; uvicorn warns on
   import) and runs a reader task per connection; `wsproto` is not a dependency.
-- Measured (`python -m tether.bridge.bench_overhead`, loopback, 2 noisy cores): it streams
+- Measured (`python -m tether_lab.bench_bridge`, loopback, 2 noisy cores): it streams
   server->client frames fastest of the three (~8-10 µs/frame vs ~11-13 for a plain
   `websockets.asyncio.server` and ~12-13 for the legacy wrapper). Its ping-pong round trip is
   ~30-45 µs above the plain server; about 20 µs of that is the per-message read pause below,

@@ -1,7 +1,7 @@
 """OpenTelemetry tracing of turns: one `tether.turn` span per create, one child span per stage.
 
 Off by default, and then every hook is a global check and a shared no-op object (well under a
-microsecond per turn: `python -m tether.observability.bench_tracing`). OpenTelemetry is
+microsecond per turn: `python -m tether_lab.bench_tracing`). OpenTelemetry is
 imported only when tracing is switched on, so it is an optional dependency
 (`opentelemetry-api`, plus `opentelemetry-sdk` and an exporter to send spans anywhere).
 
@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any
 
+from tether.extras import require
+
 TRACER_NAME = "tether"
 TURN_SPAN = "tether.turn"
 STAGE_ORDER = ("validate", "resolve", "classify", "render", "route", "backend", "finalize")
@@ -43,6 +45,7 @@ class _State:
     """What tracing needs once on: the tracer and the OpenTelemetry modules (imported lazily)."""
 
     def __init__(self, tracer_provider: Any = None, stage_spans: bool = True) -> None:
+        require("opentelemetry.trace", "tracing")
         from opentelemetry import context, propagate, trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -89,6 +92,7 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
     if value in ("1", "on", "true", "yes"):
         configure(True, stage_spans=stage_spans)
         return True
+    require("opentelemetry.sdk.trace", "tracing")
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor

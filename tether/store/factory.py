@@ -28,6 +28,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from tether.extras import require
+
 from ._common import redact_url, split_query_options
 from .base import Store
 
@@ -92,15 +94,11 @@ def create_store(url: str, **options: Any) -> Store:
         dsn, url_options = split_query_options(url, _OPTIONS["postgresql"])
         merged = {**url_options, **options}
         _check_options(engine, url, merged)
-        from .postgres import PostgresStore
-
-        return PostgresStore(dsn, **merged)
+        return require("tether.store.postgres", "postgres").PostgresStore(dsn, **merged)
     clean, url_options = split_query_options(url, _OPTIONS["redis"])
     merged = {**url_options, **options}
     _check_options(engine, url, merged)
-    from .redis import RedisStore
-
-    return RedisStore(clean, **merged)
+    return require("tether.store.redis", "redis").RedisStore(clean, **merged)
 
 
 async def open_store(url: str, **options: Any) -> Store:
@@ -115,8 +113,7 @@ async def migrate(url: str, **options: Any) -> int | None:
     schema version, or None for engines without one (memory, redis)."""
     engine = _engine(url)
     if engine == "postgresql":
-        from .postgres import migrate as pg_migrate
-
+        pg_migrate = require("tether.store.postgres", "postgres").migrate
         dsn, url_options = split_query_options(url, _OPTIONS["postgresql"])
         merged = {**url_options, **options}
         _check_options(engine, url, merged)

@@ -7,7 +7,7 @@ inline code, no frames, connections only back to this origin). Three views:
 - session: WebSocket mode from the browser (text turns, function tools answered by hand or with
   canned outputs), every event with its time since the turn started, the
   `previous_response_id` chain, lanes, `cached_tokens` and `tether:server_timing`;
-- race: one lab workload (`tether.lab.workloads`, served by `GET /console/api/workloads/{name}`)
+- race: one lab workload (`tether.workloads`, served by `GET /console/api/workloads/{name}`)
   run over HTTP full resend and over WebSocket mode; the simulated model plays the workload as
   the model `tether-lab/<workload>@<speed>`, the same script `tether bench` generates;
 - server (admin keys only): live figures from the engine's metrics (`server_view.snapshot`).
@@ -119,15 +119,15 @@ class ConsoleHandlers:
 
     # GET /console/api/workloads
     async def console_workloads(self, req: HttpRequest) -> None:
-        from tether.lab import workloads
+        from tether import workloads
 
         data = [_workload_summary(workloads.load(name)) for name in workloads.available()]
         await send_json(req.send, 200, json_codec.dumps({"object": "list", "data": data}))
 
     # GET /console/api/workloads/{name}?speed=1000
     async def console_workload(self, req: HttpRequest) -> None:
+        from tether import workloads
         from tether.backends.simulated import LAB_MODEL_PREFIX
-        from tether.lab import workloads
 
         name = req.path_params["name"]
         if name not in workloads.available():

@@ -1,7 +1,7 @@
 // The transport race: one lab workload (served by the server, the same one `tether bench` runs)
 // played over HTTP with the full history resent every turn, and over WebSocket mode with
 // previous_response_id + only the new items, side by side. The agent loop is the lab's
-// (tether/lab/transports/base.py): send, stream the turn to its end, answer each tool call with
+// (tether_lab/transports/base.py): send, stream the turn to its end, answer each tool call with
 // the workload's output, repeat until the model answers in text.
 
 import { authHeaders, el, fmt, getJson, kib, openSocket, utf8, wsFrameBytes } from "./api.js";

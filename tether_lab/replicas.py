@@ -42,12 +42,12 @@ from pathlib import Path
 
 import httpx
 
+from tether import workloads
 from tether.backends.kvsim import LLAMA_31_8B_H100
-from tether.lab import metrics as M
-from tether.lab import workloads
-from tether.lab.server import serve_process, toml_value
-from tether.lab.transports import VARIANTS as TRANSPORTS
-from tether.lab.transports import RolloutResult, Target
+from tether_lab import metrics as M
+from tether_lab.processes import serve_process, toml_value
+from tether_lab.transports import VARIANTS as TRANSPORTS
+from tether_lab.transports import RolloutResult, Target
 
 VARIANTS: dict[str, tuple[str, str]] = {  # name -> (transport, pool policy)
     "http-rr": ("http-full-keepalive", "round-robin"),
@@ -248,7 +248,7 @@ def run_phase(args: argparse.Namespace, out: Path) -> list[Cell]:
     out.mkdir(parents=True, exist_ok=True)
     cfg = out / "server.toml"
     write_config(cfg, wl, counts, variants, args.time_scale)
-    server = serve_process(cfg, out / "server.log").start()
+    server = serve_process(cfg, out).start()
     try:
         bridge = server.bridge_url or ""
         base = Target("", bridge, f"127.0.0.1:{server.grpc_port}", client="raw")
@@ -313,7 +313,7 @@ def render_markdown(cells: list[Cell], meta: dict) -> str:
 
 
 def make_plots(cells: list[Cell], out: Path) -> list[Path]:
-    from tether.lab import plots
+    from tether_lab import plots
 
     img = out / "plots"
     img.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("tether.memory")
+log = logging.getLogger("tether.process_memory")
 
 ALLOCATORS = ("auto", "jemalloc", "malloc", "pymalloc")
 _JEMALLOC = "jemalloc"

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from tether.lab.workloads import Workload
+from tether.workloads import Workload
 
 SERVER_TIMING = "tether:server_timing"
 PROTOTYPE_APPEND = "tether:prototype_append"

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import grpc
 
-from tether.lab.metrics import ProcStat, machine
-from tether.lab.report import pct
-from tether.lab.server import serve_process
 from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether_lab.metrics import ProcStat, machine
+from tether_lab.processes import serve_process
+from tether_lab.report import pct
 
 _DELTAS = frozenset({"output_text_delta", "reasoning_text_delta", "function_call_arguments_delta"})
 
@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace, out: Path) -> list[dict]:
         extra = [x for s in args.set for x in ("--set", s)]
         if coalesce != "default":
             extra += ["--set", f"limits.coalesce_ms={coalesce}"]
-        proc = serve_process(cfg, out / f"throughput-{tag}.log", extra=extra).start()
+        proc = serve_process(cfg, out, name=f"throughput-{tag}", extra=extra).start()
         try:
             addr = f"127.0.0.1:{proc.grpc_port}"
             await run_round(addr, proc.pid, min(10, args.streams), coalesce)  # warm-up

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tether.lab.report import overhead_by_turn, pct, turn_stages  # noqa: E402
-from tether.lab.transports.base import RolloutResult  # noqa: E402
+from tether_lab.report import overhead_by_turn, pct, turn_stages  # noqa: E402
+from tether_lab.transports.base import RolloutResult  # noqa: E402
 
 COLORS = {
     "http-full-newconn": "#d62728",
@@ -160,7 +160,7 @@ def _tps(speed: str) -> float:
         return float("nan")
 
 
-# --- `tether bench replicas` (tether.lab.replicas.Cell) -------------------------------------------
+# --- `tether bench replicas` (tether_lab.replicas.Cell) -------------------------------------------
 
 def _save(fig, ax, path: Path, *, legend: bool = True) -> Path:
     ax.grid(True, alpha=0.3)

@@ -26,9 +26,9 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from tether.lab.bench import Bench, Phase
-from tether.lab.report import PRE_BACKEND, pct
-from tether.lab.transports import RolloutResult
+from tether_lab.bench import Bench, Phase
+from tether_lab.report import PRE_BACKEND, pct
+from tether_lab.transports import RolloutResult
 
 TURNS = (1, 2, 10, 50, 100)
 
@@ -102,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
                                                    "header": header, "rows": rows}, indent=1))
     (out / "overhead.md").write_text(header + "\n\n" + text + "\n")
     if args.plot:
-        from tether.lab import plots
+        from tether_lab import plots
 
         plots.overhead_vs_turn(bench.results, "overhead", out / "overhead-vs-turn.png",
                                f"Per-turn server overhead vs turn: {workload}, cached continuation")

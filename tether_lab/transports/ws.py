@@ -18,8 +18,8 @@ import orjson
 from openai import AsyncOpenAI
 from websockets.asyncio.client import ClientConnection, connect
 
-from tether.lab.transports.base import RolloutError, Transport, TurnOutcome, ssl_context
-from tether.lab.transports.sdk import EventCollector
+from tether_lab.transports.base import RolloutError, Transport, TurnOutcome, ssl_context
+from tether_lab.transports.sdk import EventCollector
 
 
 def frame_bytes(payload: int) -> int:

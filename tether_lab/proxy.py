@@ -1,6 +1,6 @@
 """A loopback TCP proxy that adds network delay, so per-request connection costs show.
 
-    python -m tether.lab.proxy --route 0:127.0.0.1:8000 --delay-ms 10 [--bandwidth-mbps 100]
+    python -m tether_lab.proxy --route 0:127.0.0.1:8000 --delay-ms 10 [--bandwidth-mbps 100]
 
 Each `--route LISTEN_PORT:TARGET_HOST:TARGET_PORT` listens on 127.0.0.1 (port 0 = any free
 port) and forwards to the target. Every chunk read in either direction is written to the other
@@ -191,7 +191,7 @@ def _parse_route(spec: str) -> tuple[int, str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tether.lab.proxy", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tether_lab.proxy", description=__doc__.split("\n\n")[0])
     ap.add_argument("--route", action="append", type=_parse_route, required=True,
                     help="LISTEN_PORT:TARGET_HOST:TARGET_PORT (repeatable; port 0 = any)")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay per chunk and direction")

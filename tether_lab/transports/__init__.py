@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tether.lab.transports.base import RolloutResult, Target, Transport, TurnRecord
-from tether.lab.transports.grpc import GrpcTransport
-from tether.lab.transports.http import HttpFullKeepAlive, HttpFullNewConn, HttpPrev
-from tether.lab.transports.ws import WsRemote, WsTransport
-from tether.lab.transports.ws_proto import WsProto
+from tether_lab.transports.base import RolloutResult, Target, Transport, TurnRecord
+from tether_lab.transports.grpc import GrpcTransport
+from tether_lab.transports.http import HttpFullKeepAlive, HttpFullNewConn, HttpPrev
+from tether_lab.transports.ws import WsRemote, WsTransport
+from tether_lab.transports.ws_proto import WsProto
 
 VARIANTS: dict[str, type[Transport]] = {
     cls.name: cls

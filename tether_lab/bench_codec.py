@@ -1,6 +1,6 @@
 """Micro-benchmark: the hand-written codec against `json_format.MessageToDict`, per event.
 
-Run `python -m tether.protocol.bench_codec`. Both paths end in `orjson.dumps`, so the ratio is
+Run `python -m tether_lab.bench_codec`. Both paths end in `orjson.dumps`, so the ratio is
 the cost of building the dict. (MessageToDict does not even produce the OpenAI shape: it would
 need a per-event rewrite on top, so the real gap is larger.)
 """

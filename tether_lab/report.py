@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tether.lab.transports.base import RolloutResult
+from tether_lab.transports.base import RolloutResult
 
 PRE_BACKEND = ("resolve", "validate", "classify", "render", "route")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tether.lab.metrics import server_timing
-from tether.lab.transports.base import AWAITING_EVENT, TERMINAL_TYPES, Call, RolloutError, TurnOutcome
+from tether_lab.metrics import server_timing
+from tether_lab.transports.base import AWAITING_EVENT, TERMINAL_TYPES, Call, RolloutError, TurnOutcome
 
 
 def _g(obj: Any, key: str, default: Any = None) -> Any:

@@ -1,6 +1,6 @@
 """Hydration cost vs chain length, for one store URL.
 
-    python -m tether.store.bench_hydrate --url sqlite:///tmp/bench.db --turns 10,50,200
+    python -m tether_lab.bench_hydrate --url sqlite:///tmp/bench.db --turns 10,50,200
 
 For each chain length N it writes a chain of N turns (each turn: one new user message and one
 assistant message of `--chars` characters, continuing the previous response, as the session core
@@ -22,9 +22,8 @@ import sys
 import time
 
 from tether.responses.v1 import items_pb2, response_pb2
-
-from .base import KeyedItem, ResponseRecord
-from .factory import open_store
+from tether.store.base import KeyedItem, ResponseRecord
+from tether.store.factory import open_store
 
 
 def _message(item_id: str, role: str, chars: int) -> items_pb2.Item:

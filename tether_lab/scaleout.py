@@ -1,13 +1,13 @@
 """Scale-out measurements: store hydration vs history, 1 vs N workers, the nginx hop, and how soon
 another replica sees a store=true response.
 
-    python -m tether.lab.scaleout_bench                 # every part, default sizes (~2 minutes)
-    python -m tether.lab.scaleout_bench --parts nginx,visibility --quick
+    python -m tether_lab.scaleout                 # every part, default sizes (~2 minutes)
+    python -m tether_lab.scaleout --parts nginx,visibility --quick
 
 Parts (each prints one table; a part whose prerequisite is missing says so and is skipped):
 
 - `hydrate`: `load_context` time of the last response of a chain of 10/50/200 turns, for every
-  store that answers (memory, SQLite, PostgreSQL, Redis), via `tether.store.bench_hydrate`. One
+  store that answers (memory, SQLite, PostgreSQL, Redis), via `tether_lab.bench_hydrate`. One
   read per hydration whatever the length; the time grows only with the bytes read.
 - `throughput`: `tether serve --workers 1` vs `--workers N` (SQLite store, instant simulated
   model): many concurrent short gRPC rollouts (open a Session, a few chained turns, close) from
@@ -50,68 +50,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from tether_lab.metrics import ProcStat
+from tether_lab.processes import (
+    ServerProcess,
+    free_ports,
+    toml_value,
+)
 
-from tether.lab.metrics import ProcStat
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 NGINX_TEMPLATE = REPO_ROOT / "deploy" / "nginx" / "tether.conf"
 PG_URL = os.environ.get("TETHER_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("TETHER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# -- ports and /proc ---------------------------------------------------------------------------------
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct ports free right now (all held until all are picked)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-TCP_ESTABLISHED = "01"
-TCP_LISTEN = "0A"
-
-
-def tcp_sockets(pid: int) -> list[tuple[int, int, str]]:
-    """(local port, remote port, state) of every TCP socket process `pid` holds (Linux /proc)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(int(target[8:-1]))
-    out = []
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if int(f[9]) in inodes:
-                out.append((int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16), f[3]))
-    return out
-
-
-def established(pid: int, port: int) -> int:
-    """How many accepted connections process `pid` holds on its local `port`."""
-    return sum(1 for local, _, state in tcp_sockets(pid) if local == port and state == TCP_ESTABLISHED)
-
-
-def listens(pid: int, port: int) -> bool:
-    return any(local == port and state == TCP_LISTEN for local, _, state in tcp_sockets(pid))
-
-
-# -- a Tether subprocess ------------------------------------------------------------------------------
+# -- configuration ------------------------------------------------------------------------------------
 
 FAST_SIM = {"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 12, "tick_ms": 1}
 
@@ -129,145 +80,16 @@ def write_config(
     sim = {**FAST_SIM, **(sim or {})}
     server = {"shutdown_grace_s": 3, **(server or {})}
 
-    def value(v: object) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        return repr(v) if isinstance(v, (int, float)) else f'"{v}"'
-
-    lines = [f"store = {value(store)}", 'log_format = "json"']
+    lines = [f"store = {toml_value(store)}", 'log_format = "json"']
     if durability:
-        lines.append(f"store_durability = {value(durability)}")
+        lines.append(f"store_durability = {toml_value(durability)}")
     lines += ["", "[server]"]
-    lines += [f"{k} = {value(v)}" for k, v in server.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in server.items()]
     lines += ["", "[limits]", "coalesce_ms = 0", "", "[backends.sim]", 'kind = "simulated"']
-    lines += [f"{k} = {value(v)}" for k, v in sim.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in sim.items()]
     lines += ["", '[models."*"]', 'backend = "sim"', ""]
     path.write_text("\n".join(lines))
     return path
-
-
-_WORKER_LINE = re.compile(r"tether: worker (\d+) started \(pid (\d+)\)")
-
-
-@dataclass
-class TetherProcess:
-    """`tether serve` as a subprocess on fixed ports, logs to files under `workdir`."""
-
-    config: Path
-    workdir: Path
-    grpc_port: int
-    bridge_port: int
-    workers: int = 1
-    name: str = "tether"
-    extra_args: Sequence[str] = ()
-    host: str = "127.0.0.1"
-    proc: subprocess.Popen | None = None
-    starts: int = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.bridge_port}/v1"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://{self.host}:{self.bridge_port}/v1/responses"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.workdir / f"{self.name}.{self.starts}.out"
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.workdir / f"{self.name}.{self.starts}.err"
-
-    def start(self) -> TetherProcess:
-        self.starts += 1
-        cmd = [
-            sys.executable, "-m", "tether", "serve", "--config", str(self.config),
-            "--host", self.host, "--grpc-port", str(self.grpc_port), "--port", str(self.bridge_port),
-            "--workers", str(self.workers), "--log-level", "warning", *self.extra_args,
-        ]  # fmt: skip
-        env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "PYTHONUNBUFFERED": "1"}
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=self.workdir, env=env)
-        return self
-
-    def logs(self, tail: int = 4000) -> str:
-        text = ""
-        for path in (self.stdout_path, self.stderr_path):
-            with contextlib.suppress(OSError):
-                text += f"--- {path.name}\n" + path.read_text(errors="replace")[-tail:]
-        return text
-
-    def worker_pids(self) -> dict[int, int]:
-        """Worker index -> pid of its latest start (from the supervisor's stdout)."""
-        pids: dict[int, int] = {}
-        with contextlib.suppress(OSError):
-            for m in _WORKER_LINE.finditer(self.stdout_path.read_text()):
-                pids[int(m.group(1))] = int(m.group(2))
-        return pids
-
-    def serving_pids(self) -> list[int]:
-        return list(self.worker_pids().values()) if self.workers > 1 else [self.pid]
-
-    def wait_ready(self, timeout: float = 30.0) -> TetherProcess:
-        """Until every serving process listens on both ports and /readyz answers 200."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc and self.proc.returncode}\n{self.logs()}"
-                )
-            pids = self.serving_pids()
-            if len(pids) == self.workers and all(
-                listens(p, self.grpc_port) and listens(p, self.bridge_port) for p in pids
-            ):
-                with contextlib.suppress(httpx.HTTPError):
-                    if (
-                        httpx.get(f"http://{self.host}:{self.bridge_port}/readyz", timeout=2).status_code
-                        == 200
-                    ):
-                        return self
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} not ready after {timeout} s\n{self.logs()}")
-            time.sleep(0.05)
-
-    def send_signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        """Signal and wait; SIGKILL after `timeout`. Returns the exit status."""
-        if self.proc is None:
-            return None
-        self.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-    def kill(self) -> int | None:
-        return self.stop(signal.SIGKILL)
-
-    def metrics(self) -> dict[str, float]:
-        """This process's Prometheus samples, `name{label="v",...}` -> value (straight to its port)."""
-        text = httpx.get(f"http://{self.host}:{self.bridge_port}/metrics", timeout=5).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, val = line.rpartition(" ")
-                out[key] = float(val)
-        return out
 
 
 # -- nginx --------------------------------------------------------------------------------------------
@@ -300,7 +122,7 @@ def render_template(text: str, values: dict[str, str]) -> str:
     return text
 
 
-def nginx_values(http_port: int, grpc_port: int, replicas: Sequence[TetherProcess]) -> dict[str, str]:
+def nginx_values(http_port: int, grpc_port: int, replicas: Sequence[ServerProcess]) -> dict[str, str]:
     """Values for deploy/nginx/tether.conf: two upstream slots (one replica fills both)."""
     slots = list(replicas) * (2 if len(replicas) == 1 else 1)
     if len(slots) != 2:
@@ -320,7 +142,7 @@ class Nginx:
     workdir: Path
     http_port: int
     grpc_port: int
-    replicas: Sequence[TetherProcess]
+    replicas: Sequence[ServerProcess]
     template: Path = NGINX_TEMPLATE
     proc: subprocess.Popen | None = None
     binary: str | None = field(default_factory=nginx_binary)
@@ -344,7 +166,7 @@ class Nginx:
             f"    {kind}_temp_path {w / ('tmp_' + kind)};"
             for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
         )
-        main = f"""# generated by tether.lab.scaleout_bench
+        main = f"""# generated by tether_lab.scaleout
 {"user root;" if os.geteuid() == 0 else ""}
 daemon off;
 worker_processes 1;
@@ -547,7 +369,7 @@ async def ws_turn(conn, **create: object) -> dict:
 
 
 def part_hydrate(args: argparse.Namespace, workdir: Path) -> None:
-    from tether.store import bench_hydrate
+    from tether_lab import bench_hydrate
 
     turns = [10, 50, 200]
     print(
@@ -651,7 +473,7 @@ def part_throughput(args: argparse.Namespace, workdir: Path) -> None:
         with scratch_store("sqlite", workdir) as url:
             cfg = write_config(workdir / f"tp{workers}.toml", url)
             grpc_port, bridge_port = free_ports(2)
-            server = TetherProcess(cfg, workdir, grpc_port, bridge_port, workers=workers, name=f"tp{workers}")
+            server = ServerProcess(cfg, workdir, grpc_port, bridge_port, workers=workers, name=f"tp{workers}")
             server.start().wait_ready()
             try:
                 pids = server.serving_pids()
@@ -740,7 +562,7 @@ def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
     with scratch_store("sqlite", workdir) as url:
         cfg = write_config(workdir / "hop.toml", url)
         grpc_port, bridge_port, lb_http, lb_grpc = free_ports(4)
-        replica = TetherProcess(cfg, workdir, grpc_port, bridge_port, workers=args.hop_workers, name="hop")
+        replica = ServerProcess(cfg, workdir, grpc_port, bridge_port, workers=args.hop_workers, name="hop")
         replica.start().wait_ready()
         lb = Nginx(workdir / "nginx-hop", lb_http, lb_grpc, [replica]).start()
         try:
@@ -768,7 +590,7 @@ def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
 # -- part: cross-replica visibility ---------------------------------------------------------------------
 
 
-async def _visibility(a: TetherProcess, b: TetherProcess, n: int) -> tuple[int, list[float], list[float]]:
+async def _visibility(a: ServerProcess, b: ServerProcess, n: int) -> tuple[int, list[float], list[float]]:
     """Alternate store=true turns between A and B over gRPC, each continuing the previous turn's
     response the moment its terminal event arrived on the other replica. Returns (misses, lags,
     turn latencies): a miss is previous_response_not_found; its lag is how long until a retry
@@ -840,8 +662,8 @@ def part_visibility(args: argparse.Namespace, workdir: Path) -> None:
             with scratch_store(kind, workdir) as url:
                 cfg = write_config(workdir / f"vis-{kind}-{durability}.toml", url, durability=durability)
                 ports = free_ports(4)
-                a = TetherProcess(cfg, workdir, ports[0], ports[1], name=f"vis-{kind}-a").start()
-                b = TetherProcess(cfg, workdir, ports[2], ports[3], name=f"vis-{kind}-b").start()
+                a = ServerProcess(cfg, workdir, ports[0], ports[1], name=f"vis-{kind}-a").start()
+                b = ServerProcess(cfg, workdir, ports[2], ports[3], name=f"vis-{kind}-b").start()
                 try:
                     a.wait_ready()
                     b.wait_ready()
@@ -866,7 +688,7 @@ PARTS = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tether.lab.scaleout_bench", description=__doc__.split("\n\n")[0]
+        prog="python -m tether_lab.scaleout", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {', '.join(PARTS)}")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")

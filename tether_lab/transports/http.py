@@ -17,8 +17,8 @@ import httpx
 import orjson
 from openai import AsyncOpenAI
 
-from tether.lab.transports.base import Transport, TurnOutcome, ssl_context
-from tether.lab.transports.sdk import EventCollector
+from tether_lab.transports.base import Transport, TurnOutcome, ssl_context
+from tether_lab.transports.sdk import EventCollector
 
 
 def request_bytes(request: httpx.Request) -> int:

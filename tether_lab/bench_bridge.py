@@ -1,6 +1,6 @@
 """Per-message cost of the bridge's WebSocket stack vs a plain `websockets` server.
 
-    python -m tether.bridge.bench_overhead [--pings 3000] [--flood 20000] [--rounds 3]
+    python -m tether_lab.bench_bridge [--pings 3000] [--flood 20000] [--rounds 3]
 
 Each server runs in its own process on 127.0.0.1; the client (`websockets.asyncio.client`, no
 compression) runs here. Servers:

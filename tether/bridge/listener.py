@@ -32,7 +32,7 @@ from tether.bridge.common import REQUEST_TIMEOUT, BridgeContext, http_header_tim
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import TetherError
-from tether.memory import MemoryReclaimer
+from tether.process_memory import MemoryReclaimer
 
 log = logging.getLogger("tether.bridge")
 

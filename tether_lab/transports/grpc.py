@@ -13,10 +13,10 @@ import time
 
 import grpc
 
-from tether.lab.metrics import server_timing
-from tether.lab.transports.base import Call, RolloutError, Transport, TurnOutcome
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether_lab.metrics import server_timing
+from tether_lab.transports.base import Call, RolloutError, Transport, TurnOutcome
 
 _TERMINAL = frozenset({"completed", "failed", "incomplete"})
 _DELTAS = frozenset({"output_text_delta", "reasoning_text_delta", "function_call_arguments_delta",

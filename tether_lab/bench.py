@@ -9,7 +9,7 @@ with `--plot`) under `bench-results/`.
     tether bench overhead                 # per-turn overhead, turn 1 vs 50 vs 100, cached gRPC continuation
     tether bench replicas --plot          # many agents on 1/2/4 simulated replicas, per routing policy
 
-(`python -m tether.lab.bench ...` takes the same arguments. The `tether` CLI passes everything after
+(`python -m tether_lab.bench ...` takes the same arguments. The `tether` CLI passes everything after
 `bench` through, but its parser rejects a first argument that starts with `--`: lead with the
 positional shorthand or with `--`.)
 
@@ -19,7 +19,7 @@ unless the phase is `concurrent` (slow-model phases, where the server is idle mo
 Around each rollout the bench reads the server's (and the remote bridge's) CPU time from /proc, the
 `/metrics` stage histogram, and the delay proxy's byte counters. The server is a subprocess
 started from a generated config: one simulated backend per (workload, speed) driven by the
-workload's script (see `tether.lab.workloads`), SQLite store, everything else default.
+workload's script (see `tether.workloads`), SQLite store, everything else default.
 """
 
 from __future__ import annotations
@@ -39,18 +39,19 @@ from pathlib import Path
 
 import httpx
 
-from tether.lab import metrics as M
-from tether.lab import replicas, report, workloads
-from tether.lab.proxy import query_control
-from tether.lab.server import (
-    TetherProcess,
+from tether import workloads
+from tether_lab import metrics as M
+from tether_lab import replicas, report
+from tether_lab.processes import (
+    ServerProcess,
     bridge_process,
     die_with_parent,
     model_name,
     serve_process,
     write_config,
 )
-from tether.lab.transports import BASELINE, VARIANTS, RolloutResult, Target
+from tether_lab.proxy import query_control
+from tether_lab.transports import BASELINE, VARIANTS, RolloutResult, Target
 
 DEFAULT_OUT = Path("bench-results")
 
@@ -97,8 +98,8 @@ class Run:
     """Everything a bench run started, and the figures it took outside the rollouts."""
 
     out: Path
-    server: TetherProcess | None = None
-    bridge: TetherProcess | None = None
+    server: ServerProcess | None = None
+    bridge: ServerProcess | None = None
     grpc_addr: str = ""
     bridge_url: str = ""
     remote_url: str | None = None
@@ -116,7 +117,7 @@ class Proxy:
     """The delay proxy as a subprocess (so it never competes with the client's event loop)."""
 
     def __init__(self, routes: list[str], delay_ms: float, bandwidth_mbps: float, log: Path) -> None:
-        argv = [sys.executable, "-m", "tether.lab.proxy", "--delay-ms", str(delay_ms),
+        argv = [sys.executable, "-m", "tether_lab.proxy", "--delay-ms", str(delay_ms),
                 "--bandwidth-mbps", str(bandwidth_mbps)]
         for target in routes:
             argv += ["--route", f"0:{target}"]
@@ -204,13 +205,13 @@ class Bench:
         run.models = write_config(cfg, self.pairs(), store=store, script_dir=run.out / "scripts")
         run.config_text = cfg.read_text()
         extra = [x for s in args.set for x in ("--set", s)]
-        run.server = serve_process(cfg, run.out / "server.log", extra=extra).start()
+        run.server = serve_process(cfg, run.out, extra=extra).start()
         run.server_pid = run.server.pid
         run.grpc_addr = f"127.0.0.1:{run.server.grpc_port}"
         run.bridge_url = run.server.bridge_url or ""
         needs_remote = any("ws-remote" in self.variants(p) for p in self.phases)
         if needs_remote:
-            run.bridge = bridge_process(run.grpc_addr, run.out / "bridge.log").start()
+            run.bridge = bridge_process(run.grpc_addr, run.out).start()
             run.remote_url = run.bridge.bridge_url
 
     def stop(self) -> None:
@@ -394,7 +395,7 @@ def render_markdown(data: dict) -> str:
 
 
 def make_plots(data: dict, results: list[RolloutResult], out: Path) -> list[Path]:
-    from tether.lab import plots
+    from tether_lab import plots
 
     img = out / "plots"
     img.mkdir(parents=True, exist_ok=True)
@@ -466,8 +467,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replot", type=Path, metavar="DIR",
                    help="recompute the tables and redraw the charts of an earlier run (its results.json)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--throughput", action="store_true", help="concurrent-streams mode (see tether.lab.throughput)")
-    mode.add_argument("--overhead", action="store_true", help="per-turn overhead mode (see tether.lab.overhead)")
+    mode.add_argument("--throughput", action="store_true", help="concurrent-streams mode (see tether_lab.throughput)")
+    mode.add_argument("--overhead", action="store_true", help="per-turn overhead mode (see tether_lab.overhead)")
     p.add_argument("--streams", type=int, default=100, help="--throughput: concurrent gRPC sessions")
     p.add_argument("--answer-tokens", type=int, default=4000, help="--throughput: tokens per streamed answer")
     p.add_argument("--tps", type=float, default=4000.0, help="--throughput: simulated tokens/s per stream")
@@ -530,11 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot: {path}")
         return 0
     if args.throughput:
-        from tether.lab import throughput
+        from tether_lab import throughput
 
         return throughput.main(args)
     if args.overhead:
-        from tether.lab import overhead
+        from tether_lab import overhead
 
         return overhead.main(args)
     if args.what == "replicas":

@@ -1,6 +1,6 @@
 """What turn tracing costs: µs per turn with tracing off and on.
 
-    python -m tether.observability.bench_tracing [--turns 2000]
+    python -m tether_lab.bench_tracing [--turns 2000]
 
 Two measurements:
 
@@ -193,7 +193,7 @@ def bench_turns(turns: int, rounds: int = 5) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tether.observability.bench_tracing")
+    parser = argparse.ArgumentParser(prog="python -m tether_lab.bench_tracing")
     parser.add_argument("--turns", type=int, default=1000)
     args = parser.parse_args(argv)
     hooks = bench_hooks(args.turns * 10)

@@ -5,9 +5,9 @@ sends the outputs with `response.append` on the same socket. Needs the server's
 
 from __future__ import annotations
 
-from tether.lab.transports.base import PROTOTYPE_APPEND, TurnOutcome
-from tether.lab.transports.sdk import EventCollector
-from tether.lab.transports.ws import WsTransport
+from tether_lab.transports.base import PROTOTYPE_APPEND, TurnOutcome
+from tether_lab.transports.sdk import EventCollector
+from tether_lab.transports.ws import WsTransport
 
 
 class WsProto(WsTransport):

@@ -56,9 +56,10 @@ from typing import Any
 
 import orjson
 
-from tether.lab.load import ServerProcess, write_config
-from tether.lab.metrics import ProcStat
 from tether.protocol import json_codec
+from tether_lab.load import write_config
+from tether_lab.metrics import ProcStat
+from tether_lab.processes import ServerProcess
 
 FUZZ_KEY = "sk-fuzz-0123456789abcdef"
 SESSION_METHOD = "/tether.responses.v1.ResponsesService/Session"
@@ -1417,8 +1418,8 @@ def own_server(tmp: Path, *, extra_args: list[str] | None = None) -> ServerProce
     """A `tether serve` subprocess for fuzzing: fast simulated model, SQLite store in `tmp`."""
     config = write_config(tmp / "fuzz.toml", store=f"sqlite:///{tmp / 'fuzz.db'}",
                           sim={"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 12, "tick_ms": 1})  # fmt: skip
-    return ServerProcess(config, args=list(extra_args or []), env={"TETHER_API_KEYS": f"{FUZZ_KEY}:fuzz"},
-                         log_path=tmp / "server.log")  # fmt: skip
+    return ServerProcess(config, tmp, name="server", args=list(extra_args or []),
+                         env={"TETHER_API_KEYS": f"{FUZZ_KEY}:fuzz"})  # fmt: skip
 
 
 def format_report(report: Report) -> str:
