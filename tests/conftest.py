@@ -5,25 +5,11 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from tests.support.configs import make_config
 from tether.auth import Authenticator
-from tether.config import TetherConfig, from_dict
+from tether.config import TetherConfig
 from tether.core.engine import Engine
 from tether.service.grpc_server import start_grpc_server
-
-
-def make_config(store: str = "memory://", *, backends: dict | None = None, models: dict | None = None,
-                limits: dict | None = None, **top) -> TetherConfig:
-    """A test configuration: fast simulated model, ephemeral ports, given store."""
-    data = {
-        "store": store,
-        "backends": backends or {"sim": {"kind": "simulated", "ttft_ms": 1, "tokens_per_s": 20000}},
-        "server": {"grpc_port": 0, "bridge_port": 0, "shutdown_grace_s": 5},
-        "limits": {"coalesce_ms": 2, **(limits or {})},
-        **top,
-    }
-    if models is not None:
-        data["models"] = models
-    return from_dict(data)
 
 
 @pytest.fixture

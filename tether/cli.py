@@ -155,7 +155,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 # Commands whose own parser takes every argument after the command name.
-_DELEGATED = {"bench": "tether_lab.bench", "fuzz": "tether_lab.fuzz"}
+_DELEGATED = {"bench": "tether_lab.bench", "fuzz": "tether_lab.fuzz.campaign"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tether.protocol.wire import TERMINAL_ARMS
 from tether_lab.metrics import ProcStat
 from tether_lab.processes import (
     ServerProcess,
@@ -319,7 +320,6 @@ def grpc_session_request(**create: object):
     return req
 
 
-TERMINAL_ARMS = ("completed", "failed", "incomplete")
 
 
 async def grpc_turn(call, queue: asyncio.Queue, **create: object):

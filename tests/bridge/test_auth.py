@@ -10,9 +10,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from tests.support.stacks import running_stack
 from tether.auth import Authenticator
 
-from .conftest import running_stack
 from .helpers import KEY_A, KEY_B, recv_json, recv_response, send_json, wait_for
 
 

@@ -14,12 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
+from tests.support.stacks import Stack
 from tether.auth import Authenticator
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether.service.grpc_server import start_grpc_server
 
-from .conftest import Stack
 from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, collapse_deltas, one_response
 
 Turn = tuple[list[str], dict[str, Any]]  # (collapsed event types, final Response JSON)

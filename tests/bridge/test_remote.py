@@ -17,13 +17,15 @@ import pytest
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.support.configs import instant_config
+from tests.support.stacks import Stack
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
 from tether.core.engine import Engine
+from tether.protocol.wire import error_from_rpc
 from tether.service.grpc_server import start_grpc_server
-from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI, error_from_rpc
+from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
 
-from .conftest import Stack, make_config
 from .helpers import KEY_A, KEY_B, WEATHER_TOOL, recv_json, recv_response, send_json
 
 
@@ -42,7 +44,7 @@ async def remote_stack(forward: bool) -> AsyncIterator[RemoteStack]:
 
     forward=True: callers' keys are forwarded upstream. forward=False: the bridge checks keys itself
     and calls upstream as sk-a."""
-    config = make_config()
+    config = instant_config()
     upstream_auth = Authenticator({KEY_A: "a", KEY_B: "b"})
     engine = await Engine.start(config)
     grpc_server = await start_grpc_server(engine, config, upstream_auth)
@@ -227,7 +229,7 @@ def test_error_mapping_from_status() -> None:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
 async def test_tether_bridge_cli_subprocess() -> None:
-    config = make_config()
+    config = instant_config()
     engine = await Engine.start(config)
     grpc_server = await start_grpc_server(engine, config, Authenticator({KEY_A: "a"}))
     env = {**os.environ, "TETHER_API_KEYS": ""}

@@ -13,11 +13,11 @@ import pytest
 from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
+from tests.support.configs import instant_config
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
 from tether.core.engine import Engine
 
-from .conftest import make_config
 from .helpers import KEY_A, recv_response, send_json
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -39,7 +39,7 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
 
 async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> None:
     cert, key = self_signed(tmp_path)
-    config = make_config()
+    config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
     engine = await Engine.start(config)
     bridge = await start_bridge(engine, authenticator, config)
@@ -67,7 +67,7 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
 
 
 async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> None:
-    config = make_config()
+    config = instant_config()
     config.server.tls_cert = "/nonexistent/cert.pem"
     with pytest.raises(ValueError, match="tls_cert and server.tls_key"):
         await start_bridge(None, authenticator, config)  # type: ignore[arg-type]
@@ -79,7 +79,7 @@ async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path, authentic
     from tether.server import startup_lines
 
     cert, key = self_signed(tmp_path)
-    config = make_config()
+    config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
     engine = await Engine.start(config)
     try:

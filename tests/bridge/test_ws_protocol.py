@@ -10,10 +10,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.support.configs import instant_config
+from tests.support.stacks import running_stack
 from tether.bridge import start_bridge
 from tether.core.engine import Engine
 
-from .conftest import make_config, running_stack
 from .helpers import (
     WEATHER_TOOL,
     check_ws_events,
@@ -278,7 +279,7 @@ async def test_permessage_deflate_is_negotiated_when_offered(stack: Any) -> None
 
 
 async def test_compression_can_be_turned_off(authenticator: Any) -> None:
-    config = make_config()
+    config = instant_config()
     config.server.ws_compression = False
     engine = await Engine.start(config)
     bridge = await start_bridge(engine, authenticator, config)

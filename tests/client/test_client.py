@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 import tether.client as tc
+from tests.support.configs import FAST, server_config
+from tests.support.stacks import Server
 from tether import errors
 from tether.auth import Authenticator
 from tether.responses.v1 import items_pb2
-
-from .conftest import FAST, Server, server_config
 
 SCRIPTED = {"sim": {**FAST, "script": "coding_agent.json"}}
 

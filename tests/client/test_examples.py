@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server, server_config
+from tests.support.configs import server_config
+from tests.support.stacks import Server
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

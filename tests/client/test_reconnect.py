@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 import tether.client as tc
+from tests.support.configs import FAST, server_config
+from tests.support.stacks import Server
 from tether import errors
-
-from .conftest import FAST, Server, server_config
 
 QUICK_RETRY = tc.RetryPolicy(max_attempts=12, initial_backoff_s=0.02, max_backoff_s=0.3)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import tether.client as tc
+from tests.support.configs import server_config
+from tests.support.stacks import Server
 from tether import errors
-
-from .conftest import Server, server_config
 
 
 def _sync_session_work(target: str) -> dict:

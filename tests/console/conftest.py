@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.configs import instant_config
+from tests.support.stacks import Stack, running_stack
 from tether.auth import Authenticator
-
-from ..bridge.conftest import Stack, make_config, running_stack
 
 KEY_A, KEY_B, KEY_ADMIN = "sk-a", "sk-b", "sk-admin"
 KEYS = {KEY_A: "a", KEY_B: "b", KEY_ADMIN: "ops"}
@@ -34,7 +34,7 @@ class ConsoleStack(Stack):
 async def console_stack(
     authenticator: Authenticator | None = None, backend: dict[str, Any] | None = None, **server: Any
 ) -> AsyncIterator[ConsoleStack]:
-    config = make_config({"output_tokens": 80, **(backend or {})})  # the whole explanation
+    config = instant_config({"output_tokens": 80, **(backend or {})})  # the whole explanation
     config.server.console_admin_tenants = "ops"
     for key, value in server.items():
         setattr(config.server, key, value)

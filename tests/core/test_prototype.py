@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.conftest import make_config
+from tests.support.configs import make_config
 from tether.core import prototype
 from tether.core.engine import Engine
 from tether.protocol.json_codec import event_to_json

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.conftest import make_config
 from tests.fakes.chat_server import FakeChatServer, text
+from tests.support.configs import make_config
 from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
 from tether import errors

@@ -7,8 +7,8 @@ import asyncio
 import grpc
 import pytest
 
-from tests.conftest import make_config
 from tests.fakes.chat_server import FakeChatServer, slow, text
+from tests.support.configs import make_config
 from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
 from tether import errors

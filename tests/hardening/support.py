@@ -20,7 +20,6 @@ import httpx
 import orjson
 from openai.types.responses import ResponseError
 
-from tests.bridge.conftest import make_config as bridge_config
 from tests.bridge.helpers import (
     KEY_A,
     KEY_B,
@@ -31,6 +30,7 @@ from tests.bridge.helpers import (
     recv_until,
     send_json,
 )
+from tests.support.configs import instant_config
 from tests.support.grpc_client import RawSession
 from tether.auth import Authenticator
 from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
@@ -46,7 +46,7 @@ __all__ = [
     "CREATE",
     "FullStack",
     "full_stack",
-    "make_config",
+    "instant_config",
     "recv_json",
     "recv_response",
     "send_json",
@@ -61,11 +61,6 @@ __all__ = [
 ]
 
 CREATE: dict[str, Any] = {"type": "response.create", "model": "sim-model", "input": "hi", "store": False}
-
-
-def make_config(backend: dict[str, Any] | None = None, **limits: Any) -> TetherConfig:
-    """The bridge suite's config (memory store, instant simulated model) with `limits` set."""
-    return bridge_config(backend, **limits)
 
 
 def ws_error(ev: dict[str, Any], code: str, status: int | None = None) -> dict[str, Any]:
@@ -148,7 +143,7 @@ async def full_stack(
     config: TetherConfig | None = None, keys: dict[str, str] | None = None
 ) -> AsyncIterator[FullStack]:
     """An engine with both front ends: the bridge (HTTP + WS) and the gRPC service."""
-    config = config or make_config()
+    config = config or instant_config()
     auth = Authenticator({KEY_A: "a", KEY_B: "b"} if keys is None else keys)
     with local_adapters(spec.kind for spec in config.backends.values()):
         engine = await Engine.start(config)

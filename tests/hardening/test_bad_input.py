@@ -1,4 +1,4 @@
-"""Deterministic replays of what the fuzzer found (tether_lab/fuzz.py, docs/reliability.md
+"""Deterministic replays of what the fuzzer found (tether_lab/fuzz/, docs/reliability.md
 "Findings"): fixed ones as regression tests, open ones as strict xfails naming the core fix, so
 each flips to a failure (remove the marker) the moment its fix lands."""
 
@@ -18,8 +18,8 @@ from .support import (
     CREATE,
     KEY_A,
     full_stack,
+    instant_config,
     local_adapter,
-    make_config,
     recv_json,
     recv_turn,
     send_json,
@@ -95,7 +95,7 @@ local_adapter(Broken)
 
 
 async def test_backend_bug_ends_the_turn_with_response_failed() -> None:
-    config = make_config()
+    config = instant_config()
     with_backend(config, "broken", "hardening_broken")
     with_models(config, {"broken": {"backend": "broken"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.ws() as conn:

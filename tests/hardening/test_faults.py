@@ -44,7 +44,7 @@ from .support import (
     KEY_A,
     Firehose,
     full_stack,
-    make_config,
+    instant_config,
     metric,
     recv_json,
     recv_response,
@@ -60,7 +60,7 @@ UPSTREAM_KEY = "upstream-key"
 
 
 def upstream_config(fake: FakeChatServer, **limits: Any):
-    config = make_config(**limits)
+    config = instant_config(**limits)
     with_backend(
         config, "up", "openai", base_url=fake.base_url, api_key=UPSTREAM_KEY, max_retries=2,
         retry_initial_delay_s=0.01, retry_max_delay_s=0.05, stream_idle_timeout_s=0.5,
@@ -253,7 +253,7 @@ async def test_session_close_survives_a_second_cancel() -> None:
 
 @pytest.mark.parametrize("how", ["cancel", "channel-close"])
 async def test_grpc_client_gone_after_a_turn_frees_its_session(how: str) -> None:
-    async with full_stack(make_config(max_connections_per_key=1)) as stack:
+    async with full_stack(instant_config(max_connections_per_key=1)) as stack:
         channel = stack.channel()
         session = RawSession(channel, api_key=KEY_A)
         await session.create(model="m", input="x", store=False)
@@ -277,7 +277,7 @@ async def test_slow_client_blocks_only_its_own_stream() -> None:
     generation pulls nothing more while the other one runs, and once the reader resumes its whole
     stream arrives intact."""
     chunks, limit = 800, 8  # 800 KiB of text, far more than the shrunken buffers hold
-    config = make_config(outbound_buffer_events=limit, max_coalesced_bytes=4096)
+    config = instant_config(outbound_buffer_events=limit, max_coalesced_bytes=4096)
     with_backend(config, "hose", "hardening_firehose", chunks=chunks, chunk_bytes=1024)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack:
@@ -331,7 +331,7 @@ async def test_bridge_connections_disable_nagle() -> None:
 async def test_items_of_a_million_characters(side: str) -> None:
     """Within `max_item_bytes` (8 MiB) an item of 1,000,000+ characters is legal, in the input or
     in the output; the turn must complete (and be stored), with no trailing `error`."""
-    config = make_config()
+    config = instant_config()
     with_backend(config, "hose", "hardening_firehose", chunks=1100, chunk_bytes=1000)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.ws() as conn:

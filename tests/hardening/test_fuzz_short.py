@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tether_lab.fuzz import FUZZ_KEY, Report, Target, own_server, run_campaign
+from tether_lab.fuzz.campaign import FUZZ_KEY, own_server, run_campaign
+from tether_lab.fuzz.oracle import Report
+from tether_lab.fuzz.surfaces import Target
 
 ITERATIONS = 300
 SEED = 20260

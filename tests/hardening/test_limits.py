@@ -29,7 +29,7 @@ from .support import (
     KEY_B,
     dumps,
     full_stack,
-    make_config,
+    instant_config,
     metric,
     recv_json,
     recv_response,
@@ -96,7 +96,7 @@ def test_every_limit_is_configurable_and_documented() -> None:
 
 async def test_request_bytes_over_http() -> None:
     limit = 4096
-    async with full_stack(make_config(max_request_bytes=limit)) as stack, stack.http() as h:
+    async with full_stack(instant_config(max_request_bytes=limit)) as stack, stack.http() as h:
         ok = await h.post(
             "/v1/responses", content=body_of_size(limit), headers={"content-type": "application/json"}
         )
@@ -117,7 +117,7 @@ async def test_request_bytes_over_http() -> None:
 
 async def test_request_bytes_over_websocket_plain_and_deflated() -> None:
     limit = 64 * 1024
-    async with full_stack(make_config(max_request_bytes=limit)) as stack:
+    async with full_stack(instant_config(max_request_bytes=limit)) as stack:
         for compression in (None, "deflate"):
             async with stack.ws(compression=compression) as conn:
                 negotiated = conn.response.headers.get("Sec-WebSocket-Extensions", "")
@@ -147,7 +147,7 @@ async def test_request_bytes_over_websocket_plain_and_deflated() -> None:
 
 async def test_request_bytes_over_grpc() -> None:
     limit = 4096
-    async with full_stack(make_config(max_request_bytes=limit)) as stack, stack.channel() as channel:
+    async with full_stack(instant_config(max_request_bytes=limit)) as stack, stack.channel() as channel:
         ident = lambda b: b  # noqa: E731
         method = "/tether.responses.v1.ResponsesService/Session"
         call = channel.stream_stream(method, request_serializer=ident, response_deserializer=ident)(
@@ -187,7 +187,7 @@ async def test_json_depth() -> None:
 
 async def test_input_items() -> None:
     items = [{"type": "message", "role": "user", "content": f"m{i}"} for i in range(5)]
-    async with full_stack(make_config(max_input_items=4)) as stack:
+    async with full_stack(instant_config(max_input_items=4)) as stack:
         async with stack.ws() as conn:
             await send_json(conn, {**CREATE, "input": items[:4]})
             assert (await recv_response(conn))[-1]["type"] == "response.completed"
@@ -212,7 +212,7 @@ async def test_item_bytes() -> None:
             item["content"] = "y" * (len(item["content"]) + size - got)
         return item
 
-    async with full_stack(make_config(max_item_bytes=limit)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(max_item_bytes=limit)) as stack, stack.ws() as conn:
         await send_json(conn, {**CREATE, "input": [item_of_size(limit)]})
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
         await send_json(conn, {**CREATE, "input": [item_of_size(limit + 1)]})
@@ -223,7 +223,7 @@ async def test_tools() -> None:
     def tools(n: int) -> list[dict[str, Any]]:
         return [{"type": "function", "name": f"f{i}", "parameters": {"type": "object"}} for i in range(n)]
 
-    async with full_stack(make_config(max_tools=3)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(max_tools=3)) as stack, stack.ws() as conn:
         await send_json(conn, {**CREATE, "tools": tools(3)})
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
         await send_json(conn, {**CREATE, "tools": tools(4)})
@@ -258,7 +258,7 @@ async def test_input_tokens_per_model_context_window() -> None:
         counted = (await h.post("/v1/responses/input_tokens", content=dumps(body))).json()["input_tokens"]
     assert counted > 5
     config = with_models(
-        make_config(max_input_tokens=counted),
+        instant_config(max_input_tokens=counted),
         {
             "edge": {"backend": "sim", "context_window": counted},
             "past": {"backend": "sim", "context_window": counted - 1},
@@ -280,7 +280,7 @@ async def test_input_tokens_per_model_context_window() -> None:
 
 
 async def test_output_tokens() -> None:
-    async with full_stack(make_config(max_output_tokens=50)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(max_output_tokens=50)) as stack, stack.ws() as conn:
         await send_json(conn, {**CREATE, "max_output_tokens": 50})
         done = (await recv_response(conn))[-1]
         assert done["type"] in ("response.completed", "response.incomplete")
@@ -294,7 +294,7 @@ async def test_output_tokens() -> None:
 
 
 async def test_lanes_per_connection() -> None:
-    async with full_stack(make_config(max_lanes=2)) as stack:
+    async with full_stack(instant_config(max_lanes=2)) as stack:
         async with stack.ws() as conn:
             for lane in ("a", "b"):
                 await send_json(conn, {**CREATE, "stream_id": lane})
@@ -319,7 +319,7 @@ async def test_active_responses_per_connection_17th_waits() -> None:
     ends. Proven by the event order: no backend ever answers (60 s to the first token), so the
     only way a response ends is the cancel the test sends."""
     limit = Limits().max_active_responses
-    async with full_stack(make_config({"ttft_ms": 60_000})) as stack, stack.ws() as conn:
+    async with full_stack(instant_config({"ttft_ms": 60_000})) as stack, stack.ws() as conn:
         log: list[dict[str, Any]] = []
 
         async def read_until(pred) -> dict[str, Any]:
@@ -358,7 +358,7 @@ async def test_active_responses_per_connection_17th_waits() -> None:
 
 async def test_queued_responses_per_lane() -> None:
     async with (
-        full_stack(make_config({"ttft_ms": 60_000}, max_queued_responses=2)) as stack,
+        full_stack(instant_config({"ttft_ms": 60_000}, max_queued_responses=2)) as stack,
         stack.ws() as conn,
     ):
         await send_json(conn, CREATE)
@@ -371,7 +371,7 @@ async def test_queued_responses_per_lane() -> None:
 
 
 async def test_connections_per_key_across_transports() -> None:
-    async with full_stack(make_config(max_connections_per_key=2)) as stack, stack.channel() as channel:
+    async with full_stack(instant_config(max_connections_per_key=2)) as stack, stack.channel() as channel:
         async with stack.ws(KEY_A) as first:
             session = stack.session(channel, KEY_A)  # WS + gRPC = 2: the edge
             await session.create(model="sim-model", input="x", store=False)
@@ -407,7 +407,7 @@ async def test_connections_per_key_across_transports() -> None:
 async def test_connection_lifetime_lets_the_turn_in_flight_finish() -> None:
     # The response takes ~2 s and the connection lives 0.5 s: it is in flight at the deadline and
     # finishes within the grace; then the lifetime error and a normal close.
-    cfg = make_config(
+    cfg = instant_config(
         {"tokens_per_s": 20, "output_tokens": 40}, connection_lifetime_s=0.5, lifetime_grace_s=30
     )
     async with full_stack(cfg) as stack, stack.ws() as conn:
@@ -421,7 +421,7 @@ async def test_connection_lifetime_lets_the_turn_in_flight_finish() -> None:
 
 
 async def test_connection_lifetime_past_the_grace_ends_the_response() -> None:
-    cfg = make_config(
+    cfg = instant_config(
         {"tokens_per_s": 20, "output_tokens": 60}, connection_lifetime_s=0.3, lifetime_grace_s=0.2
     )
     async with full_stack(cfg) as stack, stack.ws() as conn:
@@ -438,7 +438,7 @@ async def test_connection_lifetime_past_the_grace_ends_the_response() -> None:
 
 async def test_idle_timeout_spares_an_active_connection() -> None:
     # The response streams for ~1.5 s, three idle timeouts: an active connection is not idle.
-    cfg = make_config({"tokens_per_s": 20, "output_tokens": 30}, idle_timeout_s=0.5)
+    cfg = instant_config({"tokens_per_s": 20, "output_tokens": 30}, idle_timeout_s=0.5)
     async with full_stack(cfg) as stack, stack.ws() as conn:
         await send_json(conn, CREATE)
         events = await recv_until(conn, is_terminal, within=30)
@@ -460,7 +460,7 @@ def _check_retry_headers(headers: Any) -> float:
 
 
 async def test_requests_per_minute_per_key() -> None:
-    async with full_stack(make_config(requests_per_minute=2)) as stack, stack.channel() as channel:
+    async with full_stack(instant_config(requests_per_minute=2)) as stack, stack.channel() as channel:
         async with stack.ws(KEY_A) as conn, stack.http(KEY_A) as h:
             await send_json(conn, CREATE)  # 1
             assert (await recv_response(conn))[-1]["type"] == "response.completed"
@@ -490,7 +490,7 @@ async def _count_tokens(body: dict[str, Any]) -> int:
 async def test_tokens_per_minute_per_key() -> None:
     body = {**CREATE, "input": "some input tokens to count"}
     tokens = await _count_tokens(body)
-    async with full_stack(make_config(tokens_per_minute=tokens + 1)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(tokens_per_minute=tokens + 1)) as stack, stack.ws() as conn:
         await send_json(conn, body)  # within the budget: admitted
         done = (await recv_response(conn))[-1]
         assert done["type"] == "response.completed" and done["response"]["usage"]["input_tokens"] == tokens
@@ -510,7 +510,7 @@ async def test_tokens_per_minute_per_key() -> None:
 async def test_tokens_per_minute_exact_budget_is_admitted() -> None:
     body = {**CREATE, "input": "some input tokens to count"}
     tokens = await _count_tokens(body)
-    async with full_stack(make_config(tokens_per_minute=tokens)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(tokens_per_minute=tokens)) as stack, stack.ws() as conn:
         await send_json(conn, body)
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
 
@@ -519,7 +519,7 @@ async def test_tokens_per_minute_exact_budget_is_admitted() -> None:
 
 
 async def test_cache_responses_per_connection_lru() -> None:
-    async with full_stack(make_config(cache_responses_per_connection=2)) as stack, stack.ws() as conn:
+    async with full_stack(instant_config(cache_responses_per_connection=2)) as stack, stack.ws() as conn:
         engine = stack.engine
 
         async def create(**extra: Any) -> dict[str, Any]:
@@ -559,7 +559,7 @@ async def test_cache_bytes_per_process_lru_across_connections() -> None:
     async with full_stack() as probe:
         used = await two_entries(probe)  # bytes of two cached responses
     assert used > 0
-    async with full_stack(make_config(cache_bytes_per_process=used)) as stack:
+    async with full_stack(instant_config(cache_bytes_per_process=used)) as stack:
         engine = stack.engine
         async with stack.ws() as a:
             for _ in range(2):
@@ -581,7 +581,7 @@ async def test_cache_bytes_per_process_lru_across_connections() -> None:
 
 
 async def test_http_header_bytes() -> None:
-    config = make_config()
+    config = instant_config()
     config.server.http_max_header_bytes = 4096
     async with full_stack(config) as stack:
 

@@ -29,8 +29,8 @@ from .support import (
     KEY_A,
     KEY_B,
     full_stack,
+    instant_config,
     local_adapter,
-    make_config,
     metric,
     recv_json,
     recv_response,
@@ -98,7 +98,7 @@ async def test_client_that_stops_reading_is_aborted_and_frees_its_slot() -> None
     the fix the socket and the key's slot were held forever (the close frame could never be
     flushed). Now the write deadline (`ws_send_timeout_s`) aborts the transport, the session
     closes with it, and the key's one slot is free for a new connection that completes a turn."""
-    config = make_config(max_connections_per_key=1, outbound_buffer_events=8)
+    config = instant_config(max_connections_per_key=1, outbound_buffer_events=8)
     config.server.ws_send_timeout_s = 0.3
     with_backend(config, "hose", "hardening_firehose", chunks=800, chunk_bytes=1024)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
@@ -120,7 +120,7 @@ async def test_the_per_key_slot_is_the_sessions_even_while_its_socket_lingers() 
     write deadline is set far off here). Before, the bridge kept its own count, held until the
     socket went: a new connection got 429 while `tether_connections` read 0. Now the slot went
     with the session, and a new connection completes a turn while the old socket is still open."""
-    config = make_config(max_connections_per_key=1, idle_timeout_s=0.5)
+    config = instant_config(max_connections_per_key=1, idle_timeout_s=0.5)
     config.server.ws_send_timeout_s = 600
     with_backend(config, "hose", "hardening_firehose", chunks=100, chunk_bytes=1024)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
@@ -146,7 +146,7 @@ async def test_ping_flood_memory_is_bounded_and_the_connection_closed() -> None:
     them all and queued every pong in its transport (RSS grew without bound). Now it stops
     reading while its writes are paused: its unsent bytes stay below a small bound, the client's
     own sends back up instead, and the write deadline closes the connection."""
-    config = make_config()
+    config = instant_config()
     config.server.ws_send_timeout_s = 0.3
     async with full_stack(config) as stack:
         conn, proto = await _stalled_client(stack, KEY_B)
@@ -236,7 +236,7 @@ async def test_deleting_a_parent_while_its_continuation_runs_loses_nothing() -> 
     (`MissingItemError`, retried for seconds on the shared workers). Now C is written again with
     every item it references (from the chain in memory), G after it; both are retrievable, C's
     input still holds P's, both are in the ledger, and the repair is counted, with no retry."""
-    config = with_models(with_backend(make_config(), "gate", "hardening_gate"), {"gate": {"backend": "gate"}, "*": {"backend": "sim"}})
+    config = with_models(with_backend(instant_config(), "gate", "hardening_gate"), {"gate": {"backend": "gate"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.ws() as conn, stack.http() as http:
         engine = stack.engine
         await send_json(conn, {**CREATE, "store": True, "input": "the parent's question"})
@@ -318,7 +318,7 @@ async def test_grpc_turn_past_its_deadline_is_counted() -> None:
     """A gRPC `Session` call whose deadline passes mid-generation: the turn ends without a
     terminal event and is counted (`tether_turns_total{outcome="client_gone"}`, and in
     `tether_errors_total`), which it was not before."""
-    async with full_stack(make_config({"tokens_per_s": 200, "output_tokens": 5000})) as stack:
+    async with full_stack(instant_config({"tokens_per_s": 200, "output_tokens": 5000})) as stack:
         engine = stack.engine
         async with stack.channel() as channel:
             stub = service_pb2_grpc.ResponsesServiceStub(channel)
@@ -402,7 +402,7 @@ async def test_inflation_is_capped_by_the_process_budget_during_decompression() 
     in-band `request_too_large`; messages the budget holds are given back when the app takes
     them (the budget reads 0 after), so ordinary traffic goes on."""
     limit = 1024 * 1024
-    config = make_config(max_request_bytes=limit)
+    config = instant_config(max_request_bytes=limit)
     config.server.ws_receive_budget_bytes = 2 * limit
     async with full_stack(config) as stack:
         async with stack.ws(compression="deflate") as conn:

@@ -26,7 +26,7 @@ from .support import (
     KEY_A,
     KEY_B,
     full_stack,
-    make_config,
+    instant_config,
     recv_json,
     recv_response,
     send_json,
@@ -125,7 +125,7 @@ async def test_tenant_isolation_on_every_path_and_transport() -> None:
     connection, a response a is generating right now, a's lane) and tries every path with them
     over HTTP, WebSocket and gRPC. Nothing is found, nothing changes, nothing of a's leaks."""
     secret_text = "tenant-a private text 8c1f"
-    config = make_config()
+    config = instant_config()
     with_backend(config, "slow", "simulated", ttft_ms=0, tokens_per_s=300, output_tokens=300, tick_ms=5)
     with_models(config, {"slow": {"backend": "slow"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.channel() as channel:
@@ -308,7 +308,7 @@ async def test_secrets_and_contents_are_not_logged(captured_logs: io.StringIO) -
 
 
 def _loris_config() -> Any:
-    config = make_config(idle_timeout_s=0.5)
+    config = instant_config(idle_timeout_s=0.5)
     config.server.http_header_timeout_s = 0.5  # type: ignore[attr-defined]
     config.server.http_body_timeout_s = 0.5  # type: ignore[attr-defined]
     return config

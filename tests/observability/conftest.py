@@ -1,43 +1,16 @@
-"""Shared helpers: scraping the metrics endpoint over a real socket and reading the samples."""
+"""The observability suite's server: a real Engine behind a real gRPC server (helpers for
+reading its metrics: tests/support/metrics.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-
-async def http_get(port: int, path: str, *, method: str = "GET", headers: str = "") -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"{method} {path} HTTP/1.1\r\nhost: x\r\n{headers}\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    hdrs = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return status, hdrs, body
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """{(sample name, sorted labels): value} of an exposition."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(scrape: dict, name: str, **labels: str) -> float:
-    return scrape.get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.support.configs import server_config
+from tests.support.stacks import Server
 
 
 @pytest.fixture
 async def server(tmp_path):
-    from tests.client.conftest import Server, server_config
-
     srv = await Server(server_config(tmp_path)).start()
     yield srv
     await srv.stop()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.observability.conftest import samples, value
+from tests.support.metrics import samples, value
 from tether.config import load_config
 from tether.process_memory import MemoryReclaimer, exec_with_allocator, resident_bytes, trim_heap
 from tether_lab.load import write_config

@@ -9,12 +9,12 @@ import json
 import pytest
 
 import tether.client as tc
-from tests.client.conftest import FAST, Server, server_config
+from tests.support.configs import FAST, server_config
+from tests.support.metrics import http_get, samples, value
+from tests.support.stacks import Server
 from tether.core.engine import Engine
 from tether.observability.health import ReadinessChecker
 from tether.observability.metrics_http import metrics_response, start_metrics_server
-
-from .conftest import http_get, samples, value
 
 CALLS = 20
 TURNS = CALLS + 1

@@ -7,9 +7,8 @@ import asyncio
 import grpc
 
 from tether.protocol.json_codec import event_to_json
+from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, service_pb2, service_pb2_grpc
-
-TERMINAL_ARMS = {"completed", "failed", "incomplete"}
 
 
 class RawSession:

@@ -29,7 +29,6 @@ import random
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -46,6 +45,8 @@ from tether.client._params import (
     to_tools,
 )
 from tether.errors import TetherError
+from tether.protocol import wire
+from tether.protocol.wire import TERMINAL_ARMS, error_from_rpc, open_channel
 from tether.responses.v1 import (
     events_pb2,
     items_pb2,
@@ -54,22 +55,19 @@ from tether.responses.v1 import (
     service_pb2,
     service_pb2_grpc,
 )
-from tether.service.remote import error_from_rpc
 
 log = logging.getLogger("tether.client")
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 CONNECTION_LOST = "connection_lost"
 MAX_TURNS_EXCEEDED = "max_turns_exceeded"
-TERMINAL_ARMS = frozenset({"completed", "failed", "incomplete"})
 # In-band codes that mean "this connection is going away: continue on a new one".
 RETRY_CODES = frozenset({errors.SERVER_SHUTTING_DOWN, errors.CONNECTION_LIMIT_REACHED})
 _CONNECTION_CODES = RETRY_CODES | {errors.IDLE_TIMEOUT}
 RETRYABLE_STATUS = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    *wire.CHANNEL_OPTIONS,
     # Come back quickly after a server restart (the defaults wait up to 120 s between tries).
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -478,12 +476,7 @@ class Session:
         self.timeout_s = timeout_s
         auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._metadata: tuple[tuple[str, str], ...] = (*auth, *metadata)
-        if tls_ca or tls:
-            roots = Path(tls_ca).read_bytes() if tls_ca else None
-            creds = grpc.ssl_channel_credentials(root_certificates=roots)
-            self._channel = grpc.aio.secure_channel(target, creds, options=list(channel_options))
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=list(channel_options))
+        self._channel = open_channel(target, tls_ca=tls_ca, tls=tls, options=channel_options)
         self.stub = service_pb2_grpc.ResponsesServiceStub(self._channel)
         self._conn: _Conn | None = None
         self._conns: set[_Conn] = set()

@@ -22,31 +22,12 @@ from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import TetherError
 from tether.observability import tracing
+from tether.protocol import wire
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 
 log = logging.getLogger("tether.grpc")
 
 SERVICE_NAME = service_pb2.DESCRIPTOR.services_by_name["ResponsesService"].full_name
-
-_STATUS_BY_HTTP = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    409: grpc.StatusCode.ABORTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
-
-def grpc_status_for(status: int) -> grpc.StatusCode:
-    if status in _STATUS_BY_HTTP:
-        return _STATUS_BY_HTTP[status]
-    return grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
-
 
 class _Undecodable:
     """A request message that did not parse; its handler answers INVALID_ARGUMENT."""
@@ -89,10 +70,8 @@ def _malformed(request: _Undecodable) -> TetherError:
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
-    context.set_trailing_metadata(
-        (("tether-error-code", exc.code), ("tether-error-param", exc.param or ""), ("tether-error-status", str(exc.status)))
-    )
-    await context.abort(grpc_status_for(exc.status), exc.message)
+    context.set_trailing_metadata(wire.error_metadata(exc))
+    await context.abort(wire.grpc_status_for(exc.status), exc.message)
 
 
 class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):

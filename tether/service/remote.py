@@ -12,7 +12,7 @@ Mapping:
   single `error` event (the `ResponsesAPI.create` contract). Closing the iterator cancels the call.
 - Unary RPCs raise `TetherError` rebuilt from the status: trailing metadata `tether-error-code`,
   `tether-error-param` and `tether-error-status` when the server set them, otherwise the status
-  code mapped to an HTTP-equivalent status (see `STATUS_BY_CODE`) and the details as message.
+  code mapped to an HTTP-equivalent status (`tether.protocol.wire`) and the details as message.
 
 Credentials, two modes (`call_metadata` builds the metadata; a subclass may override it):
 - `api_key="..."`: every call carries `authorization: Bearer <api_key>`, so the upstream scopes
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -38,50 +37,11 @@ from tether.auth import Authenticator, _bearer
 from tether.errors import (
     INVALID_API_KEY,
     INVALID_REQUEST,
-    RATE_LIMIT_EXCEEDED,
-    RESPONSE_NOT_FOUND,
     SERVER_ERROR,
     TetherError,
 )
+from tether.protocol.wire import CHANNEL_OPTIONS, error_from_rpc, open_channel
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2, service_pb2_grpc
-
-STATUS_BY_CODE: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNAVAILABLE: 503,
-}
-# The error code to report when the server sent no `tether-error-code`.
-_DEFAULT_ERROR_CODE = {
-    400: INVALID_REQUEST,
-    401: INVALID_API_KEY,
-    404: RESPONSE_NOT_FOUND,
-    429: RATE_LIMIT_EXCEEDED,
-}
-
-# Large inputs and long stored responses travel as single messages.
-DEFAULT_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-)
-
-
-def error_from_rpc(exc: grpc.aio.AioRpcError) -> TetherError:
-    """Rebuild the `TetherError` a Tether server reported as a gRPC status."""
-    meta: dict[str, str] = {}
-    for key, value in exc.trailing_metadata() or ():
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace")
-        meta[key.lower()] = value
-    status = STATUS_BY_CODE.get(exc.code(), 500)
-    raw_status = meta.get("tether-error-status", "")
-    if raw_status.isdigit():
-        status = int(raw_status)
-    code = meta.get("tether-error-code") or _DEFAULT_ERROR_CODE.get(status, SERVER_ERROR)
-    message = exc.details() or exc.code().name.lower()
-    return TetherError(code, message, param=meta.get("tether-error-param") or None, status=status)
 
 
 def message_gone(exc: grpc.aio.AioRpcError) -> str:
@@ -184,19 +144,14 @@ class RemoteResponsesAPI:
         api_key: str | None,
         tls_ca: str | None = None,
         tls: bool = False,
-        options: Sequence[tuple[str, Any]] = DEFAULT_CHANNEL_OPTIONS,
+        options: Sequence[tuple[str, Any]] = CHANNEL_OPTIONS,
     ) -> None:
         """`tls_ca`: a PEM file of the roots to trust (implies TLS); `tls=True` without it uses
         the system roots."""
         self.target = target
         self.forwarding = api_key is None
         self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        if tls_ca or tls:
-            roots = Path(tls_ca).read_bytes() if tls_ca else None
-            creds = grpc.ssl_channel_credentials(root_certificates=roots)
-            self._channel = grpc.aio.secure_channel(target, creds, options=list(options))
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=list(options))
+        self._channel = open_channel(target, tls_ca=tls_ca, tls=tls, options=options)
         self._stub = service_pb2_grpc.ResponsesServiceStub(self._channel)
 
     def call_metadata(self, tenant: str | None) -> tuple[tuple[str, str], ...]:

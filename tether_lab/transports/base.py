@@ -28,10 +28,9 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from tether.protocol.wire import SERVER_TIMING_INCLUDE
 from tether.workloads import Workload
 
-SERVER_TIMING = "tether:server_timing"
-PROTOTYPE_APPEND = "tether:prototype_append"
 AWAITING_EVENT = "response.awaiting_input"
 TERMINAL_TYPES = frozenset({"response.completed", "response.failed", "response.incomplete"})
 
@@ -150,7 +149,7 @@ def request_body(
         "tools": list(workload.tools),
         "input": input_items,
         "store": store,
-        "include": [SERVER_TIMING, *include],
+        "include": [SERVER_TIMING_INCLUDE, *include],
     }
     if previous_response_id:
         body["previous_response_id"] = previous_response_id

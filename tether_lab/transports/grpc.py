@@ -14,11 +14,11 @@ import time
 import grpc
 
 from tether.protocol import json_codec
+from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether_lab.metrics import server_timing
 from tether_lab.transports.base import Call, RolloutError, Transport, TurnOutcome
 
-_TERMINAL = frozenset({"completed", "failed", "incomplete"})
 _DELTAS = frozenset({"output_text_delta", "reasoning_text_delta", "function_call_arguments_delta",
                      "refusal_delta", "reasoning_summary_text_delta"})
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -81,7 +81,7 @@ class GrpcTransport(Transport):
                         out.calls.append(Call(fc.name, fc.call_id, fc.arguments))
                     elif kind == "message":
                         out.text += "".join(p.output_text.text for p in item.message.content)
-                elif arm in _TERMINAL:
+                elif arm in TERMINAL_ARMS:
                     r = getattr(ev, arm).response
                     out.response_id, out.status = r.id, r.status
                     out.server_timing = server_timing(r)

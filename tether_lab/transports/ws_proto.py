@@ -5,7 +5,8 @@ sends the outputs with `response.append` on the same socket. Needs the server's
 
 from __future__ import annotations
 
-from tether_lab.transports.base import PROTOTYPE_APPEND, TurnOutcome
+from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
+from tether_lab.transports.base import TurnOutcome
 from tether_lab.transports.sdk import EventCollector
 from tether_lab.transports.ws import WsTransport
 
@@ -13,7 +14,7 @@ from tether_lab.transports.ws import WsTransport
 class WsProto(WsTransport):
     name = "ws-proto"
     mode = "append"
-    extra_include = (PROTOTYPE_APPEND,)
+    extra_include = (PROTOTYPE_APPEND_INCLUDE,)
 
     async def append(self, items: list[dict]) -> TurnOutcome:
         collector = EventCollector(want_output=False)
