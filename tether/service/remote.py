@@ -1,7 +1,8 @@
 """`RemoteResponsesAPI`: the `ResponsesAPI` interface over a gRPC channel to a remote Tether.
 
 With it the JSON bridge runs as its own process (`tether bridge --upstream host:port`) exactly as
-it runs next to the in-process Engine; it is also the base of a typed Python client.
+it runs next to the in-process Engine. (The typed client, `tether.client`, is its own code over the
+same contract: error mapping and channel construction come from `tether.protocol.wire`.)
 
 Mapping:
 - `open_session` -> one bidi `Session` call. `send` writes a `SessionRequest`; `events()` yields

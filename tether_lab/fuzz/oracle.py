@@ -8,6 +8,7 @@ import copy
 import statistics
 import typing
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,3 +310,31 @@ def outcome_of(events: list[dict[str, Any]]) -> str:
     return "silent"
 
 
+async def answer_of(next_event: Callable[[], Awaitable[dict[str, Any]]], checker: StreamChecker, sentinel: str,
+                    kind: str, sent: object) -> str:  # fmt: skip
+    """Read a session's answer to one input (`kind`, shown as `sent` in a finding), the same way on
+    WebSocket and gRPC: every event before the sentinel's answer; then, for a create or append the
+    lane worker has not answered yet, up to its `error` or `response.created`; then every
+    response still in flight to its terminal event. Returns the outcome."""
+    replies: list[dict[str, Any]] = []
+    while True:  # everything before the sentinel's answer
+        ev = await next_event()
+        if is_sentinel(ev, sentinel):
+            break
+        checker.check(ev, ev)
+        replies.append(ev)
+    answered = any(e.get("type") in ("error", "response.created") for e in replies)
+    if kind in ("create", "append") and not answered:
+        while True:  # the lane worker answers: an error, or a response
+            ev = await next_event()
+            t = checker.check(ev, ev)
+            replies.append(ev)
+            if t in ("error", "response.created"):
+                break
+    elif kind not in ("processed",) and not replies:
+        checker.stats.finding("unanswered", f"{kind}: {sent!s:.300}")
+    while checker.in_flight:  # every response runs to its terminal event
+        ev = await next_event()
+        checker.check(ev, ev)
+        replies.append(ev)
+    return outcome_of(replies)

@@ -20,8 +20,8 @@ from tether_lab.fuzz.oracle import (
     Sdk,
     StreamChecker,
     SurfaceStats,
+    answer_of,
     client_kind,
-    is_sentinel,
     outcome_of,
     sdk_signature,
 )
@@ -104,7 +104,6 @@ async def fuzz_ws(target: Target, mutator: Mutator, n: int, stats: SurfaceStats,
 async def _ws_one(conn: Any, checker: StreamChecker, frame: str | bytes, kind: str, sentinel: str) -> str:
     await conn.send(frame)
     await conn.send(orjson.dumps({"type": "response.cancel", "response_id": sentinel}).decode())
-    replies: list[dict[str, Any]] = []
 
     async def next_event() -> Any:
         raw = await conn.recv()
@@ -117,27 +116,7 @@ async def _ws_one(conn: Any, checker: StreamChecker, frame: str | bytes, kind: s
             checker.stats.finding("malformed", raw)
             return {}
 
-    while True:  # everything before the sentinel's answer
-        ev = await next_event()
-        if is_sentinel(ev, sentinel):
-            break
-        checker.check(ev, ev)
-        replies.append(ev)
-    answered = any(e.get("type") in ("error", "response.created") for e in replies)
-    if kind in ("create", "append") and not answered:
-        while True:  # the lane worker answers: an error, or a response
-            ev = await next_event()
-            t = checker.check(ev, ev)
-            replies.append(ev)
-            if t in ("error", "response.created"):
-                break
-    elif kind not in ("processed",) and not replies:
-        checker.stats.finding("unanswered", f"{kind}: {frame!s:.300}")
-    while checker.in_flight:  # every response runs to its terminal event
-        ev = await next_event()
-        checker.check(ev, ev)
-        replies.append(ev)
-    return outcome_of(replies)
+    return await answer_of(next_event, checker, sentinel, kind, frame)
 
 
 # -- the HTTP surface ---------------------------------------------------------------------------------
@@ -477,7 +456,6 @@ async def _grpc_one(call: Any, reader: asyncio.Queue[Any], checker: StreamChecke
     await call.write(req.SerializeToString())
     await call.write(sentinel_bytes)
     kind = req.WhichOneof("event") or "undecodable"
-    replies: list[dict[str, Any]] = []
 
     async def next_event() -> dict[str, Any]:
         ev = await reader.get()
@@ -485,27 +463,7 @@ async def _grpc_one(call: Any, reader: asyncio.Queue[Any], checker: StreamChecke
             raise _StreamEnded(repr(ev))
         return json_codec.event_to_json(ev, ws=True)
 
-    while True:
-        ev = await next_event()
-        if is_sentinel(ev, sentinel):
-            break
-        checker.check(ev, ev)
-        replies.append(ev)
-    answered = any(e.get("type") in ("error", "response.created") for e in replies)
-    if kind in ("create", "append") and not answered:
-        while True:
-            ev = await next_event()
-            t = checker.check(ev, ev)
-            replies.append(ev)
-            if t in ("error", "response.created"):
-                break
-    elif kind not in ("processed",) and not replies:
-        checker.stats.finding("unanswered", f"{kind}: {req!s:.300}")
-    while checker.in_flight:
-        ev = await next_event()
-        checker.check(ev, ev)
-        replies.append(ev)
-    return outcome_of(replies)
+    return await answer_of(next_event, checker, sentinel, kind, req)
 
 
 async def _raw_session(call: Any, data: bytes, sentinel: bytes) -> str:
