@@ -79,6 +79,10 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # Forward compatibility: create fields Tether does not know that it accepts (and ignores)
+    # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
+    # field must have a declared treatment. Env: comma-separated.
+    accept_unknown_parameters: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -196,6 +200,8 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
 def _coerce(value: Any, current: Any, where: str) -> Any:
     if not isinstance(value, str) or isinstance(current, str) or current is None:
         return value
+    if isinstance(current, list):  # from the environment: comma-separated
+        return [part.strip() for part in value.split(",") if part.strip()]
     try:
         if isinstance(current, bool):
             if value.lower() in ("1", "true", "yes", "on"):

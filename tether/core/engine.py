@@ -23,7 +23,7 @@ from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
-from tether.core.stages import render, validate
+from tether.core.stages import fields, render, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.turn import user_message
@@ -257,6 +257,7 @@ class Engine:
         return items
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
+        fields.check_declared(params, self.config.server.accept_unknown_parameters)
         if params.model:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
@@ -267,7 +268,7 @@ class Engine:
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
-        validate.validate_params(params, self.config.limits)
+        validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None

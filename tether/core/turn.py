@@ -108,7 +108,7 @@ class Turn:
         params, session, limits = self.params, self.session, self.engine.config.limits
         clock = self.clock
         with clock.stage("validate"):
-            validate.validate_params(params, limits)
+            validate.validate_params(params, limits, self.engine.config.server.accept_unknown_parameters)
         with clock.stage("resolve"):
             parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
         parent_node = parent.context_node if parent else None

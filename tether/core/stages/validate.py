@@ -8,11 +8,13 @@ that is still open in the conversation it continues, or one made earlier in the 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import orjson
 
 from tether import errors
 from tether.config import Limits
+from tether.core.stages import fields
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
 
@@ -38,8 +40,11 @@ def check_stream_id(stream_id: str) -> None:
         )
 
 
-def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
+def validate_params(
+    params: request_pb2.ResponseCreateParams, limits: Limits, accept_unknown: Iterable[str] = ()
+) -> None:
     """Request-level checks (everything but the items' call bookkeeping)."""
+    fields.check_declared(params, accept_unknown)
     if not params.model:
         raise TetherError(errors.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'model'.", param="model")
     if params.HasField("background") and params.background:
