@@ -9,7 +9,7 @@ from tether.store.factory import create_store, migrate, open_store
 from tether.store.memory import MemoryStore
 from tether.store.postgres import PostgresStore
 from tether.store.redis import DEFAULT_TTL_S, RedisStore
-from tether.store.sqlite import SqliteStore
+from tether.store.sqlite import SCHEMA_VERSION, SqliteStore
 
 
 async def test_memory_url_opens():
@@ -36,7 +36,7 @@ async def test_sqlite_relative_url_creates_parent_dirs(tmp_path, monkeypatch):
     finally:
         await store.close()
     assert (tmp_path / "a" / "b" / "tether.db").is_file()
-    assert await migrate("sqlite://a/b/tether.db") == 1
+    assert await migrate("sqlite://a/b/tether.db") == SCHEMA_VERSION
 
 
 def test_postgres_urls():
