@@ -197,7 +197,7 @@ CREATE_BODY = obj(
         "stream": nullable(BOOLS),
         "client_metadata": STR_MAPS,
         "prompt_cache_options": JSON_OBJECTS,
-        "conversation": JSON_VALUES,
+        "conversation": nullable(TEXT | obj({"id": TEXT})),
     },
 )
 
@@ -242,6 +242,7 @@ RESPONSE = obj(
         "prompt_cache_key": nullable(NONEMPTY),
         "safety_identifier": nullable(NONEMPTY),
         "service_tier": nullable(NONEMPTY),
+        "conversation": nullable(st.fixed_dictionaries({"id": TEXT})),
     },
     {
         "backend_timing": st.fixed_dictionaries(

@@ -20,6 +20,7 @@ from tether.backends.registry import build_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.conversations import Conversations, list_args
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -53,6 +54,7 @@ class Engine:
         self.classifier: Classifier = SecretDetector()
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
         self.post = PostInference(store, on_done=self.metrics.post_inference)
+        self.conversations = Conversations(store, config.limits)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
@@ -152,6 +154,13 @@ class Engine:
             nbytes=input_node.nbytes + context.nbytes,
         )
 
+    async def conversation_node(self, tenant: str, conversation_id: str) -> Node | None:
+        """A conversation's items as the chain a create continues (None when it has none yet)."""
+        items = await self.conversations.context(tenant, conversation_id)
+        if not items:
+            return None
+        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
+
     async def summarize(
         self, route: Resolved, context: Sequence[items_pb2.Item], instructions: str | None
     ) -> tuple[str, int]:
@@ -218,12 +227,7 @@ class Engine:
     async def list_input_items(
         self, tenant: str, request: service_pb2.ListInputItemsRequest
     ) -> service_pb2.ListInputItemsResponse:
-        limit = request.limit or 20
-        if not 1 <= limit <= 100:
-            raise TetherError(errors.INVALID_REQUEST, "'limit' must be between 1 and 100.", param="limit")
-        order = request.order or "desc"
-        if order not in ("asc", "desc"):
-            raise TetherError(errors.INVALID_REQUEST, "'order' must be asc or desc.", param="order")
+        limit, order = list_args(request.limit, request.order)
         await self.post.wait_durable(tenant, request.response_id)
         page = await self.store.list_input_items(
             tenant, request.response_id, after=request.after or None, limit=limit, order=order
@@ -250,6 +254,8 @@ class Engine:
                     param="previous_response_id",
                 )
             items = parent.context_node.items() if parent.context_node else []
+        elif params.conversation:
+            items = await self.conversations.context(tenant, params.conversation)
         if params.input:
             items.extend(params.input)
         elif params.HasField("input_text"):
@@ -284,6 +290,9 @@ class Engine:
         out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
         out.usage.total_tokens = in_tokens + out_tokens
         return out
+
+    async def conversation_call(self, tenant: str, method: str, request):  # noqa: ANN001, ANN201
+        return await self.conversations.call(tenant, method, request)
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         out = service_pb2.ListModelsResponse()

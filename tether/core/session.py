@@ -305,7 +305,8 @@ class Session:
         del successor.input[:]
         successor.ClearField("input_text")
         successor.ClearField("generate")
-        successor.previous_response_id = turn.response_id
+        if not successor.conversation:  # a conversation already holds the steered response's output
+            successor.previous_response_id = turn.response_id
         for steer in turn.steers:
             successor.input.extend(steer)
         turn.lane.queue.appendleft(successor)

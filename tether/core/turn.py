@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -110,8 +111,12 @@ class Turn:
         with clock.stage("validate"):
             validate.validate_params(params, limits, self.engine.config.server.accept_unknown_parameters)
         with clock.stage("resolve"):
-            parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
-        parent_node = parent.context_node if parent else None
+            if params.conversation:
+                parent, from_cache = None, False
+                parent_node = await self.engine.conversation_node(session.tenant, params.conversation)
+            else:
+                parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
+                parent_node = parent.context_node if parent else None
         new_items = self._new_items()
         with clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
@@ -160,13 +165,7 @@ class Turn:
             items = []
         for steer in self.lane.take_pending_steer(params.previous_response_id):
             items.extend(steer)
-        for item in items:
-            arm = item.WhichOneof("item")
-            prefix = _ID_PREFIX.get(arm or "")
-            if prefix:
-                inner = getattr(item, arm)
-                if not inner.id:
-                    inner.id = ids.new_id(prefix)
+        assign_ids(items)
         return items
 
     def _response_skeleton(self) -> response_pb2.Response:
@@ -193,6 +192,8 @@ class Turn:
             r.max_output_tokens = p.max_output_tokens
         if p.HasField("max_tool_calls"):
             r.max_tool_calls = p.max_tool_calls
+        if p.conversation:
+            r.conversation.id = p.conversation
         r.tools.extend(p.tools)
         if p.HasField("tool_choice"):
             r.tool_choice.CopyFrom(p.tool_choice)
@@ -364,6 +365,10 @@ class Turn:
             for name, seconds in clock.stages.items():
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
+        if self.params.conversation and status in ("completed", "incomplete"):
+            with clock.stage("finalize"):  # before the terminal event: the next create reads them
+                added = [seg.item for seg in prepared.new_segments]
+                await self.engine.conversations.append(self.session.tenant, self.params.conversation, [*added, *output])
         finishing = self.session.begin_finishing(r.id)
         tracing.annotate_response(r)
         try:
@@ -452,6 +457,17 @@ def user_message(text: str) -> items_pb2.Item:
     return item
 
 
+def assign_ids(items: Iterable[items_pb2.Item]) -> None:
+    """Give items that came without an `id` a server-made one (`msg_`, `fc_`, `fco_`, `rs_`)."""
+    for item in items:
+        arm = item.WhichOneof("item")
+        prefix = _ID_PREFIX.get(arm or "")
+        if prefix:
+            inner = getattr(item, arm)
+            if not inner.id:
+                inner.id = ids.new_id(prefix)
+
+
 def item_key(item: items_pb2.Item) -> str:
     """Storage key of an output item: its own id (server-made, 128 random bits)."""
     arm = item.WhichOneof("item")
@@ -460,10 +476,11 @@ def item_key(item: items_pb2.Item) -> str:
 
 
 def _unstored(prepared: Prepared, out_segments: tuple[Segment, ...]) -> list[Segment]:
-    """The segments this turn adds to the store: new input, plus a rebuilt window's items when
-    the parent was not stored (store=false parent continued with store=true), plus the output."""
+    """The segments this turn adds to the store: new input, plus the whole window when the parent
+    was not stored (store=false parent continued with store=true, or a conversation's items),
+    plus the output."""
     parent = prepared.parent
-    if parent is not None and not parent.store:
+    if parent is None or not parent.store:  # a conversation's items are not stored under keys
         return [*prepared.node.all_segments(), *out_segments]
     if prepared.node.parent is None:  # a compaction window: its kept items may be new to the store
         return [*prepared.node.segments, *out_segments]

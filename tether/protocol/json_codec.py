@@ -805,6 +805,22 @@ def _input_enc(msg: Any, out: dict) -> None:
         out["input"] = [enc(i) for i in msg.input]
 
 
+def _conversation_dec(msg: Any, value: Any, path: str) -> bool:
+    """`conversation`: an id, or `{"id": ...}` (the object is stashed so it echoes unchanged)."""
+    if type(value) is str:
+        msg.conversation = value
+        return bool(value)  # "" reads back as absent: stashed
+    if isinstance(value, dict) and type(value.get("id")) is str:
+        msg.conversation = value["id"]
+        return False
+    raise _type_error(path, "one of a string or an object with a string 'id'", value)
+
+
+def _conversation_enc(msg: Any, out: dict) -> None:
+    if msg.conversation:
+        out["conversation"] = msg.conversation
+
+
 def _ignore_create_type(msg: Any, value: Any, path: str) -> bool:
     """The WS `type` next to the body: dropped when it is `response.create`, else an unknown key."""
     return value == "response.create"
@@ -867,6 +883,7 @@ _PARAMS = _Codec(
     _Scalar("service_tier", NONEMPTY),
     _Scalar("background", OPTIONAL),
     _Scalar("stream", OPTIONAL),
+    _Custom("conversation", _conversation_dec, _conversation_enc),
     skip=(),
 )
 
@@ -961,6 +978,7 @@ _RESPONSE = _Codec(
         ),
     ),
     _Sub("server_timing", _Codec(response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"))),
+    _Sub("conversation", _Codec(response_pb2.ConversationRef, _Scalar("id")), NULLABLE),
     skip=(),
     typed_wins=True,
 )
@@ -1341,6 +1359,57 @@ _INPUT_ITEMS = _Codec(
     _Scalar("last_id", NULLABLE),
     _Scalar("has_more"),
 )
+
+
+_CONVERSATION = _Codec(
+    service_pb2.Conversation,
+    _Scalar("id"),
+    _Const("object", "conversation"),
+    _Scalar("created_at"),
+    _Scalar("metadata"),
+)
+_CONVERSATION_ITEMS = _Codec(
+    service_pb2.ListConversationItemsResponse,
+    _Const("object", "list"),
+    _items_field("data"),
+    _Scalar("first_id", NULLABLE),
+    _Scalar("last_id", NULLABLE),
+    _Scalar("has_more"),
+)
+# Request bodies: `POST /v1/conversations`, `POST /v1/conversations/{id}` (metadata), `POST
+# /v1/conversations/{id}/items`. Null reads as absent; any other key is 400 unknown_parameter.
+_CONVERSATION_BODIES = {
+    service_pb2.CreateConversationRequest: _Codec(
+        service_pb2.CreateConversationRequest, _items_field("items"), _Scalar("metadata", NULLABLE), skip=()
+    ),
+    service_pb2.UpdateConversationRequest: _Codec(
+        service_pb2.UpdateConversationRequest, _Scalar("metadata", NULLABLE), skip=()
+    ),
+    service_pb2.CreateConversationItemsRequest: _Codec(
+        service_pb2.CreateConversationItemsRequest, _items_field("items"), skip=()
+    ),
+}
+
+
+def conversation_to_json(c: service_pb2.Conversation) -> dict:
+    """`{"id","object":"conversation","created_at","metadata"}`."""
+    return _CONVERSATION.encode(c, {})
+
+
+def conversation_items_to_json(page: service_pb2.ListConversationItemsResponse) -> dict:
+    """A list page of conversation items (first/last ids null when empty)."""
+    return _CONVERSATION_ITEMS.encode(page, {})
+
+
+def conversation_body_from_json(cls: Any, d: dict) -> Any:
+    """One of the conversation request bodies (`cls` names which), strictly: unknown keys are
+    400 `unknown_parameter`, as for a create."""
+    msg = cls()
+    leftovers = _CONVERSATION_BODIES[cls].decode(_require_object(d, ""), msg, "")
+    for key, value in (leftovers or {}).items():
+        if value is not None or key not in _CONVERSATION_BODIES[cls].fields:
+            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key, status=400)
+    return msg
 
 
 def error_to_http_json(err: events_pb2.Error) -> dict:

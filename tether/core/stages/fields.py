@@ -59,7 +59,7 @@ CREATE_FIELDS: dict[str, Field] = {
     "input": Field(H, "The new items, validated and appended to the chain; every item type is carried."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
-    "conversation": Field(R, "Prepends the conversation's items, appends this turn's input and output; "
+    "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output; "
                           "exclusive with `previous_response_id`."),
     "store": Field(H, "false: state lives in connection memory only; true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),

@@ -8,7 +8,7 @@ that is still open in the conversation it continues, or one made earlier in the 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import orjson
 
@@ -64,15 +64,13 @@ def validate_params(
         raise TetherError(errors.INVALID_REQUEST, "'temperature' must be between 0 and 2.", param="temperature")
     if params.HasField("top_p") and not 0.0 <= params.top_p <= 1.0:
         raise TetherError(errors.INVALID_REQUEST, "'top_p' must be between 0 and 1.", param="top_p")
-    if len(params.metadata) > limits.max_metadata_pairs:
+    check_metadata(params.metadata, limits)
+    if params.conversation and params.previous_response_id:
         raise TetherError(
-            errors.INVALID_REQUEST, f"'metadata' may hold at most {limits.max_metadata_pairs} pairs.", param="metadata"
+            errors.INVALID_REQUEST,
+            "Mutually exclusive parameters: send only one of 'previous_response_id' or 'conversation'.",
+            param="conversation",
         )
-    for key, value in params.metadata.items():
-        if len(key) > 64 or len(value) > 512:
-            raise TetherError(
-                errors.INVALID_REQUEST, "metadata keys are at most 64 and values 512 characters.", param="metadata"
-            )
     if len(params.input) > limits.max_input_items:
         raise TetherError(
             errors.TOO_MANY_ITEMS, f"'input' has {len(params.input)} items; the limit is {limits.max_input_items}.",
@@ -94,6 +92,19 @@ def validate_params(
             raise TetherError(
                 errors.INVALID_REQUEST, "compact_threshold must be at least 1000.",
                 param=f"context_management[{i}].compact_threshold",
+            )
+
+
+def check_metadata(metadata: Mapping[str, str], limits: Limits) -> None:
+    """`metadata` of a create or a conversation: at most `max_metadata_pairs`, short keys and values."""
+    if len(metadata) > limits.max_metadata_pairs:
+        raise TetherError(
+            errors.INVALID_REQUEST, f"'metadata' may hold at most {limits.max_metadata_pairs} pairs.", param="metadata"
+        )
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise TetherError(
+                errors.INVALID_REQUEST, "metadata keys are at most 64 and values 512 characters.", param="metadata"
             )
 
 
