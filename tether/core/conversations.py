@@ -81,7 +81,7 @@ class Conversations:
 
     async def append(self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]) -> None:
         """A finished turn's input and output; a conversation deleted meanwhile takes nothing."""
-        if not await self.store.append_conversation_items(tenant, conversation_id, items):
+        if not await self.store.append_conversation_items(tenant, conversation_id, [output_item(i) for i in items]):
             log.info("conversation %s was deleted during a turn; its items were not kept", conversation_id)
 
     # -- the RPCs ---------------------------------------------------------------------------------
@@ -96,11 +96,7 @@ class Conversations:
             )
         calls = frozenset(i.function_call.call_id for i in before if i.WhichOneof("item") == "function_call")
         validate.validate_items(items, calls, self.limits, param="items")
-        out = [items_pb2.Item() for _ in items]
-        for copy, item in zip(out, items, strict=True):
-            copy.CopyFrom(item)
-        assign_ids(out)
-        return out
+        return [output_item(item) for item in items]
 
     async def _get(self, tenant: str, conversation_id: str) -> service_pb2.Conversation:
         conversation = await self.store.get_conversation(tenant, conversation_id)
@@ -166,6 +162,27 @@ class Conversations:
         if not await self.store.delete_conversation_item(tenant, request.conversation_id, request.item_id):
             raise _item_not_found(request.item_id)
         return service_pb2.DeleteConversationItemResponse(conversation=conversation)
+
+
+def output_item(item: items_pb2.Item) -> items_pb2.Item:
+    """An input item as an output item (what `/v1/responses/compact` returns and a conversation holds): with an `id`, a
+    `status`, and a message's plain-string content as a content part (`output_text` for the
+    assistant, `input_text` otherwise)."""
+    out = items_pb2.Item()
+    out.CopyFrom(item)
+    assign_ids([out])
+    arm = out.WhichOneof("item")
+    if arm in ("message", "function_call", "function_call_output") and not getattr(out, arm).status:
+        getattr(out, arm).status = "completed"
+    if arm == "message" and out.message.HasField("content_text"):
+        text = out.message.content_text
+        out.message.ClearField("content_text")
+        part = out.message.content.add()
+        if out.message.role == "assistant":
+            part.output_text.text = text
+        else:
+            part.input_text.text = text
+    return out
 
 
 def _page(items: Sequence[items_pb2.Item], has_more: bool) -> service_pb2.ListConversationItemsResponse:

@@ -20,7 +20,7 @@ from tether.backends.registry import build_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
-from tether.core.conversations import Conversations, list_args
+from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -283,7 +283,7 @@ class Engine:
         item.compaction.id = ids.compaction_id()
         item.compaction.encrypted_content = encode_payload(summary, keep)
         out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
-        out.output.extend(context[len(context) - keep :])
+        out.output.extend(output_item(kept) for kept in context[len(context) - keep :])
         out.output.append(item)
         in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
         out_tokens = len(render.encode(summary))

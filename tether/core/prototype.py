@@ -207,15 +207,7 @@ class PrototypeTurn(Turn):
             usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens),
             timing=finish.timing if finish else None,
         )
-        if error is not None:
-            await self._emit_all(builder.close_all("incomplete"))
-            self.engine.metrics.error(error.code)
-            status = "incomplete" if error.code == errors.CANCELLED else "failed"
-            await self._finish(prepared, builder.output, status, total, error)
-            return
-        output = await self._maybe_compact(prepared, builder, builder.output, total)
-        status = "completed" if total.reason in ("stop", "tool_calls") else "incomplete"
-        await self._finish(prepared, output, status, total, None)
+        await self._end(prepared, builder, total, error)
 
     def _begin_wait(self, open_calls: list[str]) -> None:
         self._pending = dict.fromkeys(open_calls)
@@ -255,7 +247,7 @@ class PrototypeTurn(Turn):
                     self._check(batch)
                 except TetherError as exc:
                     self.engine.metrics.error(exc.code)
-                    await self.session.emit_error(exc, stream_id=self.stream_id)
+                    await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
                 else:
                     accepted.extend(batch)
                     for item in batch:

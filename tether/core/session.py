@@ -51,7 +51,7 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: deque[request_pb2.ResponseCreateParams] = deque()
+        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str]] = deque()  # (create, event_id)
         self.worker: asyncio.Task | None = None
         self.last_response_id = ""
         # Steers accepted for a response that stopped for tool output: merged into the next
@@ -102,20 +102,23 @@ class Session:
             raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
         self._last_activity = time.monotonic()
         arm = request.WhichOneof("event")
+        event_id = request.event_id  # echoed on the error events this client event causes
         if arm == "create":
-            await self._enqueue(request.create)
+            await self._enqueue(request.create, event_id)
         elif arm == "steer":
             await self._steer(request.steer)
         elif arm == "append":
             if self.engine.config.server.prototype_append and prototype.deliver_append(self, request.append):
                 return
-            await self._append(request.append)
+            await self._append(request.append, event_id)
         elif arm == "cancel":
-            await self._cancel(request.cancel.response_id)
+            await self._cancel(request.cancel.response_id, event_id)
         elif arm == "processed":
             return
         else:
-            await self.emit_error(TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"))
+            await self.emit_error(
+                TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"), event_id=event_id
+            )
 
     async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
         while True:
@@ -154,10 +157,11 @@ class Session:
 
     # -- used by turns ----------------------------------------------------------------------------
 
-    async def emit_error(self, exc: TetherError, *, stream_id: str = "") -> None:
+    async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
         self.engine.metrics.error(exc.code)
         ev = events_pb2.ServerEvent(stream_id=stream_id)
         ev.error.error.CopyFrom(exc.to_proto())
+        ev.error.event_id = event_id
         try:
             await self.outbox.put(ev)
         except OutboxClosed:
@@ -219,15 +223,15 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def _enqueue(self, params: request_pb2.ResponseCreateParams) -> None:
+    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "") -> None:
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
         except TetherError as exc:  # no valid lane to echo
-            await self.emit_error(exc)
+            await self.emit_error(exc, event_id=event_id)
             return
         if self._expiring:
-            await self.emit_error(self._lifetime_error(), stream_id=stream_id)
+            await self.emit_error(self._lifetime_error(), stream_id=stream_id, event_id=event_id)
             return
         lane = self._lanes.get(stream_id)
         if lane is None:
@@ -240,6 +244,7 @@ class Session:
                         param="stream_id",
                     ),
                     stream_id=stream_id,
+                    event_id=event_id,
                 )
                 return
             lane = self._lanes[stream_id] = Lane(stream_id)
@@ -251,22 +256,24 @@ class Session:
                     param="stream_id" if stream_id else None, status=429,
                 ),
                 stream_id=stream_id,
+                event_id=event_id,
             )
             return
-        lane.queue.append(params)
+        lane.queue.append((params, event_id))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
         while lane.queue:
-            params = lane.queue.popleft()
+            params, event_id = lane.queue.popleft()
             async with self._active:
                 if self.engine.config.server.prototype_append:
                     turn = prototype.turn_for(self, params, lane)
                 else:
                     turn = Turn(self, params, lane)
                 turn.task = task
+                turn.event_id = event_id
                 try:
                     with tracing.turn_span(turn):
                         await turn.run()
@@ -305,11 +312,10 @@ class Session:
         del successor.input[:]
         successor.ClearField("input_text")
         successor.ClearField("generate")
-        if not successor.conversation:  # a conversation already holds the steered response's output
-            successor.previous_response_id = turn.response_id
+        successor.previous_response_id = turn.response_id
         for steer in turn.steers:
             successor.input.extend(steer)
-        turn.lane.queue.appendleft(successor)
+        turn.lane.queue.appendleft((successor, ""))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
@@ -345,13 +351,14 @@ class Session:
         ev.response_id = ""
         await self.outbox.put(ev)
 
-    async def _append(self, append: service_pb2.AppendRequest) -> None:
+    async def _append(self, append: service_pb2.AppendRequest, event_id: str) -> None:
         """Legacy `response.append`: continue the default lane's last response with new input."""
         lane = self._lanes.get("")
         if lane is None or not lane.last_response_id:
             await self.emit_error(
                 TetherError(errors.PREVIOUS_RESPONSE_NOT_FOUND, "response.append needs an earlier response on this connection.",
-                            param="previous_response_id")
+                            param="previous_response_id"),
+                event_id=event_id,
             )
             return
         entry = self.cache.get(lane.last_response_id)
@@ -363,13 +370,14 @@ class Session:
         params.previous_response_id = lane.last_response_id
         params.input.extend(append.input)
         params.store = entry.store if entry else False
-        await self._enqueue(params)
+        await self._enqueue(params, event_id)
 
-    async def _cancel(self, response_id: str) -> None:
+    async def _cancel(self, response_id: str, event_id: str) -> None:
         turn = self._turns.get(response_id)
         if turn is None:
             await self.emit_error(
-                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404)
+                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404),
+                event_id=event_id,
             )
             return
         turn.cancel_requested = True

@@ -70,6 +70,7 @@ class Turn:
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
         self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
+        self.event_id = ""  # the client's id of the create event (echoed on its error events)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -89,7 +90,7 @@ class Turn:
         except TetherError as exc:
             self._evict_parent_after_error()
             tracing.annotate_error(exc.code)
-            await self.session.emit_error(exc, stream_id=self.stream_id)
+            await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
             return
         self.response_id = prepared.response.id
         self.session.register_turn(self)
@@ -278,16 +279,24 @@ class Turn:
             error = self.cut_reason or TetherError(
                 errors.CANCELLED, "The response was cancelled by the client.", status=499
             )
+        await self._end(prepared, builder, None if error else builder.finish or Finish(), error)
+
+    async def _end(
+        self, prepared: Prepared, builder: OutputBuilder, finish: Finish | None, error: TetherError | None
+    ) -> None:
+        """Close the open items and finish: the one ending of every generation (`error` set: it
+        failed or was cancelled; else `finish` says how the model stopped)."""
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
             self.engine.metrics.error(error.code)
-            status = "incomplete" if error.code == errors.CANCELLED else "failed"
-            await self._finish(prepared, builder.output, status, None, error)
+            status = "cancelled" if error.code == errors.CANCELLED else "failed"
+            await self._finish(prepared, builder.output, status, finish, error)
             return
-        await self._emit_all(builder.close_all("completed"))
-        finish = builder.finish or Finish()
-        output = await self._maybe_compact(prepared, builder, builder.output, finish)
+        finish = finish or Finish()
+        # A message cut by the output cap (or a filter) is itself incomplete, not just the response.
         status = "completed" if finish.reason in ("stop", "tool_calls") else "incomplete"
+        await self._emit_all(builder.close_all(status))
+        output = await self._maybe_compact(prepared, builder, builder.output, finish)
         await self._finish(prepared, output, status, finish, None)
 
     async def _emit_all(self, events: list[events_pb2.ServerEvent]) -> None:
@@ -356,8 +365,11 @@ class Turn:
         if error is not None and status == "failed":
             r.error.code, r.error.message = error.code, error.message
             arm = "failed"
+        elif status == "cancelled":  # no `response.cancelled` event exists: the incomplete one ends it
+            arm = "incomplete"
         elif status == "incomplete":
-            reason = "cancelled" if error is not None else ("content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens")
+            # Within the API's list: max_output_tokens | max_messages | content_filter | steered.
+            reason = "content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens"
             r.incomplete_details.reason = reason
             arm = "incomplete"
         if SERVER_TIMING_INCLUDE in self.params.include:

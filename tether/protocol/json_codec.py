@@ -341,6 +341,7 @@ class _Const(_Field):
 
     def __init__(self, key: str, value: Any) -> None:
         self.key, self.value = key, value
+        self.policy = NULLABLE if value is None else ALWAYS  # a null constant reads back as absent
 
     def decode(self, msg: Any, value: Any, path: str) -> bool:
         return True
@@ -939,6 +940,29 @@ def _response_tool_choice_enc(r: response_pb2.Response, out: dict) -> None:
     out["tool_choice"] = "auto" if choice is None else choice
 
 
+_RESPONSE_NULL_KEYS = (
+    "prompt",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "prompt_cache_diagnostics",
+    "access_programs",
+    "image",
+    "moderation",
+    "input_transformations",
+    "tool_usage",
+)
+
+
+def _response_tool_enc(tool: request_pb2.Tool) -> dict:
+    """An echoed tool: a function tool always carries `description` and `strict` (null when the
+    client did not set them), as the API's Response documents."""
+    out = _TOOL.encode(tool)
+    if out.get("type") == "function":
+        out.setdefault("description", None)
+        out.setdefault("strict", None)
+    return out
+
+
 _RESPONSE = _Codec(
     response_pb2.Response,
     _Scalar("id"),
@@ -961,7 +985,7 @@ _RESPONSE = _Codec(
     _Scalar("temperature"),
     _Custom("text", _response_text_dec, _response_text_enc),
     _Custom("tool_choice", _tool_choice_dec, _response_tool_choice_enc),
-    _List("tools", _TOOL.decode, _TOOL.encode),
+    _List("tools", _TOOL.decode, _response_tool_enc),
     _Scalar("top_p"),
     _Scalar("truncation", fallback="disabled"),
     _Sub("usage", _USAGE, NULLABLE),
@@ -979,6 +1003,12 @@ _RESPONSE = _Codec(
     ),
     _Sub("server_timing", _Codec(response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"))),
     _Sub("conversation", _Codec(response_pb2.ConversationRef, _Scalar("id")), NULLABLE),
+    # Documented keys Tether has no value for: their defaults (log probabilities and penalties are
+    # not produced or applied; prompts, images, moderation and access programs are refused).
+    _Const("top_logprobs", 0),
+    _Const("presence_penalty", 0.0),
+    _Const("frequency_penalty", 0.0),
+    *(_Const(k, None) for k in _RESPONSE_NULL_KEYS),
     skip=(),
     typed_wins=True,
 )
@@ -1236,6 +1266,8 @@ def event_to_json(ev: events_pb2.ServerEvent, *, ws: bool) -> dict:
         out = orjson.loads(ev.other.json)
     elif arm == "error":
         out = _error_event_json(ev.error.error, ws)
+        if ev.error.event_id:
+            out["event_id"] = ev.error.event_id
     elif arm is None:
         raise ValueError("ServerEvent has no event arm set")
     else:
@@ -1267,6 +1299,8 @@ def event_from_json(d: dict) -> events_pb2.ServerEvent:
         ev.other.json = _text(d)
     elif arm == "error":
         err = ev.error.error
+        if type(d.get("event_id")) is str:
+            ev.error.event_id = d["event_id"]
         body = d.get("error")
         if isinstance(body, dict):  # WS envelope
             _ERROR_BODY.decode(body, err, "error")
@@ -1323,6 +1357,12 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
         raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type", status=400)
     arm, codec = entry
     req = service_pb2.SessionRequest()
+    event_id = d.get("event_id")
+    if event_id is not None:
+        if type(event_id) is not str:
+            raise _type_error("event_id", "a string", event_id)
+        req.event_id = event_id
+        d = {k: v for k, v in d.items() if k != "event_id"}
     sub = getattr(req, arm)
     sub.SetInParent()
     codec.decode_into(d, sub, "")  # leftovers of messages without `extra_json` are dropped
@@ -1335,7 +1375,10 @@ def client_event_to_json(req: service_pb2.SessionRequest) -> dict:
     if arm is None:
         raise ValueError("SessionRequest has no event arm set")
     codec = _CLIENT_EVENTS[_CLIENT_TYPES[arm]][1]
-    return codec.encode(getattr(req, arm), {"type": _CLIENT_TYPES[arm]})
+    out = codec.encode(getattr(req, arm), {"type": _CLIENT_TYPES[arm]})
+    if req.event_id:
+        out["event_id"] = req.event_id
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -525,16 +525,20 @@ class ErrorEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ERROR_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """The `event_id` of the client event this error answers (WebSocket frames may carry one)."""
     @_builtins.property
     def error(self) -> Global___Error: ...
     def __init__(
         self,
         *,
         error: Global___Error | None = ...,
+        event_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event_id", b"event_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,6 +33,11 @@ class SessionRequest(_message.Message):
     APPEND_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     PROCESSED_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """The client's own id for this event (`event_id` of a WebSocket frame): echoed on the `error`
+    events it causes.
+    """
     @_builtins.property
     def create(self) -> _request_pb2.ResponseCreateParams:
         """`response.create`."""
@@ -61,10 +66,11 @@ class SessionRequest(_message.Message):
         append: Global___AppendRequest | None = ...,
         cancel: Global___CancelRequest | None = ...,
         processed: Global___ProcessedRequest | None = ...,
+        event_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "event_id", b"event_id", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["create", "steer", "append", "cancel", "processed"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
