@@ -47,6 +47,9 @@ class BackendRequest:
     top_p: float | None = None
     reasoning_effort: str | None = None
     text_format: request_pb2.TextFormat | None = None
+    # `text.verbosity` (low | medium | high) for dialects that take it (issue 14; the adapters'
+    # mapping belongs to the chat-completions dialect table).
+    verbosity: str | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     # Tokens of the rendered input, counted by Tether's tokenizer (for simulated timing, limits).

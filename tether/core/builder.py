@@ -4,6 +4,13 @@
 delta ...), `finish()` closes every open item in output order. It owns output indices and item
 ids, so every added item is done exactly once, indices are consistent, and the final output list
 equals what the stream said. The session core stamps response ids and sequence numbers.
+
+Two request options shape the output here, so every transport gets them alike:
+- `max_tool_calls`: function calls past the cap are not started; `capped` turns true, and the
+  turn stops the backend stream (the response completes with the calls it has);
+- `reasoning_summary` (`reasoning.summary` was set): the backend's reasoning text streams as the
+  reasoning item's summary (`response.reasoning_summary_*` events, `summary` parts) instead of
+  its `content`; Tether does not summarise separately.
 """
 
 from __future__ import annotations
@@ -28,13 +35,17 @@ class _OpenItem:
 
 
 class OutputBuilder:
-    def __init__(self) -> None:
+    def __init__(self, *, max_tool_calls: int | None = None, reasoning_summary: bool = False) -> None:
+        self.max_tool_calls = max_tool_calls
+        self.reasoning_summary = reasoning_summary
+        self.capped = False  # a tool call past `max_tool_calls` was refused
         self._done: list[tuple[int, items_pb2.Item]] = []  # finished items with their index
         self._open: dict[int, _OpenItem] = {}  # by output index
         self._text: _OpenItem | None = None
         self._reasoning: _OpenItem | None = None
         self._calls: dict[int, _OpenItem] = {}  # by backend tool-call index
         self._next_index = 0
+        self._calls_started = 0
         self.finish: Finish | None = None
 
     @property
@@ -112,17 +123,31 @@ class OutputBuilder:
             item.reasoning.status = "in_progress"
             self._reasoning, added = self._add("reasoning", item_id, item)
             events.append(added)
+            if self.reasoning_summary:
+                part = Event()
+                p = part.reasoning_summary_part_added
+                p.item_id, p.output_index, p.summary_index = item_id, self._reasoning.index, 0
+                events.append(part)
         self._reasoning.pieces.append(text)
         ev = Event()
-        d = ev.reasoning_text_delta
-        d.item_id, d.output_index, d.content_index, d.delta = self._reasoning.item_id, self._reasoning.index, 0, text
+        r = self._reasoning
+        if self.reasoning_summary:
+            sd = ev.reasoning_summary_text_delta
+            sd.item_id, sd.output_index, sd.summary_index, sd.delta = r.item_id, r.index, 0, text
+        else:
+            d = ev.reasoning_text_delta
+            d.item_id, d.output_index, d.content_index, d.delta = r.item_id, r.index, 0, text
         events.append(ev)
         return events
 
     def _tool_delta(self, chunk: ToolCallDelta) -> list[Event]:
         events: list[Event] = []
         call = self._calls.get(chunk.index)
+        if call is None and self.max_tool_calls is not None and self._calls_started >= self.max_tool_calls:
+            self.capped = True
+            return events
         if call is None:
+            self._calls_started += 1
             for other in (self._reasoning, self._text):
                 if other is not None:
                     events.extend(self._close_one(other))
@@ -167,6 +192,16 @@ class OutputBuilder:
             p = part.content_part_done
             p.item_id, p.output_index, p.content_index = o.item_id, o.index, 0
             p.part.output_text.text = text
+            events += [done, part]
+        elif o.kind == "reasoning" and self.reasoning_summary:
+            r = item.reasoning
+            r.id, r.status = o.item_id, status
+            r.summary.append(text)
+            done, part = Event(), Event()
+            d = done.reasoning_summary_text_done
+            d.item_id, d.output_index, d.summary_index, d.text = o.item_id, o.index, 0, text
+            p = part.reasoning_summary_part_done
+            p.item_id, p.output_index, p.summary_index, p.text = o.item_id, o.index, 0, text
             events += [done, part]
         elif o.kind == "reasoning":
             r = item.reasoning

@@ -54,7 +54,6 @@ import orjson
 
 from tether import errors
 from tether.backends.base import BackendError, Finish, Usage
-from tether.core.builder import OutputBuilder
 from tether.core.stages import render, validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
@@ -153,7 +152,7 @@ class PrototypeTurn(Turn):
     # -- generation -----------------------------------------------------------------------------
 
     async def _generate(self, prepared: Prepared) -> None:
-        builder = OutputBuilder()
+        builder = self._builder()
         base_items = prepared.node.items()
         input_tokens = prepared.input_tokens
         output_tokens = reasoning_tokens = 0

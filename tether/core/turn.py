@@ -137,6 +137,10 @@ class Turn:
             cached_tokens = reused + (header_tokens if header_cached else 0)
         with clock.stage("route"):
             route = session.route(params.model)
+        if input_tokens > route.context_window and params.truncation == "auto":
+            node = truncate(node, route.context_window - header_tokens)
+            input_tokens = header_tokens + node.token_count
+            cached_tokens = header_tokens if header_cached else 0
         if input_tokens > route.context_window:
             raise TetherError(
                 errors.CONTEXT_LENGTH_EXCEEDED,
@@ -227,6 +231,7 @@ class Turn:
             top_p=p.top_p if p.HasField("top_p") else None,
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
             text_format=p.text.format if p.text.HasField("format") else None,
+            verbosity=p.text.verbosity if p.text.HasField("verbosity") else None,
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
             input_tokens=input_tokens,
@@ -255,13 +260,22 @@ class Turn:
                 for ev in builder.feed(chunk):
                     ev.stream_id, ev.response_id = self.stream_id, self.response_id
                     await outbox.put(ev)
+                if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                    break
         finally:
             await stream.aclose()
             self.clock.add("backend_wait", waited)
             self.clock.add("backend", time.perf_counter() - started)
 
+    def _builder(self) -> OutputBuilder:
+        p = self.params
+        return OutputBuilder(
+            max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
+            reasoning_summary=p.reasoning.HasField("summary"),
+        )
+
     async def _generate(self, prepared: Prepared) -> None:
-        builder = OutputBuilder()
+        builder = self._builder()
         request = self._backend_request(prepared, prepared.node.items(), prepared.input_tokens)
         error: TetherError | None = None
         try:
@@ -467,6 +481,26 @@ def user_message(text: str) -> items_pb2.Item:
     item.message.role = "user"
     item.message.content.add().input_text.text = text
     return item
+
+
+def truncate(node: Node, budget: int) -> Node:
+    """`truncation: "auto"`: the chain without its oldest whole items, so that it fits `budget`
+    tokens. The last item always stays; a tool output whose call was dropped goes with it.
+    Returns `node` itself when even the last item alone does not fit (the caller then answers
+    `context_length_exceeded`)."""
+    segments = node.all_segments()
+    total = node.token_count
+    start, last = 0, len(segments) - 1
+    while total > budget and start < last:
+        total -= len(segments[start].tokens)
+        start += 1
+    while start < last and segments[start].item.WhichOneof("item") == "function_call_output":
+        total -= len(segments[start].tokens)
+        start += 1
+    if total > budget:
+        return node
+    log.info("truncation auto: dropped the %d oldest items (%d tokens)", start, node.token_count - total)
+    return Node.extend(None, tuple(segments[start:]))
 
 
 def assign_ids(items: Iterable[items_pb2.Item]) -> None:

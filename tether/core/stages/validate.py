@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 import orjson
 
 from tether import errors
+from tether.compaction_codec import is_tether_payload
 from tether.config import Limits
 from tether.core.stages import fields
 from tether.errors import TetherError
@@ -221,6 +222,13 @@ def validate_items(
                     param=f"{where}.call_id",
                 )
             pending.discard(call_id)
+        elif arm == "compaction" and not is_tether_payload(item.compaction.encrypted_content):
+            raise TetherError(
+                errors.INVALID_ITEM,
+                f"{where} is a compaction item this server did not make: its encrypted_content cannot be read. "
+                "Send the items it replaced instead.",
+                param=f"{where}.encrypted_content",
+            )
         elif arm == "item_reference":
             raise TetherError(
                 errors.UNSUPPORTED, "item_reference inputs are not supported; send the item itself.", param=where
