@@ -1062,7 +1062,7 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
             "steer_failed",
             E.SteerFailedEvent(
                 steer=steer,
-                input_json='"go left"',
+                input_text="go left",
                 error=E.Error(
                     code="response_already_completed", message="done", type="invalid_request_error"
                 ),

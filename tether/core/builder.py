@@ -54,6 +54,10 @@ class OutputBuilder:
         return [item for _, item in sorted(self._done, key=lambda pair: pair[0])]
 
     @property
+    def tool_calls_started(self) -> int:
+        return self._calls_started
+
+    @property
     def next_index(self) -> int:
         return self._next_index
 

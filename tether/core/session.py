@@ -23,6 +23,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+import orjson
+
 from tether import errors, ids
 from tether.core import prototype
 from tether.core.chain import CachedResponse, ResponseCache
@@ -291,21 +293,36 @@ class Session:
                     )
                 finally:
                     self._turns.pop(turn.response_id, None)
-                self._after_turn(turn)
+                await self._after_turn(turn)
             self._last_activity = time.monotonic()
 
     def register_turn(self, turn: Turn) -> None:
         self._turns[turn.response_id] = turn
 
-    def _after_turn(self, turn: Turn) -> None:
-        """Start the successors of accepted steers once their target response has ended."""
+    async def _after_turn(self, turn: Turn) -> None:
+        """Accepted steers, once their target response has ended: a successor continuing it with
+        the steer input starts at once, or, when the response waits for tool output,
+        `response.steer.pending` says so and the input joins the create that brings the output."""
         if not turn.steers or not turn.response_id:
             return
         entry = self.cache.get(turn.response_id)
         if entry is None:
             return
         if entry.context_node is not None and entry.context_node.open_calls:
-            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(turn.steers)
+            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(items for _, items in turn.steers)
+            required = [
+                {"type": "function_call_output", "call_id": call.call_id, "name": call.name}
+                for call in (s.item.function_call for s in entry.context_node.all_segments()
+                             if s.item.WhichOneof("item") == "function_call")
+                if call.call_id in entry.context_node.open_calls
+            ]  # fmt: skip
+            for steer_id, _ in turn.steers:
+                ev = events_pb2.ServerEvent(stream_id=turn.stream_id)
+                pending = ev.steer_pending
+                pending.steer.id, pending.steer.previous_response_id = steer_id, turn.response_id
+                pending.reason = "waiting_for_required_input"
+                pending.required_input_json = orjson.dumps(required).decode()
+                await self.outbox.put(ev)
             return
         successor = request_pb2.ResponseCreateParams()
         successor.CopyFrom(turn.params)
@@ -313,13 +330,18 @@ class Session:
         successor.ClearField("input_text")
         successor.ClearField("generate")
         successor.previous_response_id = turn.response_id
-        for steer in turn.steers:
-            successor.input.extend(steer)
+        for _, items in turn.steers:
+            successor.input.extend(items)
         turn.lane.queue.appendleft((successor, ""))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
     async def _steer(self, steer: service_pb2.SteerRequest) -> None:
+        """`response.steer` (ws-mode contract 2.2): accepted for an active response of this
+        connection. A response still generating is interrupted (it ends `incomplete`, reason
+        `steered`) and its successor starts with the steer input; otherwise the successor starts
+        when it ends, or the input waits for the tool output it stopped for. A refused steer
+        returns its input in `response.steer.failed`."""
         target = steer.previous_response_id
         steer_id = ids.new_id("steer")
         turn = self._turns.get(target)
@@ -337,19 +359,23 @@ class Session:
             problem = ("invalid_input", "Steer input must be a non-empty list of user messages.")
         elif turn.params.context_management:
             problem = ("steering_not_supported", "Steering is not supported with automatic compaction.")
-        ev = events_pb2.ServerEvent(stream_id=turn.stream_id if turn else "", response_id=target if turn else "")
+        elif turn.params.conversation:
+            problem = ("steering_not_supported", "Steering is not supported for a response bound to a conversation.")
+        ev = events_pb2.ServerEvent(stream_id=turn.stream_id if turn else "")
         if problem is not None:
             failed = ev.steer_failed
             failed.steer.id, failed.steer.previous_response_id = steer_id, target
             failed.error.type, failed.error.code, failed.error.message = "invalid_request_error", *problem
             failed.error.status = 400
-            ev.response_id = ""
+            failed.input.extend(steer.input)  # the client still owns its input
+            if steer.HasField("input_text"):
+                failed.input_text = steer.input_text
             await self.outbox.put(ev)
             return
-        turn.steers.append(items)
+        turn.steers.append((steer_id, items))
         ev.steer_accepted.steer.id, ev.steer_accepted.steer.previous_response_id = steer_id, target
-        ev.response_id = ""
         await self.outbox.put(ev)
+        turn.interrupt_for_steer()
 
     async def _append(self, append: service_pb2.AppendRequest, event_id: str) -> None:
         """Legacy `response.append`: continue the default lane's last response with new input."""

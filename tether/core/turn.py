@@ -14,11 +14,14 @@ Stages, in order (each timed, each incremental over the cached chain):
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import orjson
 
 from tether import errors, ids
 from tether.backends.base import BackendError, BackendRequest, Finish
@@ -40,7 +43,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.turn")
 
 SERVER_TIMING_INCLUDE = "tether:server_timing"
+# The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
+STEERED = "steered"
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+class Phase(enum.Enum):
+    """Where a turn is; a steer interrupts only a turn that is generating."""
+
+    PREPARING = "preparing"
+    GENERATING = "generating"
+    FINISHING = "finishing"
 
 
 @dataclass
@@ -66,7 +79,10 @@ class Turn:
         self.stream_id = params.stream_id
         self.clock = StageClock()
         self.response_id = ""
-        self.steers: list[list[items_pb2.Item]] = []
+        self.steers: list[tuple[str, list[items_pb2.Item]]] = []  # accepted: (steer id, input)
+        self.phase = Phase.PREPARING
+        self.steered = False  # interrupted by a steer: ends `incomplete` with reason `steered`
+        self.builder: OutputBuilder | None = None  # while generating
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
         self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
@@ -81,6 +97,15 @@ class Turn:
         ev = self._event()
         getattr(ev, arm).response.CopyFrom(response)
         await self.session.outbox.put(ev)
+
+    def interrupt_for_steer(self) -> None:
+        """A steer was accepted: stop generating now (the output so far is kept) so that the
+        successor starts. A turn not generating, or already producing tool calls (it will wait
+        for their output), ends as it would; the successor or `response.steer.pending` follows."""
+        calling = self.builder is not None and self.builder.tool_calls_started > 0
+        if self.phase is Phase.GENERATING and not calling and self.task is not None and not self.cancel_requested:
+            self.steered = self.cancel_requested = True
+            self.task.cancel()
 
     # -- the turn ---------------------------------------------------------------------------------
 
@@ -99,7 +124,7 @@ class Turn:
         try:
             await self._emit_response("created", prepared.response)
             await self._emit_response("in_progress", prepared.response)
-            if self.params.HasField("generate") and not self.params.generate:
+            if warm_up_only(self.params):
                 await self._finish(prepared, [], "completed", None, None)
             else:
                 await self._generate(prepared)
@@ -240,6 +265,7 @@ class Turn:
     async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
         """One backend call streamed into `builder` and the outbox. Raises BackendError, or
         CancelledError when the client goes away or cancels (the upstream is closed either way)."""
+        self.phase = Phase.GENERATING
         stream = backend.stream(request)
         outbox = self.session.outbox
         waited = 0.0
@@ -269,10 +295,11 @@ class Turn:
 
     def _builder(self) -> OutputBuilder:
         p = self.params
-        return OutputBuilder(
+        self.builder = OutputBuilder(
             max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
             reasoning_summary=p.reasoning.HasField("summary"),
         )
+        return self.builder
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = self._builder()
@@ -290,6 +317,9 @@ class Turn:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
+            if self.steered and self.cut_reason is None:
+                await self._end(prepared, builder, Finish(reason=STEERED), None)
+                return
             error = self.cut_reason or TetherError(
                 errors.CANCELLED, "The response was cancelled by the client.", status=499
             )
@@ -300,6 +330,7 @@ class Turn:
     ) -> None:
         """Close the open items and finish: the one ending of every generation (`error` set: it
         failed or was cancelled; else `finish` says how the model stopped)."""
+        self.phase = Phase.FINISHING
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
             self.engine.metrics.error(error.code)
@@ -383,7 +414,7 @@ class Turn:
             arm = "incomplete"
         elif status == "incomplete":
             # Within the API's list: max_output_tokens | max_messages | content_filter | steered.
-            reason = "content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens"
+            reason = finish.reason if finish and finish.reason in (STEERED, "content_filter") else "max_output_tokens"
             r.incomplete_details.reason = reason
             arm = "incomplete"
         if SERVER_TIMING_INCLUDE in self.params.include:
@@ -481,6 +512,17 @@ def user_message(text: str) -> items_pb2.Item:
     item.message.role = "user"
     item.message.content.add().input_text.text = text
     return item
+
+
+def warm_up_only(params: request_pb2.ResponseCreateParams) -> bool:
+    """`generate: false`, or `prompt_cache_options.prewarm: true` (which forces it): prepare and
+    cache the state, return a chainable id, generate nothing."""
+    if params.HasField("generate") and not params.generate:
+        return True
+    if not params.extra_json:
+        return False
+    options = orjson.loads(params.extra_json).get("prompt_cache_options")
+    return isinstance(options, dict) and options.get("prewarm") is True
 
 
 def truncate(node: Node, budget: int) -> Node:

@@ -1126,12 +1126,14 @@ def _steer_failed_steer_dec(m: events_pb2.SteerFailedEvent, value: Any, path: st
     steer = {k: v for k, v in d.items() if k != "input"}
     _STEER_REF.decode(steer, m.steer, path)
     if "input" in d:
-        m.input_json = _text(d["input"])
+        _input_dec(m, d["input"], f"{path}.input")
     return True
 
 
 def _steer_failed_steer_enc(m: events_pb2.SteerFailedEvent, out: dict) -> None:
-    steer: dict[str, Any] = {"input": orjson.loads(m.input_json) if m.input_json else []}
+    steer: dict[str, Any] = {}
+    _input_enc(m, steer)
+    steer.setdefault("input", [])
     steer["previous_response_id"] = m.steer.previous_response_id
     if m.steer.id:
         steer["id"] = m.steer.id

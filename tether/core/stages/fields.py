@@ -85,7 +85,8 @@ CREATE_FIELDS: dict[str, Field] = {
     "service_tier": Field(E, "Tether has one tier; the requested value is validated and echoed."),
     "background": Field(H, "false only; true is 400 `background_not_supported` (no polling store)."),
     "stream_options": Field(A, "`include_obfuscation`: Tether never pads deltas, so there is nothing to turn off."),
-    "prompt_cache_options": Field(A, "Tether's prefix cache is per connection and automatic; `prewarm` is a warm-up."),
+    "prompt_cache_options": Field(A, "Tether's prefix cache is per connection and automatic; `prewarm: true` makes the "
+                                  "create a warm-up (`generate: false`)."),
     "prompt_cache_retention": Field(A, "Cached state lives as long as the connection (and the store for store=true)."),
     "client_metadata": Field(A, "Codex sends it on every create; client-side bookkeeping, no model effect."),
     "prompt": Field(R, "Stored prompt templates do not exist in Tether; send `instructions` and `input`."),
