@@ -83,6 +83,10 @@ class ServerConfig:
     # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
     # field must have a declared treatment. Env: comma-separated.
     accept_unknown_parameters: list[str] = field(default_factory=list)
+    # The key that signs reasoning items' `encrypted_content` (tether/reasoning_codec.py); set
+    # the same value on every replica. None: a random key per process (blobs do not survive a
+    # restart). Env: TETHER_SERVER__REASONING_KEY.
+    reasoning_key: str | None = None
 
 
 @dataclass

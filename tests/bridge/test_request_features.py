@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from .conftest import Stack
-from .helpers import WEATHER_TOOL, check_sse_events, recv_response, send_json
+from .helpers import KEY_B, WEATHER_TOOL, check_sse_events, recv_response, send_json
 
 
 def _history(turns: int) -> list[dict[str, Any]]:
@@ -102,3 +102,31 @@ async def test_foreign_compaction_items_are_refused(stack: Stack) -> None:
                        {"role": "user", "content": "go on"}],  # fmt: skip
             )
     assert (info.value.body["code"], info.value.body["param"]) == ("invalid_item", "input[0].encrypted_content")
+
+
+async def test_reasoning_encrypted_content_round_trips_for_stateless_clients(make_stack: Any, tmp_path: Path) -> None:
+    step = {"reasoning": "The user wants the weather; I should check the forecast for Paris.", "text": "Sunny."}
+    async with make_stack(backend={"script": _script(tmp_path, step)}) as stack:
+        async with stack.client() as client, stack.client(KEY_B) as other:
+            question = {"role": "user", "content": "weather?"}
+            first = await client.responses.create(
+                model="sim-model", input=[question], store=False, include=["reasoning.encrypted_content"]
+            )
+            reasoning = first.output[0]
+            assert reasoning.type == "reasoning" and reasoning.encrypted_content.startswith("tether.r1.")
+            # Codex resends the reasoning item with only its id and encrypted_content.
+            sent = {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content}
+            answer = first.output[1].to_dict()
+            follow = {"role": "user", "content": "and tomorrow?"}
+            with_reasoning = await client.responses.create(
+                model="sim-model", input=[question, sent, answer, follow], store=False
+            )
+            without = await client.responses.create(model="sim-model", input=[question, answer, follow], store=False)
+            restored = with_reasoning.usage.input_tokens - without.usage.input_tokens
+            assert restored >= 10  # the reasoning's text is back in the model's context
+
+            tampered = {**sent, "encrypted_content": reasoning.encrypted_content[:-4] + "AAAA"}
+            for c, item in ((client, tampered), (other, sent)):  # altered, or another tenant's
+                with pytest.raises(openai.BadRequestError) as info:
+                    await c.responses.create(model="sim-model", input=[question, item, follow], store=False)
+                assert (info.value.body["code"], info.value.body["param"]) == ("invalid_item", "input[1].encrypted_content")

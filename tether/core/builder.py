@@ -10,11 +10,14 @@ Two request options shape the output here, so every transport gets them alike:
   turn stops the backend stream (the response completes with the calls it has);
 - `reasoning_summary` (`reasoning.summary` was set): the backend's reasoning text streams as the
   reasoning item's summary (`response.reasoning_summary_*` events, `summary` parts) instead of
-  its `content`; Tether does not summarise separately.
+  its `content`; Tether does not summarise separately;
+- `seal_reasoning` (`include` has `reasoning.encrypted_content`): called on each finished
+  reasoning item before it is emitted, to set its `encrypted_content`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether import ids
@@ -35,9 +38,16 @@ class _OpenItem:
 
 
 class OutputBuilder:
-    def __init__(self, *, max_tool_calls: int | None = None, reasoning_summary: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        max_tool_calls: int | None = None,
+        reasoning_summary: bool = False,
+        seal_reasoning: Callable[[items_pb2.Item], None] | None = None,
+    ) -> None:
         self.max_tool_calls = max_tool_calls
         self.reasoning_summary = reasoning_summary
+        self.seal_reasoning = seal_reasoning
         self.capped = False  # a tool call past `max_tool_calls` was refused
         self._done: list[tuple[int, items_pb2.Item]] = []  # finished items with their index
         self._open: dict[int, _OpenItem] = {}  # by output index
@@ -222,6 +232,8 @@ class OutputBuilder:
             d = done.function_call_arguments_done
             d.item_id, d.output_index, d.name, d.arguments = o.item_id, o.index, o.name, text
             events.append(done)
+        if o.kind == "reasoning" and self.seal_reasoning is not None:
+            self.seal_reasoning(item)
         item_done = Event()
         item_done.output_item_done.output_index = o.index
         item_done.output_item_done.item.CopyFrom(item)

@@ -30,6 +30,7 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
+from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
 from tether.store.factory import open_store
@@ -55,6 +56,7 @@ class Engine:
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
         self.post = PostInference(store, on_done=self.metrics.post_inference)
         self.conversations = Conversations(store, config.limits)
+        self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.turn")
 
 SERVER_TIMING_INCLUDE = "tether:server_timing"
+REASONING_INCLUDE = "reasoning.encrypted_content"
 # The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
 STEERED = "steered"
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -196,6 +197,9 @@ class Turn:
         for steer in self.lane.take_pending_steer(params.previous_response_id):
             items.extend(steer)
         assign_ids(items)
+        for i, item in enumerate(items):  # a stateless client's reasoning comes back sealed
+            if item.WhichOneof("item") == "reasoning" and item.reasoning.HasField("encrypted_content"):
+                self.engine.reasoning.open_item(self.session.tenant, item, f"input[{i}]")
         return items
 
     def _response_skeleton(self) -> response_pb2.Response:
@@ -295,9 +299,14 @@ class Turn:
 
     def _builder(self) -> OutputBuilder:
         p = self.params
+        seal = None
+        if REASONING_INCLUDE in p.include:
+            sealer, tenant = self.engine.reasoning, self.session.tenant
+            seal = lambda item: sealer.seal(tenant, item)  # noqa: E731
         self.builder = OutputBuilder(
             max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
             reasoning_summary=p.reasoning.HasField("summary"),
+            seal_reasoning=seal,
         )
         return self.builder
 

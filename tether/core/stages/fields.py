@@ -102,8 +102,8 @@ CREATE_FIELDS: dict[str, Field] = {
 }
 
 INCLUDES: dict[str, Field] = {
-    "reasoning.encrypted_content": Field(A, "Reasoning items are kept server-side for store=true and on "
-                                         "the connection; resent reasoning items are carried as they come."),
+    "reasoning.encrypted_content": Field(H, "Output reasoning items carry a signed, tenant-bound blob of "
+                                         "their texts; resent, it is checked and its texts restored."),
     "message.input_image.image_url": Field(H, "Input images are always stored and returned whole."),
     "message.output_text.logprobs": Field(R, "Log probabilities are not produced by Tether's backends."),
     "file_search_call.results": Field(A, "Tether runs no hosted tools: these items never appear."),
