@@ -57,6 +57,12 @@ SCENARIOS: dict[str, tuple[dict, dict, str, Callable[[dict], None]]] = {
         "completed",
         lambda r: _check([o["type"] for o in r["output"]] == ["reasoning", "message"]),
     ),
+    "refusal": (
+        {"refusal": "I can't help with that."},
+        {},
+        "completed",
+        lambda r: _check(r["output"][0]["content"] == [{"type": "refusal", "refusal": "I can't help with that."}]),
+    ),
     "output_cap": (
         {"text_tokens": 50},
         {"max_output_tokens": 5},

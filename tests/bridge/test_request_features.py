@@ -130,3 +130,17 @@ async def test_reasoning_encrypted_content_round_trips_for_stateless_clients(mak
                 with pytest.raises(openai.BadRequestError) as info:
                     await c.responses.create(model="sim-model", input=[question, item, follow], store=False)
                 assert (info.value.body["code"], info.value.body["param"]) == ("invalid_item", "input[1].encrypted_content")
+
+
+async def test_refusal_is_refusal_content_with_its_events(make_stack: Any, tmp_path: Path) -> None:
+    step = {"refusal": "I can't help with that."}
+    async with make_stack(backend={"script": _script(tmp_path, step)}) as stack, stack.client() as client:
+        stream = await client.responses.create(model="sim-model", input="do something bad", stream=True)
+        events = [ev async for ev in stream]
+    check_sse_events(ev.to_dict() for ev in events)
+    types = [ev.type for ev in events]
+    assert "response.refusal.delta" in types and "response.refusal.done" in types
+    assert "response.output_text.delta" not in types
+    done = next(ev for ev in events if ev.type == "response.refusal.done")
+    assert done.refusal == "I can't help with that."
+    assert events[-1].response.output[0].content[0].type == "refusal"

@@ -69,6 +69,13 @@ class ReasoningDelta:
 
 
 @dataclass(frozen=True)
+class RefusalDelta:
+    """The model declining to answer (chat-completions `delta.refusal`): a `refusal` content part."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ToolCallDelta:
     """A fragment of tool call number `index`; `call_id`/`name` arrive on its first fragment."""
 
@@ -103,7 +110,7 @@ class Finish:
     timing: Timing | None = None
 
 
-Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+Chunk = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta | Finish
 
 
 class BackendError(TetherError):

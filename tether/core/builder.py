@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether import ids
-from tether.backends.base import Chunk, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
 from tether.responses.v1 import events_pb2, items_pb2
 
 Event = events_pb2.ServerEvent
@@ -30,7 +30,7 @@ Event = events_pb2.ServerEvent
 @dataclass
 class _OpenItem:
     index: int
-    kind: str  # message | reasoning | function_call
+    kind: str  # message | refusal (a message whose part is a refusal) | reasoning | function_call
     item_id: str
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
@@ -76,6 +76,8 @@ class OutputBuilder:
             return self._text_delta(chunk.text)
         if isinstance(chunk, ReasoningDelta):
             return self._reasoning_delta(chunk.text)
+        if isinstance(chunk, RefusalDelta):
+            return self._text_delta(chunk.text, refusal=True)
         if isinstance(chunk, ToolCallDelta):
             return self._tool_delta(chunk)
         if isinstance(chunk, Finish):
@@ -104,26 +106,31 @@ class OutputBuilder:
         ev.output_item_added.item.CopyFrom(item)
         return open_item, ev
 
-    def _text_delta(self, text: str) -> list[Event]:
+    def _text_delta(self, text: str, *, refusal: bool = False) -> list[Event]:
+        """Output text, or a refusal: each in an assistant message of its own kind (a switch
+        between the two closes the open message and starts another)."""
         events: list[Event] = []
+        kind = "refusal" if refusal else "message"
         if self._reasoning is not None:
             events.extend(self._close_one(self._reasoning))
+        if self._text is not None and self._text.kind != kind:
+            events.extend(self._close_one(self._text))
         if self._text is None:
             item_id = ids.message_id()
             item = items_pb2.Item()
             item.message.id = item_id
             item.message.role = "assistant"
             item.message.status = "in_progress"
-            self._text, added = self._add("message", item_id, item)
+            self._text, added = self._add(kind, item_id, item)
             part = Event()
             part.content_part_added.item_id = item_id
             part.content_part_added.output_index = self._text.index
             part.content_part_added.content_index = 0
-            part.content_part_added.part.output_text.SetInParent()
+            (part.content_part_added.part.refusal if refusal else part.content_part_added.part.output_text).SetInParent()
             events += [added, part]
         self._text.pieces.append(text)
         ev = Event()
-        d = ev.output_text_delta
+        d = ev.refusal_delta if refusal else ev.output_text_delta
         d.item_id, d.output_index, d.content_index, d.delta = self._text.item_id, self._text.index, 0, text
         events.append(ev)
         return events
@@ -195,17 +202,20 @@ class OutputBuilder:
         text = "".join(o.pieces)
         item = items_pb2.Item()
         events: list[Event] = []
-        if o.kind == "message":
+        if o.kind in ("message", "refusal"):
             msg = item.message
             msg.id, msg.role, msg.status = o.item_id, "assistant", status
-            msg.content.add().output_text.text = text
-            done = Event()
-            d = done.output_text_done
+            done, part = Event(), Event()
+            d = done.refusal_done if o.kind == "refusal" else done.output_text_done
             d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
-            part = Event()
             p = part.content_part_done
             p.item_id, p.output_index, p.content_index = o.item_id, o.index, 0
-            p.part.output_text.text = text
+            if o.kind == "refusal":
+                msg.content.add().refusal.refusal = text
+                p.part.refusal.refusal = text
+            else:
+                msg.content.add().output_text.text = text
+                p.part.output_text.text = text
             events += [done, part]
         elif o.kind == "reasoning" and self.reasoning_summary:
             r = item.reasoning
