@@ -26,6 +26,7 @@ import orjson
 from tether import errors, ids
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
+from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
 from tether.core.postinference import PostJob
@@ -69,6 +70,7 @@ class Prepared:
     route: Resolved
     input_tokens: int
     cached_tokens: int
+    request: BackendRequest  # the backend call, already checked by the backend (`prepare`)
 
 
 class Turn:
@@ -173,6 +175,10 @@ class Turn:
                 f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
                 param="input",
             )
+        with clock.stage("route"):
+            # What the backend cannot do is a request error now, before response.created.
+            request = self._backend_request(route, node.items(), input_tokens)
+            await route.backend.prepare(request)
         self.engine.rate_limiter.admit(session.tenant, input_tokens)
         return Prepared(
             response=self._response_skeleton(),
@@ -183,6 +189,7 @@ class Turn:
             route=route,
             input_tokens=input_tokens,
             cached_tokens=cached_tokens,
+            request=request,
         )
 
     def _new_items(self) -> list[items_pb2.Item]:
@@ -244,12 +251,10 @@ class Turn:
 
     # -- generation -------------------------------------------------------------------------------
 
-    def _backend_request(
-        self, prepared: Prepared, items: list[items_pb2.Item], input_tokens: int
-    ) -> BackendRequest:
+    def _backend_request(self, route: Resolved, items: list[items_pb2.Item], input_tokens: int) -> BackendRequest:
         p = self.params
         return BackendRequest(
-            model=prepared.route.upstream_model,
+            model=route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
             items=items,
             tools=list(p.tools),
@@ -263,6 +268,7 @@ class Turn:
             verbosity=p.text.verbosity if p.text.HasField("verbosity") else None,
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
+            service_tier=p.service_tier,
             input_tokens=input_tokens,
         )
 
@@ -312,10 +318,9 @@ class Turn:
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = self._builder()
-        request = self._backend_request(prepared, prepared.node.items(), prepared.input_tokens)
         error: TetherError | None = None
         try:
-            await self._stream_step(builder, prepared.route.backend, request)
+            await self._stream_step(builder, prepared.route.backend, prepared.request)
         except BackendError as exc:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
@@ -370,7 +375,7 @@ class Turn:
         threshold = self._compact_threshold()
         if threshold is None:
             return output
-        produced = finish.usage.output_tokens if finish.usage else 0
+        produced = (finish.usage.output_tokens if finish.usage else None) or 0
         if prepared.input_tokens + produced <= threshold:
             return output
         item_id = ids.compaction_id()
@@ -404,13 +409,17 @@ class Turn:
         r.completed_at = int(time.time())
         del r.output[:]
         r.output.extend(output)
-        out_tokens = finish.usage.output_tokens if finish and finish.usage else 0
-        reasoning_tokens = finish.usage.reasoning_tokens if finish and finish.usage else 0
+        usage = account(
+            finish.usage if finish else None,
+            input_tokens=prepared.input_tokens,
+            cached_tokens=prepared.cached_tokens,
+            output=output,
+        )
         u = r.usage
-        u.input_tokens, u.cached_tokens = prepared.input_tokens, prepared.cached_tokens
-        u.output_tokens, u.reasoning_tokens = out_tokens, reasoning_tokens
-        u.total_tokens = prepared.input_tokens + out_tokens
-        self.engine.rate_limiter.charge_output(self.session.tenant, out_tokens)
+        u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
+        u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
+        u.total_tokens = usage.input_tokens + usage.output_tokens
+        self.engine.rate_limiter.charge_output(self.session.tenant, usage.output_tokens)
         if finish and finish.timing:
             t = finish.timing
             r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time
@@ -418,6 +427,8 @@ class Turn:
         arm = "completed"
         if error is not None and status == "failed":
             r.error.code, r.error.message = error.code, error.message
+            if error.retry_after:
+                r.error.retry_after_s = error.retry_after
             arm = "failed"
         elif status == "cancelled":  # no `response.cancelled` event exists: the incomplete one ends it
             arm = "incomplete"
@@ -431,6 +442,7 @@ class Turn:
             for name, seconds in clock.stages.items():
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
+            st.usage_sources.update(usage.sources)
         if self.params.conversation and status in ("completed", "incomplete"):
             with clock.stage("finalize"):  # before the terminal event: the next create reads them
                 added = [seg.item for seg in prepared.new_segments]
@@ -452,7 +464,7 @@ class Turn:
                     out_segments, context = self._state_after(prepared, output)
                     self._remember(prepared, status, error, context)
                     self.engine.post.submit(self._post_job(prepared, out_segments, context))
-            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u)
+            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u, usage.sources)
         finally:
             finishing.set_result(None)
             self.session.end_finishing(r.id)
