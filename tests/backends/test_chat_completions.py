@@ -466,3 +466,27 @@ def test_schema_type_list_with_object_keeps_its_keywords_on_its_branch():
             {"type": "null"},
         ]
     }
+
+
+def test_custom_tool_and_shell_items_are_carried_as_calls_and_outputs():
+    """Codex's freeform `apply_patch` (a custom tool) and shell calls reach the model's history."""
+    from tether.protocol.json_codec import item_from_json
+
+    items = [
+        user("fix it"),
+        item_from_json({"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"}),
+        item_from_json({"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"}),
+        item_from_json({"type": "local_shell_call", "id": "ls1", "call_id": "c2", "status": "completed",
+                        "action": {"type": "exec", "command": ["ls"], "env": {}}}),
+        item_from_json({"type": "local_shell_call_output", "id": "c2", "output": "a.py"}),
+    ]  # fmt: skip
+    msgs = to_chat_request(request(*items), generic())["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool"]
+    patch = msgs[1]["tool_calls"][0]
+    assert (patch["id"], patch["function"]["name"]) == ("c1", "apply_patch")
+    assert orjson.loads(patch["function"]["arguments"]) == {"input": "*** Begin Patch"}
+    assert msgs[2] == {"role": "tool", "tool_call_id": "c1", "content": "Done!"}
+    shell = msgs[3]["tool_calls"][0]
+    assert (shell["id"], shell["function"]["name"]) == ("c2", "local_shell")
+    assert orjson.loads(shell["function"]["arguments"])["command"] == ["ls"]
+    assert msgs[4] == {"role": "tool", "tool_call_id": "c2", "content": "a.py"}
