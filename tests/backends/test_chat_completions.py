@@ -238,6 +238,13 @@ def test_tool_choice_text_format_and_parallel():
         ).decode()
     )
     body = to_chat_request(request("x", tools=tools, tool_choice=allowed), generic())
+    assert body["tool_choice"] == {
+        "type": "allowed_tools",
+        "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "a"}}]},
+    }
+    assert [t["function"]["name"] for t in body["tools"]] == ["a", "b"]  # the list stays whole
+    # A dialect without the allowed_tools form gets the list narrowed instead.
+    body = to_chat_request(request("x", tools=tools, tool_choice=allowed), MappingOptions(dialect=DIALECTS["vllm"]))
     assert body["tool_choice"] == "required" and [t["function"]["name"] for t in body["tools"]] == ["a"]
     # No tools -> no tool_choice; a reasoning effort without the capability is refused, not dropped.
     body = to_chat_request(request("x", tool_choice=request_pb2.ToolChoice(mode="required")), generic())

@@ -284,7 +284,8 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
 def _tool_choice(
     choice: request_pb2.ToolChoice | None, tools: list[dict[str, Any]], dialect: Dialect
 ) -> tuple[Any | None, list[dict[str, Any]]]:
-    """The upstream tool_choice (None: omit) and the tool list (allowed_tools narrows it)."""
+    """The upstream tool_choice (None: omit) and the tool list (allowed_tools constrains the choice
+    where the dialect takes it, else narrows the list)."""
     if choice is None:
         return None, tools
     arm = choice.WhichOneof("choice")
@@ -307,7 +308,11 @@ def _tool_choice(
             allowed = {t.get("name") for t in obj.get("tools") or [] if isinstance(t, dict)}
             narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
             mode = obj.get("mode", "auto")
-            return _forced(mode if mode in ("auto", "required") else "auto", narrowed, dialect), narrowed
+            mode = mode if mode in ("auto", "required") else "auto"
+            if dialect.allowed_tools_choice:  # a constraint on the choice; the list stays whole
+                names = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in narrowed]
+                return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": names}}, tools
+            return _forced(mode, narrowed, dialect), narrowed
         log.debug("dropping tool_choice %s", obj.get("type"))
     return None, tools
 
