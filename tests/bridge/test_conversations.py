@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import openai
 import pytest
-from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool
+from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from agents.responses_websocket_session import responses_websocket_session
 
 from tether.protocol import json_codec
@@ -144,6 +144,7 @@ async def test_websocket_and_grpc_create_with_conversation(stack: Stack, grpc_po
 # -- the OpenAI Agents SDK ---------------------------------------------------------------------
 
 calls: list[str] = []
+set_tracing_disabled(True)  # the SDK would export traces to OpenAI when OPENAI_API_KEY is set: no network
 
 
 @function_tool
