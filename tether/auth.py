@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tether.errors import INVALID_API_KEY, TetherError
@@ -26,6 +26,16 @@ class Authenticator:
     @property
     def open(self) -> bool:
         return not self._entries
+
+    def tenant_of(self, authorizations: Sequence[str]) -> str:
+        """The tenant of a request, from every `Authorization` value it carried (HTTP headers or
+        gRPC metadata). More than one is refused (401): which one would win is transport trivia
+        (HTTP stacks read the first, gRPC's metadata dict the last), never a choice to make."""
+        if len(authorizations) > 1:
+            raise TetherError(
+                INVALID_API_KEY, "The request has more than one 'Authorization' header; send exactly one.", status=401
+            )
+        return self.tenant_for(authorizations[0] if authorizations else None)
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant of an `Authorization` header value; raises 401 `invalid_api_key`."""

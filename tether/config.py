@@ -61,6 +61,12 @@ class ServerConfig:
     api_keys_file: str | None = None
     ws_compression: bool = True  # permessage-deflate when the client offers it
     ws_ping_interval_s: float = 20.0
+    # A WebSocket whose peer takes none of the bytes waiting to be sent for this long is aborted
+    # (it stopped reading: a graceful close could never be flushed either).
+    ws_send_timeout_s: float = 30.0
+    # Bytes of WebSocket messages (after permessage-deflate inflation) received and not yet taken
+    # by the app, all connections together; a message that would pass it is refused (close 1009).
+    ws_receive_budget_bytes: int = 256 * 1024 * 1024
     http_keep_alive_s: float = 5.0
     http_max_header_bytes: int = 16 * 1024
     http_header_timeout_s: float = 10.0  # a request head must arrive within this (slow-loris)

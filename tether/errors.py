@@ -42,6 +42,9 @@ BACKEND_ERROR = "backend_error"
 BACKEND_TIMEOUT = "backend_timeout"
 BACKEND_AUTH_FAILED = "backend_auth_failed"
 CANCELLED = "cancelled"
+# Not sent to anyone: the label of a turn whose client went away (WS reset, HTTP stream closed,
+# gRPC cancel or deadline) in tether_turns_total{outcome} and tether_errors_total{code}.
+CLIENT_GONE = "client_gone"
 UNSUPPORTED = "unsupported_feature"
 
 _TYPE_BY_STATUS = {

@@ -26,6 +26,7 @@ from prometheus_client import (
 )
 
 from tether.core.timing import StageClock
+from tether.errors import CLIENT_GONE
 from tether.memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -65,6 +66,12 @@ class Metrics:
         )
         self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
+        self.post_failures = Counter(
+            "tether_post_inference_failures",
+            "Failed store/ledger write attempts: retried (transient), repaired (a referenced item was deleted "
+            "meanwhile; written again self-contained), permanent (the response is not stored)",
+            ["reason"], registry=r,
+        )  # fmt: skip
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
         self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
         self.memory_reclaims = Counter(
@@ -81,6 +88,8 @@ class Metrics:
             self.tokens.labels(kind)
         for result in ("found", "missing"):
             self.hydrations.labels(result)
+        for reason in ("retried", "repaired", "permanent"):
+            self.post_failures.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -131,8 +140,16 @@ class Metrics:
         for kind, source in (sources or {}).items():
             self.usage_sources.labels(kind, source).inc()
 
+    def turn_abandoned(self, transport: str) -> None:
+        """A turn cut short because its client went away (see errors.CLIENT_GONE)."""
+        self.turns.labels(transport, CLIENT_GONE).inc()
+        self.errors.labels(CLIENT_GONE).inc()
+
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)
+
+    def post_inference_failure(self, reason: str) -> None:
+        self.post_failures.labels(reason).inc()
 
     def cache_lookup(self, *, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).inc()

@@ -106,7 +106,7 @@ async def test_per_key_connection_limit(make_stack: Any) -> None:
                 assert (await recv_response(other))[-1]["type"] == "response.completed"
             await send_json(second, {"type": "response.create", "model": "sim-model", "input": "x"})
             assert (await recv_response(second))[-1]["type"] == "response.completed"
-        await wait_for(lambda: not stack.bridge.app.ctx.connections)
+        await wait_for(lambda: not stack.engine.sessions)
         async with stack.ws(KEY_A), stack.ws(KEY_A):
             pass
 

@@ -265,7 +265,6 @@ async def test_client_disconnect_frees_the_session(make_stack: Any) -> None:
         # Gone mid-generation: the session is closed (its generation cancelled, its state freed).
         await wait_for(lambda: not stack.engine.sessions)
         await wait_for(lambda: not stack.bridge.app.connections)
-        assert not stack.bridge.app.ctx.connections
 
 
 async def test_permessage_deflate_is_negotiated_when_offered(stack: Any) -> None:

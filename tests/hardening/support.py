@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+import socket
 import typing
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -56,6 +57,7 @@ __all__ = [
     "recv_turn",
     "sdk_lenient",
     "local_adapter",
+    "slow_reader",
 ]
 
 CREATE: dict[str, Any] = {"type": "response.create", "model": "sim-model", "input": "hi", "store": False}
@@ -195,6 +197,29 @@ def with_models(config: TetherConfig, models: dict[str, dict[str, Any]]) -> Teth
 def with_backend(config: TetherConfig, name: str, kind: str, **options: Any) -> TetherConfig:
     config.backends[name] = BackendSpec(kind=kind, options=options)
     return config
+
+
+# -- a client that reads slowly, or not at all --------------------------------------------------
+
+
+async def slow_reader(stack: FullStack, key: str = KEY_A) -> tuple[Any, Any]:
+    """A WebSocket client with a 4 KiB receive buffer and a queue of one message, whose server
+    end has a 4 KiB send buffer: what it does not read backs up at once. Returns the client
+    connection and the server's protocol object for it."""
+    from websockets.asyncio.client import connect
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.port))
+    conn = await connect(
+        stack.ws_url, sock=sock, additional_headers={"Authorization": f"Bearer {key}"},
+        compression=None, max_size=None, max_queue=1,
+    )  # fmt: skip
+    port = sock.getsockname()[1]
+    [proto] = [p for p in stack.bridge._server.server_state.connections if getattr(p, "client", None) and p.client[1] == port]
+    proto.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    return conn, proto
 
 
 # -- a backend whose pace the test controls ---------------------------------------------------

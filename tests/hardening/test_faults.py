@@ -49,6 +49,7 @@ from .support import (
     recv_response,
     recv_turn,
     send_json,
+    slow_reader,
     with_backend,
     with_models,
     ws_error,
@@ -207,13 +208,17 @@ async def test_client_vanishing_mid_stream_cancels_upstream_and_frees_everything
             assert await fake.disconnected(within=10, count=3)
         # Nothing is left: sessions, connection counts, turns, cache bytes, tasks.
         await wait_for(lambda: not engine.sessions, 10)
-        await wait_for(lambda: not stack.bridge.app.connections and not stack.bridge.app.ctx.connections, 10)
+        await wait_for(lambda: not stack.bridge.app.connections, 10)
         assert metric(engine, "tether_active_responses") == 0
         assert engine.cache_budget.used == 0
         await wait_for(_no_tether_tasks, 10)
         await engine.post.flush()
         # No response was completed, so none was stored or billed.
         assert await engine.store.usage_records() == []
+        # Each abandoned turn is counted as one (they were missing from both counters).
+        for transport in ("websocket", "http", "grpc"):
+            assert metric(engine, "tether_turns_total", transport=transport, outcome="client_gone") == 1, transport
+        assert metric(engine, "tether_errors_total", code="client_gone") == 3
 
 
 def _server_socket(stack: Any, client_port: int) -> Any:
@@ -276,16 +281,8 @@ async def test_slow_client_blocks_only_its_own_stream() -> None:
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack:
         engine = stack.engine
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.port))
-        slow_conn = await connect(
-            stack.ws_url, sock=sock, additional_headers={"Authorization": f"Bearer {KEY_A}"},
-            compression=None, max_size=None, max_queue=1,
-        )  # fmt: skip
+        slow_conn, _ = await slow_reader(stack)
         try:
-            _server_socket(stack, sock.getsockname()[1]).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
             await send_json(slow_conn, {**CREATE, "model": "hose"})
             [slow_session] = list(engine.sessions)
 

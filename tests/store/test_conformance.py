@@ -4,6 +4,7 @@ postgres, redis (see conftest.py for how the servers are found and isolated)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
@@ -512,23 +513,37 @@ async def test_concurrent_same_id_puts(store):
 
 
 async def test_delete_racing_continuation_never_dangles(store):
+    """A delete of the parent races the child's write. Either the write wins (the child hydrates
+    completely, the parent's items live on under it) or the delete wins: then the write raises
+    `MissingItemError` and writes nothing, the parent's items are collected, and the child
+    written again self-contained (every item it references, what post-inference does) hydrates
+    completely. Both branches assert; no round passes without a check."""
     rng = random.Random(7)
     for round_ in range(8):
         chain = Chain(prefix=f"race{round_}")
         parent, _, _ = chain.next(n_inputs=2, n_outputs=1)
         await store.put_response(parent)
         child, c_in, c_out = chain.next()
+        before = await store.item_count(T1)
         ops = [store.delete_response(T1, parent.response.id), store.put_response(child)]
         if rng.random() < 0.5:
             ops.reverse()
         results = await asyncio.gather(*ops, return_exceptions=True)
+        put_result = results[1] if ops[1].__qualname__.endswith("put_response") else results[0]
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, MissingItemError):
                 raise result
-        stored = await store.get_response(T1, child.response.id)
-        if stored is not None:
-            # The continuation won: it must hydrate completely.
-            assert_hydrated(await store.load_context(T1, child.response.id), child, c_in, c_out)
+        assert await store.get_response(T1, parent.response.id) is None  # the delete always happens
+        if isinstance(put_result, MissingItemError):
+            assert put_result.response_id == child.response.id
+            assert await store.get_response(T1, child.response.id) is None  # nothing half-written
+            assert await store.item_count(T1) == before - 3  # the parent's 3 items, collected
+            await store.put_response(dataclasses.replace(child, new_items=[*c_in, *c_out]))
+        else:
+            assert put_result is None
+        assert_hydrated(await store.load_context(T1, child.response.id), child, c_in, c_out)
+        assert await store.delete_response(T1, child.response.id) is True
+        assert await store.item_count(T1) == before - 3
 
 
 async def test_two_instances_share_data(store, engine):

@@ -1,12 +1,14 @@
 """What the HTTP and WebSocket sides of the bridge share, so neither carries its own copy.
 
-- `BridgeContext`: the API, the authenticator, the limits and the per-tenant connection counter.
+- `BridgeContext`: the API, the authenticator and the limits. (Connections per key are counted
+  once, by the engine's sessions: a WebSocket holds its slot exactly as long as its session.)
 - `authenticate`: `Authorization: Bearer` -> tenant (401 `TetherError` on failure).
 - `decode_object`: size check, depth-limited JSON decode, "must be an object" check; raises the
   same `TetherError`s (`request_too_large`, `invalid_json`, `invalid_type`) on both transports.
 - `as_tether_error`: anything raised while serving becomes a `TetherError`; an unexpected
   exception is logged here and reported as a bare 500 `server_error` (no traceback leaks).
-- Error rendering: `http_error_body` (`{"error":{message,type,param,code}}`) and `ws_error_text`
+- Error rendering: `http_error_body`, `raw_http_error` (a whole HTTP response, for a socket the
+  app never saw) (`{"error":{message,type,param,code}}`) and `ws_error_text`
   (the WS envelope `{"type":"error","status",...}`), both through `json_codec` from the same
   `events_pb2.Error`, and `encode_event` for every server event.
 - Retry hints: an error with `retry_after_s` (429 `rate_limit_exceeded`) carries them as HTTP
@@ -22,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from tether.auth import Authenticator
@@ -32,7 +34,6 @@ from tether.config import Limits, ServerConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import (
     INVALID_TYPE,
-    RATE_LIMIT_EXCEEDED,
     REQUEST_TOO_LARGE,
     SERVER_ERROR,
     TetherError,
@@ -59,22 +60,14 @@ class BridgeContext:
     authenticator: Authenticator
     limits: Limits
     server: ServerConfig
-    # Open WebSocket connections per tenant (Limits.max_connections_per_key).
-    connections: Counter[str] = field(default_factory=Counter)
 
-    def acquire_connection(self, tenant: str) -> None:
-        if self.connections[tenant] >= self.limits.max_connections_per_key:
-            raise TetherError(
-                RATE_LIMIT_EXCEEDED,
-                f"Too many open connections for this API key (limit {self.limits.max_connections_per_key}).",
-                status=429,
-            )
-        self.connections[tenant] += 1
-
-    def release_connection(self, tenant: str) -> None:
-        self.connections[tenant] -= 1
-        if self.connections[tenant] <= 0:
-            del self.connections[tenant]
+    def count_error(self, code: str) -> None:
+        """Count an error the bridge answers itself (a WebSocket frame that never reached the
+        session) in `tether_errors_total`, like every error the session core answers. A bridge in
+        front of a remote Tether has no engine registry here (`metrics_response` says the same)."""
+        metrics = getattr(self.api, "metrics", None)
+        if metrics is not None:
+            metrics.error(code)
 
 
 # Slow-loris bounds. Read with getattr so a `ServerConfig` without these fields (they are not
@@ -102,7 +95,7 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def authenticate(ctx: BridgeContext, headers: Iterable[tuple[bytes, bytes]]) -> str:
-    return ctx.authenticator.tenant_for(header(headers, b"authorization"))
+    return ctx.authenticator.tenant_of([v.decode("latin-1") for k, v in headers if k == b"authorization"])
 
 
 def too_large(limit: int) -> TetherError:
@@ -162,6 +155,16 @@ def as_tether_error(exc: BaseException) -> TetherError:
 
 def http_error_body(err: TetherError) -> bytes:
     return json_codec.dumps(json_codec.error_to_http_json(err.to_proto()))
+
+
+def raw_http_error(err: TetherError) -> bytes:
+    """A whole `connection: close` HTTP/1.1 response with the JSON error body, for a socket the
+    ASGI app never saw (a request head that timed out, an upgrade that could not be parsed)."""
+    body = http_error_body(err)
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+        % (err.status, HTTPStatus(err.status).phrase.encode(), len(body), body)
+    )
 
 
 def error_event(err: TetherError, stream_id: str = "", event_id: str = "") -> events_pb2.ServerEvent:

@@ -26,10 +26,12 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tether.auth import Authenticator
+from tether.bridge import ws_transport
 from tether.bridge.app import BridgeApp
-from tether.bridge.common import BridgeContext, http_header_timeout
+from tether.bridge.common import REQUEST_TIMEOUT, BridgeContext, http_header_timeout, raw_http_error
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
+from tether.errors import TetherError
 from tether.memory import MemoryReclaimer
 
 log = logging.getLogger("tether.bridge")
@@ -82,21 +84,24 @@ class _DenialLogFilter(logging.Filter):
     """uvicorn 0.54's websockets-sansio protocol logs "ASGI callable returned without completing
     handshake." at ERROR after every upgrade refused through the `websocket.http.response`
     extension (that path never marks the handshake complete). The bridge always either accepts or
-    answers with a status, so the line is noise on every 401/429; drop just that message."""
+    answers with a status, so the line is noise on every 401/429; drop just that message.
+
+    It also logs a text frame that is not UTF-8 with `logger.exception`: a full traceback for a
+    client's mistake (the socket is closed with 1007). Keep it as one WARNING line."""
 
     MESSAGE = "ASGI callable returned without completing handshake."
+    INVALID_UTF8 = "Invalid UTF-8 sequence received from client."
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != self.MESSAGE
+        message = record.getMessage()
+        if message == self.INVALID_UTF8:
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return message != self.MESSAGE
 
 
-_REQUEST_TIMEOUT_BODY = (
-    b'{"error":{"message":"The request head was not received in time.",'
-    b'"type":"invalid_request_error","param":null,"code":"request_timeout"}}'
-)
-_REQUEST_TIMEOUT_REPLY = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s" % (len(_REQUEST_TIMEOUT_BODY), _REQUEST_TIMEOUT_BODY)
+_REQUEST_TIMEOUT_REPLY = raw_http_error(
+    TetherError(REQUEST_TIMEOUT, "The request head was not received in time.", status=408)
 )
 
 
@@ -208,7 +213,11 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         host=sc.bridge_host,
         port=sc.bridge_port,
         http=_protocol_class(http_header_timeout(sc)),  # h11 + a request-head deadline
-        ws="websockets-sansio",
+        ws=ws_transport.protocol_class(  # websockets-sansio + write deadline, budget, answered refusals
+            send_timeout_s=sc.ws_send_timeout_s,
+            hard_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
+            inflation_budget_bytes=sc.ws_receive_budget_bytes,
+        ),
         ws_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
         ws_ping_interval=ping,
         ws_ping_timeout=max(ping, 20.0) if ping else None,

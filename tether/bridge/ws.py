@@ -162,6 +162,7 @@ class WsConnection:
         await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
 
     async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
+        self._ctx.count_error(err.code)
         text = common.ws_error_text(err, stream_id, event_id)
         async with self._send_lock:
             if not self._closed:
@@ -212,27 +213,20 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         return
     try:
         tenant, subprotocol = console.ws_credentials(app.console, ctx, scope)
-        ctx.acquire_connection(tenant)
-    except TetherError as err:
-        await deny(scope, send, err)
+        # The engine counts connections per key (Limits.max_connections_per_key): a 429 here.
+        session = await ctx.api.open_session(tenant, transport="websocket")
+    except Exception as exc:
+        await deny(scope, send, common.as_tether_error(exc))
         return
+    tracing.adopt_parent(scope["headers"])
+    conn = WsConnection(ctx, receive, send, session)
     try:
-        try:
-            session = await ctx.api.open_session(tenant, transport="websocket")
-        except Exception as exc:
-            await deny(scope, send, common.as_tether_error(exc))
-            return
-        tracing.adopt_parent(scope["headers"])
-        conn = WsConnection(ctx, receive, send, session)
-        try:
-            await send({"type": "websocket.accept", "subprotocol": subprotocol})
-        except BaseException:
-            await session.close()
-            raise
-        app.connection_opened(conn)
-        try:
-            await conn.run()
-        finally:
-            app.connection_closed(conn)
+        await send({"type": "websocket.accept", "subprotocol": subprotocol})
+    except BaseException:
+        await session.close()
+        raise
+    app.connection_opened(conn)
+    try:
+        await conn.run()
     finally:
-        ctx.release_connection(tenant)
+        app.connection_closed(conn)

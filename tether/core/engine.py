@@ -54,7 +54,9 @@ class Engine:
         self.metrics = Metrics()
         self.classifier: Classifier = SecretDetector()
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
-        self.post = PostInference(store, on_done=self.metrics.post_inference)
+        self.post = PostInference(
+            store, on_done=self.metrics.post_inference, on_failure=self.metrics.post_inference_failure
+        )
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)

@@ -2,8 +2,18 @@
 
 A finished turn hands its record to this worker and answers the client at once; the write
 overlaps with the client's next turn. Guarantees:
-- never lost while the process lives: failed writes are retried with backoff, and `flush()`
-  (called on shutdown) waits for everything queued;
+- a completed store=true response is stored and billed, even when a response it continues is
+  deleted while it runs: the store then refuses the write (`MissingItemError`: a referenced item
+  is gone), and the job is written once more carrying every item it references, from the chain
+  the session holds in memory (`PostJob.self_contained`). The deletion removed the parent's
+  response row; the items live on under the child, as they do when the child was stored first
+  (docs/reliability.md, "Deleting a response that is being continued");
+- transient store errors (connection, timeout, a locked database: `is_transient`) are retried
+  with backoff; anything else fails the job at once (logged, counted in
+  `tether_post_inference_failures_total{reason="permanent"}`), never retried;
+- a job waiting for its next attempt holds no worker: it is put back on the queue when its delay
+  ends, so one tenant's failing writes cannot delay another tenant's;
+- `flush()` (called on shutdown) waits for everything submitted, retries included;
 - read-your-writes: a store read for a response whose write is still queued (for example a
   continuation of it from another connection) first waits for that write (`wait_durable`).
 """
@@ -11,29 +21,66 @@ overlaps with the client's next turn. Guarantees:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from tether.store.base import ResponseRecord, Store, UsageRecord
+from tether.core.chain import Node
+from tether.store._common import MissingItemError, is_transient
+from tether.store.base import KeyedItem, ResponseRecord, Store, UsageRecord
 
 log = logging.getLogger("tether.post")
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An attempt that failed for good (already logged and counted)."""
+
+    error: Exception
 
 
 @dataclass
 class PostJob:
     usage: UsageRecord | None
     record: ResponseRecord | None  # None for store=false: nothing reaches the store
+    context: Node | None = None  # the record's whole chain (input + output), held until written
+
+    def self_contained(self) -> PostJob:
+        """The same job, its record carrying every item it references (the store skips the ones
+        it has): what is written when a referenced item was deleted meanwhile."""
+        assert self.record is not None and self.context is not None
+        items = [KeyedItem(s.key, s.item) for s in self.context.all_segments()]
+        return dataclasses.replace(
+            self, record=dataclasses.replace(self.record, new_items=items), context=None
+        )
 
 
 class PostInference:
-    def __init__(self, store: Store, *, workers: int = 2, max_attempts: int = 8, on_done=None) -> None:
+    """`on_done(seconds)` times each finished job; `on_failure(reason)` counts a failed attempt:
+    "retried" (transient, tried again), "repaired" (a referenced item was gone, written again
+    self-contained), "permanent" (given up: the response is not stored)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        workers: int = 2,
+        max_attempts: int = 8,
+        on_done: Callable[[float], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         self._store = store
-        self._queue: asyncio.Queue[tuple[PostJob, asyncio.Future]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[PostJob, asyncio.Future, int]] = asyncio.Queue()
         self._pending: dict[tuple[str, str], asyncio.Future] = {}
         self._tasks = [asyncio.create_task(self._run(), name=f"tether-post-{i}") for i in range(workers)]
         self._max_attempts = max_attempts
-        self._on_done = on_done  # callback(seconds) for the post-inference stage timer
+        self._on_done = on_done
+        self._on_failure = on_failure
+        self._outstanding = 0  # submitted, not finished (queued, being written or waiting to retry)
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.completed = 0
         self.failed = 0
 
@@ -43,14 +90,28 @@ class PostInference:
             key = (job.record.tenant, job.record.response.id)
             self._pending[key] = fut
             fut.add_done_callback(lambda _f, key=key: self._pending.pop(key, None))
-        self._queue.put_nowait((job, fut))
+        self._outstanding += 1
+        self._idle.clear()
+        self._queue.put_nowait((job, fut, 1))
 
     async def write_now(self, job: PostJob) -> None:
-        """Write on the caller's path (store_durability = "before_terminal"); same retries."""
+        """Write on the caller's path (store_durability = "before_terminal"); same error policy,
+        the retries waited out here (this caller's own turn)."""
         started = time.perf_counter()
+        attempt = 1
         try:
-            await self._write(job)
-            self.completed += 1
+            while True:
+                outcome = await self._attempt(job, attempt)
+                if isinstance(outcome, PostJob):
+                    job = outcome
+                elif isinstance(outcome, float):
+                    attempt += 1
+                    await asyncio.sleep(outcome)
+                elif isinstance(outcome, Failed):
+                    raise outcome.error
+                else:
+                    self.completed += 1
+                    return
         finally:
             if self._on_done is not None:
                 self._on_done(time.perf_counter() - started)
@@ -61,7 +122,7 @@ class PostInference:
             await asyncio.shield(fut)
 
     async def flush(self) -> None:
-        await self._queue.join()
+        await self._idle.wait()
 
     async def aclose(self) -> None:
         await self.flush()
@@ -70,34 +131,61 @@ class PostInference:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            job, fut = await self._queue.get()
+            job, fut, attempt = await self._queue.get()
             started = time.perf_counter()
             try:
-                await self._write(job)
-                self.completed += 1
-            except Exception:  # noqa: BLE001 - logged; the job is counted as failed, never silently
-                self.failed += 1
-                log.exception("post-inference write failed permanently")
+                outcome = await self._attempt(job, attempt)
+                while isinstance(outcome, PostJob):
+                    job = outcome
+                    outcome = await self._attempt(job, attempt)
             finally:
-                if not fut.done():
-                    fut.set_result(None)
                 self._queue.task_done()
                 if self._on_done is not None:
                     self._on_done(time.perf_counter() - started)
+            if isinstance(outcome, float):  # back on the queue after the delay; no worker waits
+                loop.call_later(outcome, self._queue.put_nowait, (job, fut, attempt + 1))
+                continue
+            if outcome is None:
+                self.completed += 1
+            if not fut.done():
+                fut.set_result(None)
+            self._outstanding -= 1
+            if not self._outstanding:
+                self._idle.set()
 
-    async def _write(self, job: PostJob) -> None:
-        delay = 0.05
-        for attempt in range(1, self._max_attempts + 1):
-            try:
-                if job.record is not None:
-                    await self._store.put_response(job.record)
-                if job.usage is not None:
-                    await self._store.record_usage(job.usage)
-                return
-            except Exception:  # noqa: BLE001 - transient store errors are retried
-                if attempt == self._max_attempts:
-                    raise
-                log.warning("post-inference write failed (attempt %d), retrying", attempt)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    async def _attempt(self, job: PostJob, attempt: int) -> PostJob | float | Failed | None:
+        """One write. None: written; `Failed`: given up (logged and counted); a float: a
+        transient error, try again after that many seconds; a PostJob: write that one now."""
+        try:
+            if job.record is not None:
+                await self._store.put_response(job.record)
+            if job.usage is not None:
+                await self._store.record_usage(job.usage)
+            return None
+        except MissingItemError as exc:
+            if job.context is not None:
+                self._count("repaired")
+                log.info("a referenced item was deleted meanwhile; writing the response self-contained",
+                         extra={"response_id": exc.response_id})  # fmt: skip
+                return job.self_contained()
+            return self._give_up(job, exc)
+        except Exception as exc:  # noqa: BLE001 - classified: transient ones are retried, others fail
+            if is_transient(exc) and attempt < self._max_attempts:
+                self._count("retried")
+                log.warning("post-inference write failed (attempt %d), retrying: %s", attempt, exc)
+                return min(0.05 * 2 ** (attempt - 1), 2.0)
+            return self._give_up(job, exc)
+
+    def _give_up(self, job: PostJob, exc: Exception) -> Failed:
+        self.failed += 1
+        self._count("permanent")
+        rid = job.record.response.id if job.record is not None else job.usage.response_id if job.usage else ""
+        log.error("post-inference write failed permanently: %s: %s", type(exc).__name__, exc,
+                  extra={"response_id": rid})  # fmt: skip
+        return Failed(exc)
+
+    def _count(self, reason: str) -> None:
+        if self._on_failure is not None:
+            self._on_failure(reason)

@@ -131,6 +131,10 @@ class Turn:
                 await self._finish(prepared, [], "completed", None, None)
             else:
                 await self._generate(prepared)
+        except asyncio.CancelledError:
+            # The client went away: no terminal event, but the turn ended and is counted as such.
+            self.engine.metrics.turn_abandoned(self.session.transport)
+            raise
         finally:
             active.dec()
 
@@ -516,7 +520,7 @@ class Turn:
             new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
             conversation_tokens=context.token_count,
         )
-        return PostJob(usage=usage, record=record)
+        return PostJob(usage=usage, record=record, context=context)
 
     def _evict_parent_after_error(self) -> None:
         parent_id = self.params.previous_response_id

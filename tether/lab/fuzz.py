@@ -1235,8 +1235,11 @@ async def _raw_session(call: Any, data: bytes, sentinel: bytes) -> str:
     from tether.responses.v1 import service_pb2
 
     try:
-        await call.write(data)
-        await call.write(sentinel)
+        try:
+            await call.write(data)
+            await call.write(sentinel)
+        except asyncio.InvalidStateError:  # the server ended the stream (a refused message) first
+            return f"status:{(await call.code()).name}"
         async for raw in call:
             batch = service_pb2.SessionResponse.FromString(raw)
             for ev in batch.events:

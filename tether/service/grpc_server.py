@@ -102,8 +102,8 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         self._auth = authenticator
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
-        metadata = dict(context.invocation_metadata() or ())
-        return self._auth.tenant_for(metadata.get("authorization"))
+        metadata = context.invocation_metadata() or ()
+        return self._auth.tenant_of([value for key, value in metadata if key == "authorization"])
 
     async def _unary(self, context, call, request=None):
         if isinstance(request, _Undecodable):

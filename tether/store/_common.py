@@ -1,9 +1,12 @@
 """Helpers every store engine shares: the API item id of an item, argument checks for
-`list_input_items`, in-process paging (memory and Redis), and the usage-record field order."""
+`list_input_items`, in-process paging (memory and Redis), the usage-record field order, the
+store's typed lookup error and which store errors are worth retrying."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import sys
 from collections.abc import Sequence
 from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -113,6 +116,39 @@ class MissingItemError(LookupError):
         self.tenant = tenant
         self.response_id = response_id
         self.key = key
+
+
+# Errors of the drivers that mean "try again": the server is unreachable, restarting, overloaded
+# or the transaction lost a race; named by module and class so this module imports no driver.
+_TRANSIENT_DRIVER_ERRORS = {
+    "asyncpg.exceptions": (
+        "PostgresConnectionError", "InterfaceError", "TooManyConnectionsError", "CannotConnectNowError",
+        "SerializationError", "DeadlockDetectedError", "AdminShutdownError", "CrashShutdownError",
+    ),
+    "redis.exceptions": ("ConnectionError", "TimeoutError", "BusyLoadingError", "TryAgainError"),
+}  # fmt: skip
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a store call that raised `exc` may succeed when tried again.
+
+    Connection and timeout errors are; so is SQLite's "database is locked" (`OperationalError`
+    past `busy_timeout`), and the driver errors listed above. Everything else (a missing item,
+    a constraint, a bad value, a bug) would fail the same way again, so it is not retried."""
+    if isinstance(exc, MissingItemError):
+        return False
+    if isinstance(exc, (OSError, TimeoutError)):  # ConnectionError is an OSError
+        return True
+    if isinstance(exc, sqlite3.OperationalError):
+        return "locked" in str(exc) or "busy" in str(exc)
+    for module, names in _TRANSIENT_DRIVER_ERRORS.items():
+        if module in sys.modules:
+            classes = tuple(
+                getattr(sys.modules[module], name) for name in names if hasattr(sys.modules[module], name)
+            )
+            if classes and isinstance(exc, classes):
+                return True
+    return False
 
 
 def split_query_options(url: str, known: Sequence[str]) -> tuple[str, dict[str, str]]:

@@ -26,27 +26,35 @@ def _encoding() -> bpe_openai.Encoding:
     return bpe_openai.get_encoding(ENCODING)
 
 
-_MAX_ENCODE_CHARS = 500_000  # bpe_openai refuses one call of >= 1,000,000 characters
+# bpe_openai refuses one call that yields more than 200,000 tokens (or has 1,000,000+ characters).
+# A token is at least one UTF-8 byte, so a piece of at most this many bytes is always accepted:
+# ASCII text is cut every `_PIECE_BYTES` characters, any other text every `_PIECE_BYTES // 4`
+# (a character is at most 4 bytes). Dense text (CJK, emoji, combining marks) needs that bound:
+# 600,000 CJK characters are 600,000 tokens.
+_PIECE_BYTES = 200_000
 
 
 def encode(text: str) -> array:
     """Token ids of `text` (special-token text is encoded as ordinary text, never as control).
 
-    A text of `_MAX_ENCODE_CHARS` or more is encoded in pieces cut after whitespace (a cut can
-    change a token at the boundary; the count stays exact to within that)."""
+    A long text is encoded in pieces that the tokenizer always accepts (see `_PIECE_BYTES`), each
+    cut just before a space in its second half when there is one (the o200k pre-tokenizer starts
+    a word at its leading space, so such a cut does not change the tokens); a cut elsewhere can
+    change a token at the boundary, so the count stays exact to within one token per cut."""
     if not text:
         return array("I")
     enc = _encoding()
-    if len(text) < _MAX_ENCODE_CHARS:
+    piece = _PIECE_BYTES if text.isascii() else _PIECE_BYTES // 4
+    if len(text) <= piece:
         return array("I", enc.encode_ordinary(text))
     out = array("I")
-    start, n, half = 0, len(text), _MAX_ENCODE_CHARS // 2
+    start, n, half = 0, len(text), piece // 2
     while start < n:
-        end = min(n, start + _MAX_ENCODE_CHARS)
+        end = min(n, start + piece)
         if end < n:
-            cut = max(text.rfind(" ", start + half, end), text.rfind("\n", start + half, end))
+            cut = text.rfind(" ", start + half, end)
             if cut > start:
-                end = cut + 1
+                end = cut
         out.extend(enc.encode_ordinary(text[start:end]))
         start = end
     return out

@@ -1,0 +1,156 @@
+"""The WebSocket protocol under the bridge: uvicorn's websockets-sansio protocol plus the guards
+that act on the transport itself, where the ASGI app cannot reach.
+
+- **A refused handshake is answered.** The `websockets` parser has its own head limits (a line
+  of 8 KiB, 128 headers); past them it gives up on the request without a reply, and uvicorn
+  then waits forever on a socket the head deadline no longer covers (it stopped at the end of
+  the head). Here any request it cannot parse gets 431 `request_header_fields_too_large`
+  (a limit) or 400 `invalid_request`, and the socket closes.
+- **Writes have a deadline.** A peer that stops reading fills the socket buffers, then the
+  transport's: writes pause, and a graceful close never completes because the close frame (and
+  whatever is still buffered) cannot be flushed. Every `ws_send_timeout_s` the connection looks
+  at its unsent bytes: when writes are paused or the transport is closing, nothing more can be
+  added, so their count can only fall while the peer reads. If it did not fall since the
+  previous look, which found the connection stuck too, the transport is aborted (so after 1 to 2
+  periods without progress). `connection_lost` then ends the ASGI connection (the app's blocked
+  `send` raises, its `receive` gets `websocket.disconnect`), which closes the session and frees
+  its per-key connection slot. (A high-water mark of ~0 would make every stall visible as a
+  pause without polling, but makes each send wait for the socket to drain: -40% turns/s in the
+  load campaign. A timer per connection per period costs nothing measurable.)
+- **No reading while writes are paused.** `websockets` answers every ping with a pong on its own;
+  a peer that floods pings and never reads would grow the unsent pongs without bound. While
+  writes are paused, reading is paused too (the peer's sends back up into its own buffers), and
+  if that lasts, the write deadline above closes the connection.
+- **One inflation budget for the process.** permessage-deflate inflates a message inside the
+  protocol, before the app sees it, up to the transport cap (`max_size`, 4 x
+  `Limits.max_request_bytes`). `InflationBudget` caps the bytes of all messages that are being
+  received or wait for the app, across connections: a connection may receive a message only as
+  large as what is left of the budget (beyond it: close 1009), so concurrent bombs cost at most
+  the budget, not a cap per connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import SecurityError
+
+from tether.bridge import common
+from tether.errors import INVALID_REQUEST, TetherError
+
+log = logging.getLogger("tether.bridge")
+
+# A message this small is received even when the inflation budget is spent: it costs little,
+# and refusing it would close ordinary connections whenever one peer sends a bomb.
+_ALWAYS_ALLOWED_BYTES = 1024 * 1024
+
+
+class InflationBudget:
+    """Bytes of WebSocket messages held between the protocol and the app, process-wide."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def left(self) -> int:
+        return max(0, self.limit - self.held)
+
+
+class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """See the module docstring. Class attributes are set per server by `protocol_class`."""
+
+    send_timeout_s: float = 30.0
+    hard_max_size: int = 0
+    budget: InflationBudget = InflationBudget(0)
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._held = 0  # bytes of received messages not yet taken by the app (our budget share)
+        self._stuck_with: int | None = None  # unsent bytes at the last look, if it found us stuck
+        self._watch = self.loop.call_later(self.send_timeout_s, self._check_stall)
+
+    def data_received(self, data: bytes) -> None:
+        if self.handshake_complete and self.budget.limit:
+            share = max(_ALWAYS_ALLOWED_BYTES, self._held + self.budget.left())
+            self.conn.max_message_size = min(self.hard_max_size, share)
+        super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None:
+            self._refuse_handshake(self.conn.handshake_exc.__cause__)
+
+    def _refuse_handshake(self, cause: BaseException | None) -> None:
+        if self.transport.is_closing():
+            return
+        self.handshake_initiated = self.handshake_complete = self.close_sent = True
+        if isinstance(cause, SecurityError):  # a line over 8 KiB or more than 128 headers
+            err = TetherError(
+                common.HEADERS_TOO_LARGE, f"The request headers are too large: {cause}.", status=431
+            )
+            reply = common.raw_http_error(err)
+        else:
+            err = TetherError(
+                INVALID_REQUEST, "The WebSocket upgrade request could not be parsed.", status=400
+            )
+            reply = common.raw_http_error(err)
+        self.transport.write(reply)
+        self.transport.close()
+
+    # -- the inflation budget ---------------------------------------------------------------------
+
+    def send_receive_event_to_app(self) -> None:
+        size = sum(len(frame) for frame in self.frames)
+        super().send_receive_event_to_app()
+        if self.queue.qsize() and not self.close_sent:
+            self._held += size
+            self.budget.held += size
+
+    async def receive(self) -> Any:
+        message = await super().receive()
+        self._release_held()
+        if not self.read_paused and not self.writable.is_set():
+            self.transport.pause_reading()  # uvicorn resumed reading; writes are still paused
+        return message
+
+    def _release_held(self) -> None:
+        self.budget.held -= self._held
+        self._held = 0
+
+    # -- writes: pause reading, deadline ----------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _check_stall(self) -> None:
+        size = self.transport.get_write_buffer_size()
+        stuck = size > 0 and (not self.writable.is_set() or self.transport.is_closing())
+        if stuck and self._stuck_with is not None and size >= self._stuck_with:
+            log.warning(
+                "aborting a WebSocket whose peer stopped reading",
+                extra={"unsent_bytes": size, "timeout_s": self.send_timeout_s},
+            )
+            self.transport.abort()
+            return
+        self._stuck_with = size if stuck else None
+        self._watch = self.loop.call_later(self.send_timeout_s, self._check_stall)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._watch.cancel()
+        self._release_held()
+        super().connection_lost(exc)
+
+
+def protocol_class(*, send_timeout_s: float, hard_max_size: int, inflation_budget_bytes: int) -> type:
+    """The protocol class for one bridge server, with its limits (uvicorn instantiates it)."""
+    attrs = {
+        "send_timeout_s": send_timeout_s,
+        "hard_max_size": hard_max_size,
+        "budget": InflationBudget(inflation_budget_bytes),
+    }
+    return type("GuardedWebSocketProtocol", (GuardedWebSocketProtocol,), attrs)
