@@ -85,6 +85,14 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # Forward compatibility: create fields Tether does not know that it accepts (and ignores)
+    # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
+    # field must have a declared treatment. Env: comma-separated.
+    accept_unknown_parameters: list[str] = field(default_factory=list)
+    # The key that signs reasoning items' `encrypted_content` (tether/reasoning_codec.py); set
+    # the same value on every replica. None: a random key per process (blobs do not survive a
+    # restart). Env: TETHER_SERVER__REASONING_KEY.
+    reasoning_key: str | None = None
     # The browser console at /console on the bridge (tether/bridge/console): its WebSocket
     # handshakes take a token from POST /console/token that lives `console_token_ttl_s`; the keys
     # of `console_admin_tenants` (comma-separated tenant names) see the server view. An open
@@ -219,6 +227,8 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
 def _coerce(value: Any, current: Any, where: str) -> Any:
     if not isinstance(value, str) or isinstance(current, str) or current is None:
         return value
+    if isinstance(current, list):  # from the environment: comma-separated
+        return [part.strip() for part in value.split(",") if part.strip()]
     try:
         if isinstance(current, bool):
             if value.lower() in ("1", "true", "yes", "on"):

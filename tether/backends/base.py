@@ -47,6 +47,9 @@ class BackendRequest:
     top_p: float | None = None
     reasoning_effort: str | None = None
     text_format: request_pb2.TextFormat | None = None
+    # `text.verbosity` (low | medium | high) for dialects that take it (issue 14; the adapters'
+    # mapping belongs to the chat-completions dialect table).
+    verbosity: str | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str = ""  # as the client named it ("" = not set)
@@ -70,6 +73,13 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class RefusalDelta:
+    """The model declining to answer (chat-completions `delta.refusal`): a `refusal` content part."""
+
     text: str
 
 
@@ -114,7 +124,7 @@ class Finish:
     replica: str = ""  # the pool replica that served the call ("" outside a pool)
 
 
-Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+Chunk = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta | Finish
 
 
 class BackendError(TetherError):

@@ -33,6 +33,7 @@ from tether.backends.base import (
     Chunk,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -392,7 +393,7 @@ class ChatCompletionsBackend:
 
 
 def _note_generated(chunk: Chunk, generated: list[str]) -> None:
-    if isinstance(chunk, TextDelta | ReasoningDelta):
+    if isinstance(chunk, TextDelta | ReasoningDelta | RefusalDelta):
         generated.append(chunk.text)
     elif isinstance(chunk, ToolCallDelta):
         generated.append((chunk.name or "") + chunk.arguments)

@@ -35,7 +35,8 @@ Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
      "after": {"text_tokens": 20}}
 
 Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
-`reasoning` / `reasoning_tokens` (emitted first, as reasoning), `tool_calls` (list of `name`,
+`reasoning` / `reasoning_tokens` (emitted first, as reasoning), `refusal` (literal, emitted as a
+refusal instead of text), `tool_calls` (list of `name`,
 optional `arguments` object or JSON string, optional `call_id`), `finish` (override the finish
 reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `error`
 (`{"code","message","status"}`: raise a BackendError after `error_after_tokens` tokens, default 0).
@@ -64,6 +65,7 @@ from tether.backends.base import (
     Chunk,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     Timing,
     ToolCallDelta,
@@ -93,7 +95,7 @@ _ARG_CHARS = 4  # characters of JSON text per "token"
 
 _STEP_KEYS = frozenset(
     {
-        "text", "text_tokens", "reasoning", "reasoning_tokens", "tool_calls", "finish",
+        "text", "text_tokens", "reasoning", "reasoning_tokens", "refusal", "tool_calls", "finish",
         "ttft_ms", "tokens_per_s", "error", "error_after_tokens", "comment",
     }
 )  # fmt: skip
@@ -131,6 +133,7 @@ class ScriptStep:
     text_tokens: int = 0
     reasoning: str | None = None
     reasoning_tokens: int = 0
+    refusal: str | None = None
     tool_calls: tuple[ScriptCall, ...] = ()
     finish: str | None = None
     ttft_ms: float | None = None
@@ -192,6 +195,7 @@ def _parse_step(raw: Any, where: str) -> ScriptStep:
             text_tokens=int(raw.get("text_tokens", 0)),
             reasoning=raw.get("reasoning"),
             reasoning_tokens=int(raw.get("reasoning_tokens", 0)),
+            refusal=raw.get("refusal"),
             tool_calls=tuple(calls),
             finish=raw.get("finish"),
             ttft_ms=None if raw.get("ttft_ms") is None else float(raw["ttft_ms"]),
@@ -546,9 +550,11 @@ class SimulatedBackend(BackendBase):
         if step.text_tokens:
             more = words(step.text_tokens, turn)
             text += [" " + more[0]] + more[1:] if text else more
-        if not text and not step.tool_calls and step.error is None:
+        if not text and not step.tool_calls and step.error is None and step.refusal is None:
             text = self._answer_tokens(request, self.config.output_tokens, turn)
         plan.units.extend(TextDelta(t) for t in text)
+        if step.refusal is not None:
+            plan.units.extend(RefusalDelta(t) for t in split_text(step.refusal))
         for i, call in enumerate(step.tool_calls):
             self._add_call(
                 plan, i, call.call_id or _call_id(request, turn, i, call.name), call.name, call.arguments
@@ -632,7 +638,7 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     """Merge units[i:stop] of the same kind (and tool call) into one chunk; return it and the next index."""
     first = units[i]
     j = i + 1
-    if isinstance(first, TextDelta | ReasoningDelta):
+    if isinstance(first, TextDelta | ReasoningDelta | RefusalDelta):
         parts = [first.text]
         while j < stop and type(units[j]) is type(first):
             parts.append(units[j].text)  # type: ignore[union-attr]

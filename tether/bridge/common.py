@@ -167,8 +167,10 @@ def raw_http_error(err: TetherError) -> bytes:
     )
 
 
-def error_event(err: TetherError, stream_id: str = "") -> events_pb2.ServerEvent:
-    return events_pb2.ServerEvent(stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto()))
+def error_event(err: TetherError, stream_id: str = "", event_id: str = "") -> events_pb2.ServerEvent:
+    return events_pb2.ServerEvent(
+        stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto(), event_id=event_id)
+    )
 
 
 def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -191,5 +193,5 @@ def encode_event(ev: events_pb2.ServerEvent, *, ws: bool) -> bytes:
     return json_codec.dumps(obj)
 
 
-def ws_error_text(err: TetherError, stream_id: str = "") -> str:
-    return encode_event(error_event(err, stream_id), ws=True).decode()
+def ws_error_text(err: TetherError, stream_id: str = "", event_id: str = "") -> str:
+    return encode_event(error_event(err, stream_id, event_id), ws=True).decode()

@@ -129,7 +129,8 @@ class WsConnection:
                 request = json_codec.client_event_from_json(obj)
             except Exception as exc:
                 err = common.as_tether_error(exc)
-                await self._send_error(err, _lane_of(obj, err, text))
+                event_id = obj.get("event_id") if isinstance(obj, dict) else None
+                await self._send_error(err, _lane_of(obj, err, text), event_id if isinstance(event_id, str) else "")
                 continue
             try:
                 await session.send(request)
@@ -160,9 +161,9 @@ class WsConnection:
                 self._stop.set()
         await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
 
-    async def _send_error(self, err: TetherError, stream_id: str = "") -> None:
+    async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
         self._ctx.count_error(err.code)
-        text = common.ws_error_text(err, stream_id)
+        text = common.ws_error_text(err, stream_id, event_id)
         async with self._send_lock:
             if not self._closed:
                 await self._send({"type": "websocket.send", "text": text})

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from google.protobuf.message import Message
+
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
 
@@ -55,6 +57,11 @@ class ResponsesAPI(Protocol):
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse: ...
+
+    async def conversation_call(self, tenant: str, method: str, request: Message) -> Message:
+        """One `/v1/conversations` call by its RPC name (`tether.core.conversations.RPCS`): the
+        request and response are that RPC's messages."""
+        ...
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         """The routable model names (tenant-scoped so a forwarding bridge can pass the caller's key)."""

@@ -282,5 +282,8 @@ class RemoteResponsesAPI:
         request = service_pb2.CompactResponseRequest(params=params)
         return await self._unary(self._stub.CompactResponse, request, tenant)
 
+    async def conversation_call(self, tenant: str, method: str, request: Any) -> Any:
+        return await self._unary(getattr(self._stub, method), request, tenant)
+
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         return await self._unary(self._stub.ListModels, service_pb2.ListModelsRequest(), tenant)
