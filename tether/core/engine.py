@@ -20,6 +20,7 @@ from tether.backends.registry import build_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.outbox import Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -29,7 +30,7 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
-from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
+from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
 from tether.store.factory import open_store
 
@@ -180,8 +181,8 @@ class Engine:
     # -- ResponsesAPI -----------------------------------------------------------------------------
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams
-    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+    ) -> AsyncIterator[Outgoing]:
         """A stateless create: a one-turn session (hydrating from the store when continuing)."""
         session = await self.open_session(tenant, transport="http")
         ended = False
@@ -190,8 +191,11 @@ class Engine:
             request.create.CopyFrom(params)
             request.create.ClearField("stream_id")
             await session.send(request)
-            async for batch in session.events():
+            async for batch in session.events(lazy_deltas=lazy_deltas):
                 for event in batch:
+                    if type(event) is Delta:
+                        yield event
+                        continue
                     arm = event.WhichOneof("event")
                     ended = arm in _TERMINAL or (arm == "error" and not event.response_id)
                     yield event

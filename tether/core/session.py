@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from tether import errors, ids
 from tether.core import prototype
 from tether.core.chain import CachedResponse, ResponseCache
-from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.outbox import Outbox, OutboxClosed, Outgoing
 from tether.core.stages import render
 from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
@@ -117,9 +117,9 @@ class Session:
         else:
             await self.emit_error(TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"))
 
-    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]:
         while True:
-            batch = await self.outbox.get_batch()
+            batch = await self.outbox.get_batch(lazy_deltas=lazy_deltas)
             if not batch:
                 return
             yield batch

@@ -6,7 +6,7 @@ Stages, in order (each timed, each incremental over the cached chain):
   classify  the new items' text (safety)
   render    the new items -> tokens appended to the cached prefix; the header's tokens reused
   route     model -> backend (memoised per connection)
-  backend   stream chunks -> events (OutputBuilder) -> the session's outbox
+  backend   stream chunks, a wake-up at a time -> events (OutputBuilder) -> the session's outbox
   finalize  terminal event; the new state goes into the connection cache; the store/ledger
             write is queued for the post-inference worker (overlapping the client's next turn)
 """
@@ -28,6 +28,7 @@ from tether.core.postinference import PostJob
 from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
+from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
@@ -231,31 +232,26 @@ class Turn:
         )
 
     async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
-        """One backend call streamed into `builder` and the outbox. Raises BackendError, or
+        """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
+        (`WakeupReader`: their text deltas merge into one event). Raises BackendError, or
         CancelledError when the client goes away or cancels (the upstream is closed either way)."""
-        stream = backend.stream(request)
+        reader = WakeupReader(backend.stream(request))
         outbox = self.session.outbox
-        waited = 0.0
+        stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()
-        first = True
         builder.finish = None
         try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                waited += time.perf_counter() - t0
-                if first:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                    first = False
-                for ev in builder.feed(chunk):
-                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
+            chunks = await reader.next()
+            if chunks:
+                self.clock.add("backend_ttft", time.perf_counter() - started)
+            while chunks:
+                for ev in builder.feed(chunks):
+                    ev.stream_id, ev.response_id = stream_id, response_id
                     await outbox.put(ev)
+                chunks = await reader.next()
         finally:
-            await stream.aclose()
-            self.clock.add("backend_wait", waited)
+            await reader.aclose()
+            self.clock.add("backend_wait", reader.waited)
             self.clock.add("backend", time.perf_counter() - started)
 
     async def _generate(self, prepared: Prepared) -> None:
