@@ -130,6 +130,7 @@ class Outbox:
         self._closed = False
         self._last_flush = 0.0
         self._seq: dict[str, int] = {}
+        self.events_in = 0  # put() calls: what producers queued, before merging
         self.events_out = 0
         self.batches_out = 0
 
@@ -139,6 +140,7 @@ class Outbox:
 
     async def put(self, event: Outgoing) -> None:
         """Queue an event; waits while the queue is full. Raises OutboxClosed after close()."""
+        self.events_in += 1
         if type(event) is Delta:
             delta: Delta | None = event
         else:
