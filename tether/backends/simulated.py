@@ -36,6 +36,7 @@ reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `e
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -254,6 +255,14 @@ def words(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _word_units(n: int, seed: int) -> tuple[TextDelta, ...]:
+    """`words(n, seed)` as chunks, built once: chunks are immutable, so every request for the same
+    answer shares them. The simulated model runs inside the server, and building 4,000 chunks per
+    request would charge the model's own work to the server's core."""
+    return tuple(TextDelta(w) for w in words(n, seed))
+
+
 def split_text(text: str) -> list[str]:
     """Literal text as word tokens (leading spaces kept on the words, so they join back exactly)."""
     out: list[str] = []
@@ -402,7 +411,11 @@ class SimulatedBackend:
             self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
             plan.finish = "tool_calls"
             return plan
-        plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
+        fmt = request.text_format
+        if fmt is not None and fmt.type in ("json_schema", "json_object"):
+            plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
+        else:
+            plan.units.extend(_word_units(c.output_tokens, turn))
         return plan
 
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:

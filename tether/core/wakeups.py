@@ -63,29 +63,29 @@ class WakeupReader:
         chunks: list[Chunk] = []
         if self._ended:
             return chunks
-        clock = time.perf_counter
         step, pending = self._step, self._pending
         self._step = self._pending = None
-        while True:
-            t0 = clock()
-            try:
-                if step is not None:  # waiting: the first chunk of this wake-up
-                    chunks.append(await _finish(step, pending))
-                step = self._stream.__anext__()
+        anext = self._stream.__anext__
+        t0 = time.perf_counter()
+        try:
+            if step is not None:  # it was waiting: its chunk is the first of this wake-up
+                chunks.append(await _finish(step, pending))
+            while True:
+                step = anext()
                 try:
                     pending = step.send(None)
                 except StopIteration as ready:
                     chunks.append(ready.value)
-                    step = None
                     continue
-            except StopAsyncIteration:
-                self._ended = True
-                return chunks
-            finally:
-                self.waited += clock() - t0
-            if chunks:  # the stream has to wait: this wake-up's run is complete
-                self._step, self._pending = step, pending
-                return chunks
+                if chunks:  # the stream has to wait: this wake-up's run is complete
+                    self._step, self._pending = step, pending
+                    return chunks
+                chunks.append(await _finish(step, pending))
+        except StopAsyncIteration:
+            self._ended = True
+            return chunks
+        finally:
+            self.waited += time.perf_counter() - t0
 
     async def aclose(self) -> None:
         """Release the stream (and the upstream behind it), also when a step is still pending."""
