@@ -195,3 +195,47 @@ async def test_a_wakeup_of_many_one_token_chunks_goes_out_as_one_delta_event():
     assert [e.sequence_number for e in events] == list(range(len(events)))
     completed = events[-1].completed.response
     assert completed.usage.output_tokens == 200
+
+
+# -- tokenising the new input while the backend computes its first token -------------------------
+
+
+async def _two_turns(limits: dict) -> list:
+    """A turn and its cached continuation (a 2 KB tool-ish output) on one session; the responses."""
+    config = make_config(backends={"sim": {"kind": "simulated", "ttft_ms": 20, "tokens_per_s": 0,
+                                           "output_tokens": 12, "call_tools": False}}, limits=limits)  # fmt: skip
+    engine = await Engine.start(config)
+    out = []
+    try:
+        session = await engine.open_session("", transport="grpc")
+        events = session.events()
+        previous = ""
+        for text in ("first question", "here is a long paste: " + "lorem ipsum dolor sit amet " * 80):
+            request = service_pb2.SessionRequest()
+            request.create.model = "m"
+            request.create.input_text = text
+            request.create.store = False
+            request.create.previous_response_id = previous
+            request.create.include.append("tether:server_timing")
+            await session.send(request)
+            done = None
+            while done is None:
+                for ev in await anext(events):
+                    if ev.HasField("completed"):
+                        done = ev.completed.response
+            out.append(done)
+            previous = done.id
+        await session.close()
+    finally:
+        await engine.aclose()
+    return out
+
+
+async def test_usage_is_exact_whether_the_input_is_tokenised_before_or_during_the_backend_call():
+    overlapped = await _two_turns({})  # no token budget: only usage needs the count
+    upfront = await _two_turns({"tokens_per_minute": 10**9})  # a budget needs it before the call
+    for a, b in zip(overlapped, upfront, strict=True):
+        assert (a.usage.input_tokens, a.usage.cached_tokens) == (b.usage.input_tokens, b.usage.cached_tokens)
+        assert "render_overlapped" in a.server_timing.stages_ms
+        assert "render_overlapped" not in b.server_timing.stages_ms
+    assert overlapped[1].usage.cached_tokens > 0 and overlapped[1].usage.input_tokens > overlapped[1].usage.cached_tokens

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,17 +45,62 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
 
 
 @dataclass
-class Prepared:
-    """Everything the stages before the backend produced."""
+class Rendered:
+    """The new input tokenised onto the cached chain."""
 
-    response: response_pb2.Response
-    parent: CachedResponse | None
-    parent_from_cache: bool
     new_segments: tuple[Segment, ...]
     node: Node  # the effective input chain
-    route: Resolved
     input_tokens: int
     cached_tokens: int
+
+
+class Prepared:
+    """Everything the stages before the backend produced.
+
+    The new input's tokens (`new_segments`, `node`, `input_tokens`, `cached_tokens`) come from
+    `render()`. `_prepare` calls it at once when something before the backend needs the exact
+    count; otherwise `_generate` calls it while the backend computes its first token, and any
+    earlier reader of those attributes renders on first access."""
+
+    def __init__(self, response: response_pb2.Response, parent: CachedResponse | None, parent_from_cache: bool,
+                 route: Resolved, input_items: list[items_pb2.Item], tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
+        self.response = response
+        self.parent = parent
+        self.parent_from_cache = parent_from_cache
+        self.route = route
+        self.input_items = input_items  # the effective context's items (what the backend gets)
+        self._tokenise: Callable[[], Rendered] | None = tokenise
+        self._rendered: Rendered | None = None
+
+    @property
+    def rendered(self) -> bool:
+        return self._rendered is not None
+
+    def render(self) -> Rendered:
+        if self._rendered is None:
+            assert self._tokenise is not None
+            self._rendered, self._tokenise = self._tokenise(), None
+        return self._rendered
+
+    @property
+    def new_segments(self) -> tuple[Segment, ...]:
+        return self.render().new_segments
+
+    @property
+    def node(self) -> Node:
+        return self.render().node
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.render().cached_tokens
+
+    @property
+    def input_tokens(self) -> int:
+        return self.render().input_tokens
+
+    @input_tokens.setter
+    def input_tokens(self, value: int) -> None:
+        self.render().input_tokens = value
 
 
 class Turn:
@@ -121,34 +167,40 @@ class Turn:
         with clock.stage("classify"):
             findings = self.engine.classify(texts)
         with clock.stage("render"):
+            header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
+        with clock.stage("route"):
+            route = session.route(params.model)
+
+        def tokenise() -> Rendered:
             new_segments = tuple(
                 Segment.of(ids.new_id("itm"), item, text) for item, text in zip(new_items, texts, strict=True)
             )
             node = Node.continue_with(parent_node, new_segments, findings)
             # The prefix is reused only when it came from this connection and was not compacted away.
             reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
-            header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
-            input_tokens = header_tokens + node.token_count
             cached_tokens = reused + (header_tokens if header_cached else 0)
-        with clock.stage("route"):
-            route = session.route(params.model)
-        if input_tokens > route.context_window:
-            raise TetherError(
-                errors.CONTEXT_LENGTH_EXCEEDED,
-                f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
-                param="input",
-            )
-        self.engine.rate_limiter.admit(session.tenant, input_tokens)
-        return Prepared(
-            response=self._response_skeleton(),
-            parent=parent,
-            parent_from_cache=from_cache,
-            new_segments=new_segments,
-            node=node,
-            route=route,
-            input_tokens=input_tokens,
-            cached_tokens=cached_tokens,
-        )
+            return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
+
+        limiter = self.engine.rate_limiter
+        compacting = any(item.WhichOneof("item") == "compaction" for item in new_items)
+        # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
+        # that bound fits the context window and no token budget is charged, only `usage` needs
+        # the exact count, and tokenising waits for the backend's first-token time.
+        bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
+        defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+        input_items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
+        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, input_items, tokenise)
+        if not defer:
+            with clock.stage("render"):
+                prepared.input_items = prepared.node.items()
+            if prepared.input_tokens > route.context_window:
+                raise TetherError(
+                    errors.CONTEXT_LENGTH_EXCEEDED,
+                    f"Input of {prepared.input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
+                    param="input",
+                )
+        limiter.admit(session.tenant, prepared.input_tokens if prepared.rendered else 0)
+        return prepared
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -231,11 +283,14 @@ class Turn:
             input_tokens=input_tokens,
         )
 
-    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
+    async def _stream_step(
+        self, builder: OutputBuilder, backend, request: BackendRequest, while_waiting: Callable[[], None] | None = None
+    ) -> None:
         """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
-        (`WakeupReader`: their text deltas merge into one event). Raises BackendError, or
-        CancelledError when the client goes away or cancels (the upstream is closed either way)."""
-        reader = WakeupReader(backend.stream(request))
+        (`WakeupReader`: their text deltas merge into one event); `while_waiting` runs once, when
+        the backend first has to wait. Raises BackendError, or CancelledError when the client goes
+        away or cancels (the upstream is closed either way)."""
+        reader = WakeupReader(backend.stream(request), while_waiting)
         outbox = self.session.outbox
         stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()
@@ -256,10 +311,16 @@ class Turn:
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = OutputBuilder()
-        request = self._backend_request(prepared, prepared.node.items(), prepared.input_tokens)
+        rendered = prepared.rendered
+        request = self._backend_request(prepared, prepared.input_items, prepared.input_tokens if rendered else 0)
+
+        def render_while_waiting() -> None:
+            with self.clock.stage("render_overlapped"):
+                request.input_tokens = prepared.render().input_tokens
+
         error: TetherError | None = None
         try:
-            await self._stream_step(builder, prepared.route.backend, request)
+            await self._stream_step(builder, prepared.route.backend, request, None if rendered else render_while_waiting)
         except BackendError as exc:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import time
 import types
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
 
 from tether.backends.base import Chunk
@@ -50,10 +50,16 @@ def _finish(step: Any, pending: Any, throw: BaseException | None = None) -> Gene
 
 class WakeupReader:
     """`next()` returns the chunks of the stream's next wake-up ([] once it has ended).
-    `waited` is the time spent inside the backend (waiting, and producing the chunks)."""
+    `waited` is the time spent inside the backend (waiting, and producing the chunks).
 
-    def __init__(self, stream: AsyncGenerator[Chunk, None]) -> None:
+    `while_waiting` runs once, the first time the stream has to wait before its first chunk (the
+    model computing its first token): work that only the end of the turn needs goes there. Its
+    time counts as waiting unless the backend was ready before it ended (then it delayed the
+    stream, and counts as the caller's)."""
+
+    def __init__(self, stream: AsyncGenerator[Chunk, None], while_waiting: Callable[[], None] | None = None) -> None:
         self._stream = stream
+        self._while_waiting = while_waiting
         self._step: Any = None  # a started __anext__() that is waiting
         self._pending: Any = None  # what it waits on
         self._ended = False
@@ -80,12 +86,22 @@ class WakeupReader:
                 if chunks:  # the stream has to wait: this wake-up's run is complete
                     self._step, self._pending = step, pending
                     return chunks
+                if self._while_waiting is not None:
+                    self._run_while_waiting(pending)
                 chunks.append(await _finish(step, pending))
         except StopAsyncIteration:
             self._ended = True
             return chunks
         finally:
             self.waited += time.perf_counter() - t0
+
+    def _run_while_waiting(self, pending: Any) -> None:
+        work, self._while_waiting = self._while_waiting, None
+        assert work is not None
+        t0 = time.perf_counter()
+        work()
+        if pending is None or pending.done():  # the backend was ready first: the work delayed it
+            self.waited -= time.perf_counter() - t0
 
     async def aclose(self) -> None:
         """Release the stream (and the upstream behind it), also when a step is still pending."""
