@@ -14,6 +14,7 @@ from tether.bridge import common
 from tether.core.builder import OutputBuilder
 from tether.core.engine import Engine
 from tether.core.outbox import DELTA_ARMS, Delta, Outbox
+from tether.core.stages import render
 from tether.core.wakeups import WakeupReader
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2
@@ -239,3 +240,51 @@ async def test_usage_is_exact_whether_the_input_is_tokenised_before_or_during_th
         assert "render_overlapped" in a.server_timing.stages_ms
         assert "render_overlapped" not in b.server_timing.stages_ms
     assert overlapped[1].usage.cached_tokens > 0 and overlapped[1].usage.input_tokens > overlapped[1].usage.cached_tokens
+
+
+# -- the per-process token cache ------------------------------------------------------------------
+
+
+def test_token_cache_reuses_per_tenant_and_stays_within_its_bytes():
+    text = "def handler(request):\n    return compute(request.body)\n" * 20  # ~1 KB
+    exact = render.encode(text)
+    size = len(text) + exact.itemsize * len(exact) + 128
+    cache = render.TokenCache(max_bytes=2 * size)
+    assert cache.encode("a", text) == exact and cache.hits == 0
+    assert cache.encode("a", text) is cache.encode("a", text) and cache.hits == 2
+    cache.encode("b", text)  # another key's text is its own entry: no hit across tenants
+    assert cache.hits == 2 and len(cache) == 2 and cache.nbytes == 2 * size  # at the edge: both kept
+    cache.encode("c", text)  # past it: the least recently used entry goes
+    assert len(cache) == 2 and cache.nbytes <= cache.max_bytes
+    cache.encode("a", text)
+    assert cache.hits == 2  # "a" was the one evicted
+
+
+def test_token_cache_skips_short_texts_oversize_texts_and_is_off_at_zero():
+    cache = render.TokenCache(max_bytes=4096)
+    cache.encode("a", "short")
+    big = "word " * 2000  # its entry alone exceeds the cache
+    assert cache.encode("a", big) == render.encode(big)
+    assert len(cache) == 0 and cache.nbytes == 0
+    off = render.TokenCache(max_bytes=0)
+    off.encode("a", "x" * 1000)
+    off.encode("a", "x" * 1000)
+    assert len(off) == 0 and off.hits == 0
+
+
+async def test_a_stateless_full_resend_does_not_tokenise_its_history_again():
+    config = make_config(backends={"sim": {"kind": "simulated", "ttft_ms": 0, "tokens_per_s": 0,
+                                           "output_tokens": 4, "call_tools": False}})  # fmt: skip
+    engine = await Engine.start(config)
+    try:
+        history = "the tool printed this long log line\n" * 40
+        usages = []
+        for _ in range(2):  # the same history resent, as an HTTP agent without previous_response_id does
+            params = service_pb2.SessionRequest().create
+            params.model, params.input_text, params.store = "m", history, False
+            async for ev in engine.create("", params):
+                if ev.HasField("completed"):
+                    usages.append(ev.completed.response.usage.input_tokens)
+        assert engine.token_cache.hits == 1 and usages[0] == usages[1]
+    finally:
+        await engine.aclose()

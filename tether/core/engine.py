@@ -55,6 +55,7 @@ class Engine:
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
         self.post = PostInference(store, on_done=self.metrics.post_inference)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
+        self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)

@@ -196,7 +196,7 @@ class Session:
         if count is not None:
             self._headers.move_to_end(key)
             return count, True
-        count = len(render.encode(render.render_header(instructions, list(tools))))
+        count = len(self.engine.token_cache.encode(self.tenant, render.render_header(instructions, list(tools))))
         self._headers[key] = count
         if len(self._headers) > 8:
             self._headers.popitem(last=False)

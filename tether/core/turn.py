@@ -172,8 +172,10 @@ class Turn:
             route = session.route(params.model)
 
         def tokenise() -> Rendered:
+            encode = self.engine.token_cache.encode
             new_segments = tuple(
-                Segment.of(ids.new_id("itm"), item, text) for item, text in zip(new_items, texts, strict=True)
+                Segment(ids.new_id("itm"), item, encode(session.tenant, text))
+                for item, text in zip(new_items, texts, strict=True)
             )
             node = Node.continue_with(parent_node, new_segments, findings)
             # The prefix is reused only when it came from this connection and was not compacted away.
