@@ -191,11 +191,14 @@ class Outbox:
         if self._coalesce_s > 0 and type(self._queue[0]) is Delta and not self._closed:
             wait = self._last_flush + self._coalesce_s - time.monotonic()
             if wait > 0:
+                # The window's end sets the same event a non-delta would (a timer, not wait_for,
+                # which costs a task per batch); the event is cleared when the batch leaves.
                 self._urgent.clear()
+                timer = asyncio.get_running_loop().call_later(wait, self._urgent.set)
                 try:
-                    await asyncio.wait_for(self._urgent.wait(), wait)
-                except TimeoutError:
-                    pass
+                    await self._urgent.wait()
+                finally:
+                    timer.cancel()
         batch: list[Outgoing] = []
         queue, seqs = self._queue, self._seq
         while queue:
