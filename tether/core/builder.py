@@ -53,16 +53,22 @@ class OutputBuilder:
     def feed(self, chunks: list[Chunk]) -> list[Emitted]:
         """The events of a run of chunks (what one backend wake-up delivered), in order."""
         events: list[Emitted] = []
+        tail: Delta | None = None  # the text delta this run is appending to (the common case)
         for chunk in chunks:
             kind = type(chunk)
             if kind is TextDelta:
-                text = self._text
-                if text is not None and self._reasoning is None:  # the common case: more text
-                    text.pieces.append(chunk.text)
-                    _delta(events, "output_text_delta", text, chunk.text)
-                else:
-                    self._text_delta(chunk.text, events)
-            elif kind is ReasoningDelta:
+                if tail is not None:
+                    piece = chunk.text
+                    self._text.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)
+                    tail.size += len(piece)
+                    continue
+                self._text_delta(chunk.text, events)
+                last = events[-1]
+                tail = last if type(last) is Delta and self._reasoning is None else None
+                continue
+            tail = None
+            if kind is ReasoningDelta:
                 self._reasoning_delta(chunk.text, events)
             elif kind is ToolCallDelta:
                 self._tool_delta(chunk, events)
