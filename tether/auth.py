@@ -45,6 +45,15 @@ class Authenticator:
             raise TetherError(INVALID_API_KEY, "Incorrect API key provided.", status=401)
         return found
 
+    def token_secret(self) -> bytes | None:
+        """The secret console tokens are signed with (`tether.bridge.console.tokens`): derived from
+        every configured key's digest, so processes sharing a keys file agree on it and a caller
+        holding one key cannot compute it. None when no keys are configured."""
+        if not self._entries:
+            return None
+        digests = sorted(digest for digest, _ in self._entries)
+        return hashlib.sha256(b"tether-console-token-v1\0" + b"".join(digests)).digest()
+
     @classmethod
     def from_sources(cls, *, file: str | None = None, env: str | None = None) -> Authenticator:
         keys: dict[str, str] = {}

@@ -80,6 +80,13 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # The browser console at /console on the bridge (tether/bridge/console): its WebSocket
+    # handshakes take a token from POST /console/token that lives `console_token_ttl_s`; the keys
+    # of `console_admin_tenants` (comma-separated tenant names) see the server view. An open
+    # server (no API keys) has one tenant, which is its admin.
+    console: bool = True
+    console_token_ttl_s: float = 300.0
+    console_admin_tenants: str = ""
 
 
 @dataclass
@@ -143,6 +150,10 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
         }
     if "models" in data:
         cfg.models = {name: _build(Route, spec, f"models.{name}") for name, spec in data.pop("models").items()}
+    elif any(spec.kind != "simulated" for spec in cfg.backends.values()):
+        # A real backend and no [models]: names come from the backends' own model lists; an
+        # unknown name is model_not_found, never silently answered by the simulated catch-all.
+        cfg.models = {}
     for key in ("store", "store_durability", "log_level", "log_format", "log_content"):
         if key in data:
             setattr(cfg, key, data.pop(key))

@@ -59,6 +59,10 @@ class Metrics:
             ["transport"], buckets=_STAGE_BUCKETS, registry=r,
         )
         self.tokens = Counter("tether_tokens", "Tokens", ["kind"], registry=r)
+        self.usage_sources = Counter(
+            "tether_usage_source", "Turns by where each usage figure came from (upstream or tether)",
+            ["kind", "source"], registry=r,
+        )
         self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
         self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
@@ -110,7 +114,7 @@ class Metrics:
         finally:
             self.active_responses.dec()
 
-    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage) -> None:
+    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage, sources=None) -> None:
         self.turns.labels(transport, outcome).inc()
         stages = clock.stages
         observe = self.stage_seconds.labels
@@ -124,6 +128,8 @@ class Metrics:
         self.tokens.labels("cached").inc(usage.cached_tokens)
         self.tokens.labels("output").inc(usage.output_tokens)
         self.tokens.labels("reasoning").inc(usage.reasoning_tokens)
+        for kind, source in (sources or {}).items():
+            self.usage_sources.labels(kind, source).inc()
 
     def post_inference(self, seconds: float) -> None:
         self.stage_seconds.labels("post_inference").observe(seconds)

@@ -83,17 +83,26 @@ async def start(config: TetherConfig) -> Running:
     return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer)
 
 
+def startup_lines(config: TetherConfig, running: Running) -> list[str]:
+    """What `tether serve` prints once it listens (the lab parses the first line): the bridge's
+    URL with its real scheme (https:// when TLS is on), and the console's."""
+    bridge = running.bridge
+    base_url = getattr(bridge, "base_url", None)
+    lines = [f"tether: gRPC on {config.server.grpc_host}:{running.grpc_port}"
+             + (f", HTTP/WebSocket on {base_url}" if base_url else "")]  # fmt: skip
+    if base_url and config.server.console:
+        lines.append(f"tether: console at {base_url.removesuffix('/v1')}/console")
+    return lines
+
+
 async def serve_forever(config: TetherConfig) -> None:
     running = await start(config)
     log.info(
         "tether serving",
         extra={"grpc": f"{config.server.grpc_host}:{running.grpc_port}", "bridge_port": running.bridge_port},
     )
-    print(
-        f"tether: gRPC on {config.server.grpc_host}:{running.grpc_port}"
-        + (f", HTTP/WebSocket on http://{config.server.bridge_host}:{running.bridge_port}/v1" if running.bridge else ""),
-        flush=True,
-    )
+    for line in startup_lines(config, running):
+        print(line, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

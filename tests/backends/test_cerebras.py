@@ -252,3 +252,128 @@ def test_api_key_from_env(monkeypatch):
     monkeypatch.setenv("CEREBRAS_API_KEY", "k-env")
     b = build_backend("c", "cerebras", {})
     assert b.api_key == "k-env" and b.base_url == "https://api.cerebras.ai/v1" and b.config.max_retries == 2
+
+
+# --- the gaps read against Cerebras's documentation ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "sent"),
+    [
+        ("gpt-oss-120b", None, {"reasoning_format": "parsed"}),
+        ("gpt-oss-120b", "minimal", {"reasoning_format": "parsed", "reasoning_effort": "low"}),
+        ("gpt-oss-120b", "high", {"reasoning_format": "parsed", "reasoning_effort": "high"}),
+        ("zai-glm-4.7", "none", {"reasoning_format": "parsed", "disable_reasoning": True}),
+        ("zai-glm-4.7", "medium",
+         {"reasoning_format": "parsed", "disable_reasoning": False, "reasoning_effort": "medium"}),
+        ("qwen-3-235b-a22b-thinking-2507", None, {"reasoning_format": "parsed"}),
+        ("llama3.1-8b", None, {}),
+        ("llama3.1-8b", "none", {}),
+    ],
+)  # fmt: skip
+async def test_reasoning_controls_per_model_family(make, fake_chat_server, model, effort, sent):
+    await run(make(), "hi", model=model, reasoning_effort=effort)
+    body = fake_chat_server.last_body  # the strict fake accepted every field
+    keys = ("reasoning_format", "reasoning_effort", "disable_reasoning")
+    assert {k: body[k] for k in keys if k in body} == sent
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "why"),
+    [
+        ("gpt-oss-120b", "none", "cannot turn reasoning off"),
+        ("llama3.1-8b", "high", "does not reason"),
+        ("qwen-3-235b-a22b-thinking-2507", "low", "no reasoning effort control"),
+    ],
+)
+async def test_reasoning_efforts_cerebras_cannot_honour_are_400(make, fake_chat_server, model, effort, why):
+    from tether.errors import TetherError
+
+    with pytest.raises(TetherError) as ei:
+        await run(make(), "hi", model=model, reasoning_effort=effort)
+    assert ei.value.status == 400 and ei.value.param == "reasoning.effort" and why in ei.value.message
+    assert not fake_chat_server.chat_requests  # refused before any call
+
+
+async def test_qwen_think_text_never_lands_in_output_text(make, fake_chat_server):
+    # With reasoning_format "parsed" Cerebras sends Qwen's thinking in delta.reasoning.
+    fake_chat_server.push(fk.text("42.", reasoning="Thinking it over."))
+    chunks = await run(make(), "hi", model="qwen-3-235b-a22b-thinking-2507")
+    assert fake_chat_server.last_body["reasoning_format"] == "parsed"
+    assert text_of(chunks) == "42." and text_of(chunks, ReasoningDelta) == "Thinking it over."
+
+
+async def test_service_tier_is_sent_and_scale_refused(make, fake_chat_server):
+    from tether.errors import TetherError
+
+    b = make()
+    await run(b, "hi", service_tier="flex")
+    assert fake_chat_server.last_body["service_tier"] == "flex"
+    with pytest.raises(TetherError) as ei:
+        await run(b, "hi", service_tier="scale")
+    assert ei.value.param == "service_tier" and "flex" in ei.value.message
+
+
+async def test_default_output_cap_is_sent_and_configurable(make, fake_chat_server):
+    await run(make(), "hi")
+    assert fake_chat_server.last_body["max_completion_tokens"] == 16_384
+    await run(make(default_max_output_tokens=2048), "hi")
+    assert fake_chat_server.last_body["max_completion_tokens"] == 2048
+    await run(make(default_max_output_tokens=2048), "hi", max_output_tokens=100)
+    assert fake_chat_server.last_body["max_completion_tokens"] == 100
+
+
+async def test_429_without_retry_after_waits_for_the_exhausted_bucket(make, fake_chat_server):
+    fake_chat_server.push(fk.rate_limited(retry_after_ms=None))
+    err, _ = await fails(make(max_retries=0), "hi")
+    assert err.code == "rate_limit_exceeded" and err.status == 429
+    assert err.retry_after == pytest.approx(12.25)  # x-ratelimit-reset-tokens-minute (remaining 0)
+
+
+async def test_tool_schemas_reduced_to_the_cerebras_subset(make, fake_chat_server):
+    from tests.fakes.items import function_tool
+
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "title": "Args",
+        "properties": {
+            "path": {"type": "string", "format": "uri", "minLength": 1, "pattern": "^/"},
+            "limit": {"type": ["integer", "null"], "minimum": 0, "default": 10},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        },
+        "required": ["path", "limit", "tags"],
+        "additionalProperties": False,
+    }
+    await run(make(), "hi", tools=[function_tool("read", schema)])
+    sent = fake_chat_server.last_body["tools"][0]["function"]["parameters"]
+    assert sent == {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "limit": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["path", "limit", "tags"],
+        "additionalProperties": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"allOf": [{"type": "object"}]}, "#/allOf"),
+        ({"type": "object", "properties": {"x": {"oneOf": [{"type": "string"}]}}}, "#/properties/x/oneOf"),
+        ({"type": "array", "items": True}, "#/items"),
+        ({"anyOf": [{"type": "string"}] * 6}, "#/anyOf"),
+    ],
+)
+async def test_schemas_that_cannot_be_reduced_are_400_before_the_call(make, fake_chat_server, schema, where):
+    from tests.fakes.items import function_tool
+    from tether.errors import TetherError
+
+    with pytest.raises(TetherError) as ei:
+        await run(make(), "hi", tools=[function_tool("bad", schema)])
+    assert ei.value.status == 400 and ei.value.param == "tools[0].parameters"
+    assert "'bad'" in ei.value.message and where in ei.value.message
+    assert not fake_chat_server.chat_requests

@@ -20,16 +20,16 @@ from tests.fakes.items import (
     user_parts,
 )
 from tether.backends.base import BackendError, Finish, ReasoningDelta, TextDelta, ToolCallDelta
-from tether.backends.chat_completions import (
-    MappingOptions,
-    SSEDecoder,
-    StreamParser,
+from tether.backends.chat.dialects import DIALECTS
+from tether.backends.chat.mapping import MappingOptions, to_chat_request
+from tether.backends.chat.sse import SSEDecoder
+from tether.backends.chat.stream import StreamParser
+from tether.backends.chat.upstream_errors import (
     error_from_status,
     parse_error_body,
     retry_after_seconds,
     retry_delay,
     should_retry,
-    to_chat_request,
 )
 from tether.backends.registry import build_backend
 from tether.errors import TetherError
@@ -147,8 +147,12 @@ async def test_mapping_on_the_wire(fake_chat_server):
     assert fake_chat_server.chat_requests[-1].headers["authorization"] == "Bearer test-key"
 
 
+def generic(**kw) -> MappingOptions:
+    return MappingOptions(dialect=DIALECTS["openai"], **kw)
+
+
 def test_calls_without_text_and_reasoning_dropped_when_configured():
-    opts = MappingOptions(reasoning_field=None)
+    opts = generic()
     body = to_chat_request(
         request(
             user("hi"),
@@ -181,18 +185,18 @@ def test_separate_call_rounds_are_separate_messages():
             function_call("c2", "g"),
             function_output("c2", "2"),
         ),
-        MappingOptions(),
+        generic(),
     )
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "tool", "assistant", "tool"]
 
 
 def test_compaction_item_becomes_system_summary():
-    body = to_chat_request(request(compaction("We fixed the parser ✓."), user("next")), MappingOptions())
+    body = to_chat_request(request(compaction("We fixed the parser ✓."), user("next")), generic())
     assert body["messages"][0]["role"] == "system"
     assert body["messages"][0]["content"].endswith("We fixed the parser ✓.")
     # A blob that is not Tether's (e.g. another provider's) carries no summary: dropped.
     foreign = items_pb2.Item(compaction=items_pb2.CompactionItem(encrypted_content="gAAAAB-opaque"))
-    assert to_chat_request(request(foreign, user("next")), MappingOptions())["messages"] == [
+    assert to_chat_request(request(foreign, user("next")), generic())["messages"] == [
         {"role": "user", "content": "next"}
     ]
 
@@ -200,9 +204,9 @@ def test_compaction_item_becomes_system_summary():
 def test_images_need_the_capability():
     req = request(user_parts("look", image_url="https://x/img.png"))
     with pytest.raises(TetherError) as ei:
-        to_chat_request(req, MappingOptions(images=False))
+        to_chat_request(req, generic(images=False))
     assert ei.value.status == 400
-    body = to_chat_request(req, MappingOptions(images=True))
+    body = to_chat_request(req, generic(images=True))
     assert body["messages"][0]["content"] == [
         {"type": "text", "text": "look"},
         {"type": "image_url", "image_url": {"url": "https://x/img.png"}},
@@ -220,7 +224,7 @@ def test_tool_choice_text_format_and_parallel():
             parallel_tool_calls=False,
             text_format=fmt,
         ),
-        MappingOptions(),
+        generic(),
     )
     assert body["tool_choice"] == {"type": "function", "function": {"name": "b"}}
     assert body["parallel_tool_calls"] is False
@@ -233,26 +237,26 @@ def test_tool_choice_text_format_and_parallel():
             {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "a"}]}
         ).decode()
     )
-    body = to_chat_request(request("x", tools=tools, tool_choice=allowed), MappingOptions())
+    body = to_chat_request(request("x", tools=tools, tool_choice=allowed), generic())
     assert body["tool_choice"] == "required" and [t["function"]["name"] for t in body["tools"]] == ["a"]
-    # No tools -> no tool_choice; reasoning_effort only with the capability.
-    body = to_chat_request(
-        request("x", tool_choice=request_pb2.ToolChoice(mode="required"), reasoning_effort="high"),
-        MappingOptions(),
-    )
+    # No tools -> no tool_choice; a reasoning effort without the capability is refused, not dropped.
+    body = to_chat_request(request("x", tool_choice=request_pb2.ToolChoice(mode="required")), generic())
     assert "tool_choice" not in body and "tools" not in body and "reasoning_effort" not in body
-    body = to_chat_request(request("x", reasoning_effort="none"), MappingOptions(reasoning=True))
-    assert "reasoning_effort" not in body
+    with pytest.raises(TetherError) as ei:
+        to_chat_request(request("x", reasoning_effort="high"), generic())
+    assert ei.value.status == 400 and ei.value.param == "reasoning.effort"
+    body = to_chat_request(request("x", reasoning_effort="none"), generic(reasoning=True))
+    assert body["reasoning_effort"] == "none"
     body = to_chat_request(
-        request("x", text_format=request_pb2.TextFormat(type="json_object")), MappingOptions()
+        request("x", text_format=request_pb2.TextFormat(type="json_object")), generic()
     )
     assert body["response_format"] == {"type": "json_object"}
 
 
 def test_hosted_tools_forwarded_only_with_capability():
     tools = [other_tool({"type": "web_search"})]
-    assert "tools" not in to_chat_request(request("x", tools=tools), MappingOptions())
-    assert to_chat_request(request("x", tools=tools), MappingOptions(hosted_tools=True))["tools"] == [
+    assert "tools" not in to_chat_request(request("x", tools=tools), generic())
+    assert to_chat_request(request("x", tools=tools), generic(hosted_tools=True))["tools"] == [
         {"type": "web_search"}
     ]
 
@@ -400,11 +404,15 @@ def test_context_length_400():
 
 
 def test_retry_rules():
-    assert should_retry(429, {}) and should_retry(503, {}) and should_retry(408, {}) and should_retry(409, {})
-    assert not should_retry(400, {}) and not should_retry(401, {})
-    assert should_retry(400, {"x-should-retry": "true"}) and not should_retry(
-        503, {"x-should-retry": "false"}
-    )
+    def retries(status, headers=None, message="boom"):
+        return should_retry(error_from_status(status, message), headers or {})
+
+    assert retries(429) and retries(503) and retries(408) and retries(409) and retries(500)
+    assert not retries(400) and not retries(401)
+    assert retries(400, {"x-should-retry": "true"}) and not retries(503, {"x-should-retry": "false"})
+    # A 500 whose body explains a property of the request fails the same way again: not retried.
+    assert not retries(500, message="7 validation errors for ChatCompletionRequestAssistantMessage")
+    assert not retries(500, message="Automatic streaming tool choice is not supported")
     assert retry_delay(0, {"retry-after-ms": "50"}) == 0.05
     assert retry_delay(0, {"retry-after": "2"}) == 2.0
     assert retry_after_seconds(
@@ -414,3 +422,47 @@ def test_retry_rules():
         d = retry_delay(n, {"retry-after": "120"})  # > 60 s: ignored, exponential instead
         base = min(0.5 * 2**n, 8.0)
         assert 0.75 * base <= d <= base
+
+
+def test_sanitize_keeps_meaning_drops_insides():
+    from tether.backends.chat.upstream_errors import MAX_MESSAGE_CHARS, sanitize
+
+    raw = (
+        'Traceback (most recent call last):\n  File "/usr/lib/python3/site-packages/x.py", line 3, in f\n'
+        "ValueError: boom"
+    )
+    assert sanitize(raw) == "no error message"  # only a stack trace: nothing of meaning left
+    assert sanitize("Automatic streaming tool choice is not supported") == (
+        "Automatic streaming tool choice is not supported"
+    )
+    assert sanitize("could not open /opt/models/smol.gguf: denied") == "could not open <path>: denied"
+    assert sanitize("bad\n\n  input   here") == "bad input here"
+    assert len(sanitize("x" * 5000)) == MAX_MESSAGE_CHARS
+    # FastAPI/pydantic `detail` lists keep their locations and messages.
+    body = b'{"detail":[{"loc":["body","messages",1,"content"],"msg":"Input should be a valid string"}]}'
+    assert parse_error_body(body)[0] == "messages.1.content: Input should be a valid string"
+
+
+def test_rate_limit_wait_from_headers():
+    from tether.backends.chat.upstream_errors import rate_limit_wait
+
+    assert rate_limit_wait({"retry-after-ms": "1500", "x-ratelimit-reset-tokens-minute": "30"}) == 1.5
+    exhausted_day = {
+        "x-ratelimit-remaining-tokens-minute": "500", "x-ratelimit-reset-tokens-minute": "20.5",
+        "x-ratelimit-remaining-requests-day": "0", "x-ratelimit-reset-requests-day": "3600",
+    }  # fmt: skip
+    assert rate_limit_wait(exhausted_day) == 3600.0
+    assert rate_limit_wait({"x-ratelimit-reset-tokens-minute": "20.5", "x-ratelimit-reset-requests-day": "9"}) == 9.0
+    assert rate_limit_wait({}) is None
+
+
+def test_schema_type_list_with_object_keeps_its_keywords_on_its_branch():
+    from tether.backends.chat.schema import reduce_schema
+
+    schema = {"type": ["object", "null"], "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert reduce_schema(schema, "cerebras", "p", "t") == {
+        "anyOf": [
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {"type": "null"},
+        ]
+    }

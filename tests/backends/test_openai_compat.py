@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.fakes import chat_server as fk
-from tests.fakes.items import assistant, function_call, function_output, reasoning, request
+from tests.fakes.items import request
 from tether.backends.base import BackendError, ReasoningDelta, TextDelta, ToolCallDelta
 from tether.backends.openai_compat import OpenAICompatBackend
 from tether.backends.registry import build_backend
@@ -16,7 +16,7 @@ from tether.backends.registry import build_backend
 @pytest.fixture
 async def server():
     # vLLM/llama.cpp style: no key, lenient validation.
-    with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60) as s:
+    with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60, owned_by="vllm") as s:
         yield s
 
 
@@ -55,46 +55,6 @@ async def test_delta_reasoning_also_understood(backend, server):
     server.push(fk.text("ok", reasoning="via delta.reasoning"))
     chunks = await run(backend, "hi")
     assert chunks[0] == ReasoningDelta("via")
-
-
-async def test_defaults_send_no_reasoning_fields(backend, server):
-    await run(backend, "hi", reasoning("r1"), assistant("a"), "again", reasoning_effort="high")
-    body = server.last_body
-    assert "reasoning_effort" not in body  # reasoning capability off by default
-    assert body["messages"][1] == {"role": "assistant", "content": "a"}  # earlier reasoning dropped
-    assert backend.capabilities.reasoning is False
-
-
-async def test_configured_reasoning_field_and_max_tokens_field(server):
-    b = build_backend(
-        "vllm",
-        "openai",
-        {
-            "base_url": server.base_url,
-            "reasoning": True,
-            "reasoning_field": "reasoning_content",
-            "max_tokens_field": "max_tokens",
-        },
-    )
-    try:
-        await run(
-            b,
-            "hi",
-            reasoning("r1"),
-            function_call("c1", "f"),
-            function_output("c1", "o"),
-            max_output_tokens=50,
-            reasoning_effort="minimal",
-        )
-    finally:
-        await b.aclose()
-    body = server.last_body
-    assert (
-        body["messages"][1]["reasoning_content"] == "r1"
-        and body["messages"][1]["tool_calls"][0]["id"] == "c1"
-    )
-    assert body["max_tokens"] == 50 and "max_completion_tokens" not in body
-    assert body["reasoning_effort"] == "low"
 
 
 async def test_ollama_style_tool_calls_without_index_and_stop_reason(backend, server):

@@ -66,6 +66,35 @@ async def test_text_answer_is_deterministic_and_counted():
     assert text_of(first).endswith(".")
 
 
+async def test_unscripted_answer_says_what_it_is():
+    b = backend(output_tokens=150, call_tools=False)
+    req = request("please fix the failing test in app.py", input_tokens=9, tools=[function_tool("read_file")])
+    chunks = await collect(b, req)
+    assert chunks[:-1] == (await collect(b, req))[:-1]  # deterministic
+    text = text_of(chunks)
+    assert text.startswith("This is Tether's simulated model (backend 'sim'), not a language model")
+    assert 'It received 1 input item (last user message: "please fix the failing test in app.py"), 1 tool, 9 input tokens.' in text
+    assert "add an openai or cerebras backend to tether.toml and route model names to it under [models]" in text
+    assert "Filler up to output_tokens:" in text  # what follows is padding, and says so
+    assert sum(isinstance(c, TextDelta) for c in chunks) == 150 == chunks[-1].usage.output_tokens
+    short = text_of(await collect(backend(output_tokens=5), request("hi")))
+    assert short == "This is Tether's simulated model."
+
+
+async def test_lab_model_plays_the_workload_script():
+    from tether.lab import workloads
+
+    wl = workloads.load("chat3")
+    b = backend()
+    first = calls_of(await collect(b, request("x", model="tether-lab/chat3@4000@1:2")))
+    assert [c["name"] for c in first.values()] == [c.name for c in wl.steps[0].calls]
+    plan = b.plan(request("x", model="tether-lab/chat3@4000@1:2"))  # the speed comes from the name
+    assert plan.tokens_per_s == 4000 and 0.001 <= plan.ttft_s <= 0.002
+    with pytest.raises(BackendError) as bad:
+        await collect(b, request("x", model="tether-lab/chat3@fast"))
+    assert bad.value.code == "invalid_request" and "tether-lab/chat3@fast" in bad.value.message
+
+
 async def test_auto_tool_call_from_schema_then_text():
     schema = {
         "type": "object",

@@ -79,9 +79,11 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    authenticator: Authenticator, backend: dict[str, Any] | None = None, **limits: Any
+    authenticator: Authenticator, backend: dict[str, Any] | None = None, *, config: TetherConfig | None = None,
+    **limits: Any,
 ) -> AsyncIterator[Stack]:
-    config = make_config(backend, **limits)
+    """`config` (default: `make_config(backend, **limits)`) served by an engine and a bridge."""
+    config = config or make_config(backend, **limits)
     engine = await Engine.start(config)
     try:
         bridge = await start_bridge(engine, authenticator, config)

@@ -105,3 +105,15 @@ WEATHER_TOOL = {
         "additionalProperties": False,
     },
 }
+
+
+async def one_response(conn: Any) -> tuple[list[Any], Any]:
+    """Events of one response from an SDK WebSocket connection (SDK-parsed, then re-checked
+    strictly) and its terminal event."""
+    events = []
+    async for ev in conn:
+        events.append(ev)
+        if ev.type in TERMINAL or ev.type == "error":
+            break
+    check_ws_events(ev.to_dict() for ev in events)
+    return events, events[-1]

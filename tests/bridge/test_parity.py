@@ -20,7 +20,7 @@ from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether.service.grpc_server import start_grpc_server
 
 from .conftest import Stack
-from .helpers import KEY_A, TERMINAL, WEATHER_TOOL, check_sse_events, check_ws_events, collapse_deltas
+from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, collapse_deltas, one_response
 
 Turn = tuple[list[str], dict[str, Any]]  # (collapsed event types, final Response JSON)
 
@@ -88,13 +88,8 @@ async def over_ws(stack: Stack) -> list[Turn]:
         first = None
         for turn in range(2):
             await conn.send({"type": "response.create", **turn_body(turn, first)})  # type: ignore[typeddict-item]
-            events = []
-            async for ev in conn:
-                events.append(ev)
-                if ev.type in TERMINAL or ev.type == "error":
-                    break
-            check_ws_events(ev.to_dict() for ev in events)
-            final = events[-1].response.to_dict()  # type: ignore[union-attr]
+            events, last = await one_response(conn)
+            final = last.response.to_dict()
             out.append((collapse_deltas(ev.type for ev in events), final))
             first = final
     return out

@@ -71,3 +71,24 @@ async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> N
     config.server.tls_cert = "/nonexistent/cert.pem"
     with pytest.raises(ValueError, match="tls_cert and server.tls_key"):
         await start_bridge(None, authenticator, config)  # type: ignore[arg-type]
+
+
+async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path, authenticator: Authenticator) -> None:
+    from types import SimpleNamespace
+
+    from tether.server import startup_lines
+
+    cert, key = self_signed(tmp_path)
+    config = make_config()
+    config.server.tls_cert, config.server.tls_key = str(cert), str(key)
+    engine = await Engine.start(config)
+    try:
+        bridge = await start_bridge(engine, authenticator, config)
+        try:
+            lines = startup_lines(config, SimpleNamespace(grpc_port=50051, bridge=bridge))  # type: ignore[arg-type]
+        finally:
+            await bridge.stop(0.5)
+    finally:
+        await engine.aclose()
+    assert lines[0] == f"tether: gRPC on 127.0.0.1:50051, HTTP/WebSocket on https://127.0.0.1:{bridge.port}/v1"
+    assert lines[1] == f"tether: console at https://127.0.0.1:{bridge.port}/console"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
@@ -13,22 +12,11 @@ from openai.lib.responses_websocket import (
     ResponsesWebSocketLimits,
 )
 
-from .helpers import TERMINAL, WEATHER_TOOL, check_ws_events
+from .helpers import WEATHER_TOOL, one_response
 
 LIMITS = ResponsesWebSocketLimits(
     max_lanes=8, max_events_per_lane=1024, max_events=4096, max_bytes_per_lane=1 << 24, max_bytes=1 << 25
 )
-
-
-async def one_response(conn: Any) -> tuple[list[Any], Any]:
-    """Events of one response (SDK-parsed, then re-checked strictly) and its terminal event."""
-    events = []
-    async for ev in conn:
-        events.append(ev)
-        if ev.type in TERMINAL or ev.type == "error":
-            break
-    check_ws_events(ev.to_dict() for ev in events)
-    return events, events[-1]
 
 
 async def test_tool_loop_with_previous_response_id_store_false(client: AsyncOpenAI) -> None:

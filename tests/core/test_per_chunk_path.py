@@ -201,10 +201,10 @@ async def test_a_wakeup_of_many_one_token_chunks_goes_out_as_one_delta_event():
 # -- tokenising the new input while the backend computes its first token -------------------------
 
 
-async def _two_turns(limits: dict) -> list:
+async def _two_turns(limits: dict, script: str | None = None, output_tokens: int = 12) -> list:
     """A turn and its cached continuation (a 2 KB tool-ish output) on one session; the responses."""
-    config = make_config(backends={"sim": {"kind": "simulated", "ttft_ms": 20, "tokens_per_s": 0,
-                                           "output_tokens": 12, "call_tools": False}}, limits=limits)  # fmt: skip
+    sim = {"kind": "simulated", "ttft_ms": 20, "tokens_per_s": 0, "output_tokens": output_tokens, "call_tools": False}
+    config = make_config(backends={"sim": {**sim, **({"script": script} if script else {})}}, limits=limits)
     engine = await Engine.start(config)
     out = []
     try:
@@ -232,9 +232,11 @@ async def _two_turns(limits: dict) -> list:
     return out
 
 
-async def test_usage_is_exact_whether_the_input_is_tokenised_before_or_during_the_backend_call():
-    overlapped = await _two_turns({})  # no token budget: only usage needs the count
-    upfront = await _two_turns({"tokens_per_minute": 10**9})  # a budget needs it before the call
+async def test_usage_is_exact_whether_the_input_is_tokenised_before_or_during_the_backend_call(tmp_path):
+    script = tmp_path / "script.json"
+    script.write_text('{"steps": [{"text": "First."}], "after": {"text": "Next."}}')  # never reads the count
+    overlapped = await _two_turns({}, str(script))  # no token budget: only usage needs the count
+    upfront = await _two_turns({"tokens_per_minute": 10**9}, str(script))  # a budget needs it before the call
     for a, b in zip(overlapped, upfront, strict=True):
         assert (a.usage.input_tokens, a.usage.cached_tokens) == (b.usage.input_tokens, b.usage.cached_tokens)
         assert "render_overlapped" in a.server_timing.stages_ms
@@ -288,3 +290,12 @@ async def test_a_stateless_full_resend_does_not_tokenise_its_history_again():
         assert engine.token_cache.hits == 1 and usages[0] == usages[1]
     finally:
         await engine.aclose()
+
+
+async def test_a_backend_that_reads_the_count_gets_it_before_the_call():
+    # The simulated model's default answer states the input token count it was given.
+    [first, second] = await _two_turns({}, output_tokens=200)
+    for response in (first, second):
+        text = response.output[0].message.content[0].output_text.text
+        assert f"{response.usage.input_tokens} input tokens" in text
+        assert "render_overlapped" not in response.server_timing.stages_ms

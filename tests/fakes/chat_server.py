@@ -7,7 +7,8 @@
         body = server.chat_requests[-1].body                     # what the adapter sent
 
 Routes: `POST /v1/chat/completions` (SSE when the body says `"stream": true`, else one JSON
-`chat.completion`), `GET /v1/models`. Every request is recorded (`server.requests`: method, path,
+`chat.completion`), `GET /v1/models`, `POST /extras/tokenize/count` (llama-cpp-python's; counts
+words). Every request is recorded (`server.requests`: method, path,
 lower-cased headers, parsed JSON body). The Bearer key is checked (401 with Cerebras's top-level
 error body on mismatch). With `strict=True` (default) the body is validated like Cerebras does:
 unknown top-level or message fields -> 400 `wrong_api_format`; with `models` set, an unknown model
@@ -590,7 +591,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             data = [
-                {"id": m, "object": "model", "created": CREATED, "owned_by": "Cerebras"}
+                {"id": m, "object": "model", "created": CREATED, "owned_by": self.server.fake.owned_by}
                 for m in self.server.fake.models
             ]
             self._send_json(200, {"object": "list", "data": data})
@@ -602,6 +603,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         rec = self._record()
         fake = self.server.fake
+        if self.path == "/extras/tokenize/count" and isinstance(rec.body, dict):
+            # llama-cpp-python's tokenizer endpoint; the fake's "tokenizer" counts words.
+            self._send_json(200, {"count": len(str(rec.body.get("input", "")).split())})
+            return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._send_json(404, error_body(f"no route {self.path}", "not_found_error", None, "not_found"))
             return
@@ -666,8 +671,10 @@ class FakeChatServer:
         check_model: bool = False,
         default: Scenario | None = None,
         lifetime_s: float = 60.0,
+        owned_by: str = "Cerebras",
     ) -> None:
         self.api_key = api_key
+        self.owned_by = owned_by  # what GET /v1/models says (dialect detection reads it)
         self.models = list(models)
         self.strict = strict
         self.check_model = check_model

@@ -32,7 +32,7 @@ from tests.bridge.helpers import (
 )
 from tests.support.grpc_client import RawSession
 from tether.auth import Authenticator
-from tether.backends.base import BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
 from tether.backends.registry import register_backend
 from tether.bridge import start_bridge
 from tether.config import BackendSpec, Route, TetherConfig
@@ -206,7 +206,7 @@ class FirehoseConfig:
     chunk_bytes: int = 1024  # characters per delta
 
 
-class Firehose:
+class Firehose(BackendBase):
     """`chunks` deltas of `chunk_bytes` characters as fast as the consumer takes them. Counts what
     was pulled (`Firehose.pulled[name]`), so a test can see a generation wait on its reader."""
 
@@ -235,8 +235,6 @@ class Firehose:
         finally:
             Firehose.open_streams[self.name] -= 1
 
-    async def aclose(self) -> None:
-        return None
 
 
 local_adapter(Firehose)

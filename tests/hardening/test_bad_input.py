@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import grpc
 import pytest
 
-from tether.backends.base import BackendRequest, Capabilities, TextDelta
+from tether.backends.base import BackendBase, BackendRequest, Capabilities, TextDelta
 
 from .support import (
     CREATE,
@@ -75,7 +75,7 @@ class BrokenConfig:
     pass
 
 
-class Broken:
+class Broken(BackendBase):
     """A backend with a bug: it raises a plain exception (not a BackendError) mid-stream."""
 
     kind: ClassVar[str] = "hardening_broken"
@@ -89,8 +89,6 @@ class Broken:
         yield TextDelta("partial ")
         raise RuntimeError("adapter bug")
 
-    async def aclose(self) -> None:
-        return None
 
 
 local_adapter(Broken)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
@@ -49,10 +49,13 @@ class BackendRequest:
     text_format: request_pb2.TextFormat | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    service_tier: str = ""  # as the client named it ("" = not set)
     # Tokens of the rendered input, counted by Tether's tokenizer (for simulated timing, limits).
     input_tokens: int = 0
     # Free-form per-request hints (e.g. the simulated backend's script step); never sent upstream.
     hints: dict[str, str] = field(default_factory=dict)
+    # What the adapter's `prepare` made of this request (its upstream body), reused by `stream`.
+    prepared: Any = None
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,15 @@ class ToolCallDelta:
 
 @dataclass(frozen=True)
 class Usage:
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
+    """Token counts as the backend reports them; None where it reports nothing (the turn then
+    counts with Tether's tokenizer and says which source each figure came from)."""
+
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    # Kinds the adapter counted itself with the model's own tokenizer (the server reported none).
+    model_counted: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,23 @@ class Backend(Protocol):
     name: str  # the configured instance name
     capabilities: Capabilities
 
+    async def prepare(self, request: BackendRequest) -> None:
+        """Check `request` against what this backend can do, before `response.created`: raise a
+        400 `TetherError` for what it cannot (images to a text-only model, a tool schema outside
+        its dialect, ...). May store its upstream form in `request.prepared`."""
+        ...
+
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """Whether `stream(request)` reads `request.input_tokens` before its end. When it does
+        not, the pipeline may pass 0 and fill the count in while the backend computes its first
+        token (tokenising then costs the turn no latency)."""
+        ...
+
+    async def discover(self) -> Sequence[str]:
+        """Model ids the backend serves, asked once at startup (routed here unless configured
+        otherwise, listed by GET /v1/models); [] when it cannot say. Never raises."""
+        ...
+
     def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
         """Yield chunks, ending with exactly one `Finish`. Raise `BackendError` on failure."""
         ...
@@ -133,3 +158,20 @@ class Backend(Protocol):
     async def aclose(self) -> None:
         """Release connections (called once at server shutdown)."""
         ...
+
+
+class BackendBase:
+    """Defaults for the parts of the contract most adapters need nothing for: every request shape
+    accepted, no model list of its own, nothing to release."""
+
+    async def prepare(self, request: BackendRequest) -> None:
+        return None
+
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        return False
+
+    async def discover(self) -> Sequence[str]:
+        return []
+
+    async def aclose(self) -> None:
+        return None

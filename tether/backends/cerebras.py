@@ -1,11 +1,12 @@
-"""Cerebras Inference (kind "cerebras"): Chat Completions at https://api.cerebras.ai/v1.
+"""Cerebras Inference (kind "cerebras"): the Chat Completions adapter with the `cerebras` dialect
+and Cerebras's defaults (https://api.cerebras.ai/v1, key from CEREBRAS_API_KEY).
 
-Quirks handled by the shared adapter plus these defaults:
-- the validator is strict (unknown body fields -> 400 wrong_api_format): the mapping sends only
-  known fields and never forwards a client's unknown ones;
-- streamed reasoning arrives as `delta.reasoning`; earlier reasoning goes back as `reasoning` on
-  assistant messages; `reasoning_effort` is low/medium/high only (minimal -> low, none dropped);
-- the final chunk carries `usage` and `time_info` (-> `Finish.timing`).
+What the dialect does for Cerebras (see `tether.backends.chat.dialects`): reasoning controls per
+model family (GPT-OSS effort levels, GLM `disable_reasoning`, `reasoning_format: "parsed"`),
+earlier reasoning sent back as `reasoning`, `service_tier` passed on, tool schemas reduced to
+Cerebras's JSON-schema subset. The default output cap (`default_max_output_tokens`, 16,384) keeps
+Cerebras from reserving the model's maximum against the rate limit on every call; 429s carry the
+wait from `x-ratelimit-reset-*` when no `retry-after` is sent.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tether.backends.chat_completions import ChatCompletionsBackend, ChatComplet
 class CerebrasConfig(ChatCompletionsConfig):
     base_url: str = "https://api.cerebras.ai/v1"
     api_key_env: str | None = "CEREBRAS_API_KEY"
-    reasoning_field: str | None = "reasoning"
+    dialect: str = "cerebras"
+    default_max_output_tokens: int | None = 16_384
     reasoning: bool = True
     json_schema: bool = True
 
@@ -28,5 +30,4 @@ class CerebrasConfig(ChatCompletionsConfig):
 class CerebrasBackend(ChatCompletionsBackend):
     kind: ClassVar[str] = "cerebras"
     Config: ClassVar[type[ChatCompletionsConfig]] = CerebrasConfig
-    reasoning_delta_fields: ClassVar[tuple[str, ...]] = ("reasoning",)
     require_api_key: ClassVar[bool] = True

@@ -13,9 +13,17 @@ What it says is decided per turn, in this order:
    the number of earlier model turns in the context (maximal runs of assistant messages,
    function_call and reasoning items), or the hint `turn`; after the last step, the script's
    `after` step (default: a text answer);
-3. no script: when function tools are offered and the context has no function_call_output yet,
+3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
+   of that lab workload (`tether.lab.workloads`) at that speed, exactly the one `tether bench`
+   generates, so the console's transport race and the bench run the same rollout;
+4. no script: when function tools are offered and the context has no function_call_output yet,
    one call to the first function tool (arguments built from its JSON schema), else a text answer
    of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
+
+An unscripted text answer says what it is, so a newcomer's first call explains itself: that it
+comes from the simulated model, what it received (items, the last user message's start, tools,
+input tokens) and how to configure a real backend; it is cut, or padded with marked deterministic
+filler words, to exactly `output_tokens` tokens, so speed and length stay tunable.
 
 Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
 
@@ -50,6 +58,7 @@ import orjson
 
 from tether import errors
 from tether.backends.base import (
+    BackendBase,
     BackendError,
     BackendRequest,
     Capabilities,
@@ -65,6 +74,8 @@ from tether.errors import TetherError
 from tether.responses.v1 import items_pb2
 
 log = logging.getLogger(__name__)
+
+LAB_MODEL_PREFIX = "tether-lab/"
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 
@@ -92,7 +103,7 @@ _CALL_KEYS = frozenset({"name", "arguments", "call_id"})
 class SimulatedConfig:
     ttft_ms: float = 150.0  # time to first token
     tokens_per_s: float = 1000.0  # 0 means "as fast as possible"
-    output_tokens: int = 60  # length of an unscripted text answer
+    output_tokens: int = 80  # length of an unscripted text answer (the explanation is ~60-75)
     reasoning_tokens: int = 0  # reasoning emitted before an unscripted answer
     summary_tokens: int = 120  # length of a compaction summary
     script: str | None = None  # path of a JSON/TOML script (relative paths also tried in scripts/)
@@ -222,6 +233,35 @@ def _cached_script(path: str) -> Script:
     return hit[1]
 
 
+_LAB_SCRIPTS: dict[str, Script] = {}
+
+
+def lab_script(model: str) -> Script:
+    """The script of lab model `tether-lab/<workload>[@<speed>]` (speed as `tether bench --speeds`,
+    default 1000 tok/s). An unknown workload or a bad speed fails the response with
+    `model_not_found` / `invalid_request` naming the model (routing happened before, so the
+    response exists by then)."""
+    hit = _LAB_SCRIPTS.get(model)
+    if hit is not None:
+        return hit
+    from tether.lab import workloads  # the lab's workload files; imported only for lab models
+
+    name, _, speed = model[len(LAB_MODEL_PREFIX) :].partition("@")
+    if name not in workloads.available():
+        known = ", ".join(workloads.available())
+        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.", status=400)
+    try:
+        profile = workloads.SpeedProfile.parse(speed or "1000")
+    except ValueError:
+        raise BackendError(
+            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max].", status=400
+        ) from None
+    script = parse_script(workloads.load(name).simulated_script(profile), model)
+    if len(_LAB_SCRIPTS) < 64:
+        _LAB_SCRIPTS[model] = script
+    return script
+
+
 # --- deterministic content ---------------------------------------------------------------------
 
 
@@ -256,11 +296,27 @@ def words(n: int, seed: int = 0) -> list[str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _word_units(n: int, seed: int) -> tuple[TextDelta, ...]:
-    """`words(n, seed)` as chunks, built once: chunks are immutable, so every request for the same
-    answer shares them. The simulated model runs inside the server, and building 4,000 chunks per
-    request would charge the model's own work to the server's core."""
-    return tuple(TextDelta(w) for w in words(n, seed))
+def _filler(n: int, seed: int) -> tuple[str, ...]:
+    """`n` filler words after an answer's explanation, built once per (n, seed)."""
+    return tuple(" " + w.lstrip() for w in words(n, seed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_unit(text: str) -> TextDelta:
+    """One text chunk, shared (chunks are immutable): the simulated model runs inside the server,
+    and building 4,000 chunk objects per request would charge the model's own work to the
+    server's core."""
+    return TextDelta(text)
+
+
+def _last_user_text(items: Sequence[items_pb2.Item]) -> str:
+    for item in reversed(items):
+        if item.WhichOneof("item") == "message" and item.message.role == "user":
+            m = item.message
+            if m.HasField("content_text"):
+                return m.content_text
+            return " ".join(p.input_text.text for p in m.content if p.WhichOneof("part") == "input_text")
+    return ""
 
 
 def split_text(text: str) -> list[str]:
@@ -342,8 +398,9 @@ class _Plan:
     error_after: int = 0
 
 
-class SimulatedBackend:
-    """Offline deterministic backend (kind "simulated")."""
+class SimulatedBackend(BackendBase):
+    """Offline deterministic backend (kind "simulated"): takes every request shape, answers
+    whatever model names are routed to it (it lists none of its own)."""
 
     kind: ClassVar[str] = "simulated"
     Config: ClassVar[type] = SimulatedConfig
@@ -361,31 +418,40 @@ class SimulatedBackend:
             tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True
         )
 
-    async def aclose(self) -> None:
-        return None
-
     # planning ---------------------------------------------------------------------------------
 
     def _script_for(self, request: BackendRequest) -> Script | None:
         path = request.hints.get("script")
         if not path:
+            if request.model.startswith(LAB_MODEL_PREFIX):
+                return lab_script(request.model)
             return self.script
         try:
             return _cached_script(path)
         except (OSError, ValueError) as exc:
             raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
 
+    @staticmethod
+    def _turn(request: BackendRequest) -> int:
+        """Which step of a script this request is: earlier model turns, or the hint `turn`."""
+        if not request.hints.get("turn"):
+            return model_turns(request.items)
+        try:
+            return int(request.hints["turn"])
+        except ValueError:
+            raise TetherError(errors.INVALID_REQUEST, "hint 'turn' must be an integer", param="turn") from None
+
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """The default text answer states the input token count; a script step that says
+        something of its own (text, tool calls, an error) does not read it."""
+        script = self._script_for(request)
+        step = script.step_for(self._turn(request)) if script else None
+        return step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
+
     def plan(self, request: BackendRequest) -> _Plan:
         """What this request produces (exposed for tests and for the lab)."""
         c = self.config
-        turn = model_turns(request.items)
-        if request.hints.get("turn"):
-            try:
-                turn = int(request.hints["turn"])
-            except ValueError:
-                raise TetherError(
-                    errors.INVALID_REQUEST, "hint 'turn' must be an integer", param="turn"
-                ) from None
+        turn = self._turn(request)
         plan = _Plan(ttft_s=c.ttft_ms / 1000.0, tokens_per_s=c.tokens_per_s)
         instructions = (request.instructions or "").lstrip().lower()
         if instructions.startswith("summarize") or instructions.startswith("summarise"):
@@ -411,12 +477,24 @@ class SimulatedBackend:
             self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
             plan.finish = "tool_calls"
             return plan
-        fmt = request.text_format
-        if fmt is not None and fmt.type in ("json_schema", "json_object"):
-            plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
-        else:
-            plan.units.extend(_word_units(c.output_tokens, turn))
+        plan.units.extend(map(_text_unit, self._answer_tokens(request, c.output_tokens, turn)))
         return plan
+
+    def _explanation(self, request: BackendRequest) -> str:
+        """What the unscripted text answer says: what this is, what it got, how to get a real model."""
+        last = _last_user_text(request.items)
+        quoted = " ".join(last.split()[:12])
+        if len(last.split()) > 12:
+            quoted += " ..."
+        said = f'last user message: "{quoted}"' if quoted else "no user message"
+        n, tools = len(request.items), len(request.tools)
+        return (
+            f"This is Tether's simulated model (backend {self.name!r}), not a language model; it answers "
+            f"deterministically so clients can be tested offline. It received {n} input "
+            f"item{'s' if n != 1 else ''} ({said}), {tools} tool{'s' if tools != 1 else ''}, "
+            f"{request.input_tokens} input tokens. For a real model, add an openai or cerebras backend "
+            "to tether.toml and route model names to it under [models] (README, Configuration)."
+        )
 
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:
         if not self.config.call_tools:
@@ -451,7 +529,15 @@ class SimulatedBackend:
                 except orjson.JSONDecodeError:
                     pass
             return _pieces(orjson.dumps(value).decode())
-        return words(n, seed)
+        tokens = split_text(self._explanation(request))
+        if len(tokens) < n:
+            tokens += split_text(" Filler up to output_tokens:")
+        tokens = tokens[:n]
+        if len(tokens) < n:
+            tokens += _filler(n - len(tokens), seed)
+        elif tokens and tokens[-1][-1] not in ".;:!?":
+            tokens[-1] += "."
+        return tokens
 
     @staticmethod
     def _add_call(plan: _Plan, index: int, call_id: str, name: str, arguments: str) -> None:

@@ -7,7 +7,8 @@ same in-process next to the Engine or in a separate process over `RemoteResponse
 
 Modules: `app` (the raw ASGI app and its router), `common` (what HTTP and WebSocket share: auth,
 body decoding, error rendering), `http` (HTTP handlers), `ws` (one WebSocket connection),
-`server` (`start_bridge`: uvicorn on a bound socket, TLS, graceful stop), `bench_overhead`.
+`server` (`start_bridge`: uvicorn on a bound socket, TLS, graceful stop), `console` (the browser
+console at `/console` and its WebSocket tokens), `bench_overhead`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from tether.bridge import common, ws
+from tether.bridge import common, console, ws
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
 from tether.errors import TetherError
@@ -67,6 +67,9 @@ class BridgeApp:
         self.routes = list(_ROUTES)
         if ctx.server.metrics_port == 0:
             self.routes.append(_METRICS_ROUTE)
+        self.console = console.ConsoleHandlers(ctx) if ctx.server.console else None
+        if self.console is not None:
+            self.routes.extend(console.ROUTES)
         self.draining = False
         self.connections: set[ws.WsConnection] = set()
         self.connections_closed = 0  # ever; the standalone bridge's memory reclaimer reads it
@@ -154,7 +157,8 @@ class BridgeApp:
             request = HttpRequest(scope, receive, tracked_send, params)
             if auth:
                 request.tenant = common.authenticate(self.ctx, scope["headers"])
-            await getattr(self.http, name)(request)
+            handlers = self.console if name.startswith("console_") else self.http
+            await getattr(handlers, name)(request)
         except ClientGone:
             return
         except Exception as exc:

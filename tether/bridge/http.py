@@ -3,7 +3,8 @@
 Each handler takes an `HttpRequest` and either sends its response or raises `TetherError`; the
 app renders every error the same way (`common.http_error_body`). Create streams SSE frames
 (`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape) or collects the final Response
-(HTTP 200 also for a failed response: the failure is in the body). A request error of a create
+(HTTP 200 also for a failed response: the failure is in the body, with `Retry-After` when the
+upstream rate-limited it). A request error of a create
 arrives as the stream's first event, before anything is sent, so it still becomes a proper HTTP
 status. A client that disconnects cancels its create (the generator is closed, which cancels the
 generation in the core).
@@ -137,9 +138,9 @@ class HttpHandlers:
                 if stream:
                     await self._stream_sse(req, first, events, watch)
                 else:
-                    body = await _final_response(first, events)
+                    body, retry_after = await _final_response(first, events)
                     watch.finishing()
-                    await send_json(req.send, 200, body)
+                    await send_json(req.send, 200, body, common.retry_after_headers(retry_after or None))
             finally:
                 await _aclose(events)
 
@@ -255,8 +256,9 @@ def sse_frame(ev: Outgoing) -> bytes:
 
 async def _final_response(
     first: events_pb2.ServerEvent | None, events: AsyncIterator[events_pb2.ServerEvent]
-) -> bytes:
-    """The terminal Response of a non-streamed create, as JSON."""
+) -> tuple[bytes, float]:
+    """The terminal Response of a non-streamed create, as JSON, and its retry hint in seconds
+    (`error.retry_after_s` of a rate-limited failure, 0 without one)."""
 
     async def all_events() -> AsyncIterator[events_pb2.ServerEvent]:
         if first is not None:
@@ -267,7 +269,8 @@ async def _final_response(
     async for ev in all_events():
         arm = ev.WhichOneof("event")
         if arm in _TERMINAL_ARMS:
-            return json_codec.dumps(json_codec.response_to_json(getattr(ev, arm).response))
+            response = getattr(ev, arm).response
+            return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
         if arm == "error":
             raise TetherError.from_proto(ev.error.error)
     raise TetherError(SERVER_ERROR, "The response ended without a terminal event.", status=500)

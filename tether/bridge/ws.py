@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from tether.bridge import common
+from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.core.api import SessionHandle
 from tether.core.outbox import Delta
@@ -211,7 +211,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         await deny(scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503))
         return
     try:
-        tenant = common.authenticate(ctx, scope["headers"])
+        tenant, subprotocol = console.ws_credentials(app.console, ctx, scope)
         ctx.acquire_connection(tenant)
     except TetherError as err:
         await deny(scope, send, err)
@@ -225,7 +225,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         tracing.adopt_parent(scope["headers"])
         conn = WsConnection(ctx, receive, send, session)
         try:
-            await send({"type": "websocket.accept"})
+            await send({"type": "websocket.accept", "subprotocol": subprotocol})
         except BaseException:
             await session.close()
             raise

@@ -67,6 +67,17 @@ class Engine:
         backends = {name: build_backend(name, spec.kind, dict(spec.options)) for name, spec in config.backends.items()}
         engine = cls(config, store, backends)
         render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
+        for name, backend in backends.items():
+            added = engine.router.add_discovered(name, list(await backend.discover()))
+            if added:
+                log.info("backend %s lists %d model(s), routed to it", name, added)
+        catch_all = engine.router.catch_all
+        if catch_all is not None:
+            log.warning(
+                "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
+                catch_all,
+                config.backends[catch_all].kind,
+            )
         for backend in backends.values():
             if hasattr(backend, "on_retry"):
                 backend.on_retry = engine.metrics.retry_hook(backend.name)

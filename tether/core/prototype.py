@@ -162,14 +162,14 @@ class PrototypeTurn(Turn):
         try:
             while True:
                 self.steps += 1
-                request = self._backend_request(prepared, [*base_items, *builder.output], input_tokens)
+                request = self._backend_request(prepared.route, [*base_items, *builder.output], input_tokens)
                 await self._stream_step(builder, prepared.route.backend, request)
                 closing = builder.close_all("completed")
                 finish = builder.finish or Finish()
                 if finish.usage:
-                    output_tokens += finish.usage.output_tokens
-                    reasoning_tokens += finish.usage.reasoning_tokens
-                    input_tokens += finish.usage.output_tokens
+                    output_tokens += finish.usage.output_tokens or 0
+                    reasoning_tokens += finish.usage.reasoning_tokens or 0
+                    input_tokens += finish.usage.output_tokens or 0
                 open_calls = _open_calls(builder.output) if finish.reason == "tool_calls" else []
                 if open_calls:
                     # Waiting starts before the calls' done events go out, so an append sent as

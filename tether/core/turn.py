@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from tether import errors, ids
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
+from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
 from tether.core.postinference import PostJob
@@ -63,12 +64,12 @@ class Prepared:
     earlier reader of those attributes renders on first access."""
 
     def __init__(self, response: response_pb2.Response, parent: CachedResponse | None, parent_from_cache: bool,
-                 route: Resolved, input_items: list[items_pb2.Item], tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
+                 route: Resolved, request: BackendRequest, tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
         self.response = response
         self.parent = parent
         self.parent_from_cache = parent_from_cache
         self.route = route
-        self.input_items = input_items  # the effective context's items (what the backend gets)
+        self.request = request  # the backend call, already checked by the backend (`prepare`)
         self._tokenise: Callable[[], Rendered] | None = tokenise
         self._rendered: Rendered | None = None
 
@@ -186,21 +187,26 @@ class Turn:
         limiter = self.engine.rate_limiter
         compacting = any(item.WhichOneof("item") == "compaction" for item in new_items)
         # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
-        # that bound fits the context window and no token budget is charged, only `usage` needs
-        # the exact count, and tokenising waits for the backend's first-token time.
+        # that bound fits the context window, no token budget is charged and the backend reads the
+        # count only for `usage`, tokenising waits for the backend's first-token time.
         bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
         defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
-        input_items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
-        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, input_items, tokenise)
-        if not defer:
+        items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
+        request = self._backend_request(route, items, 0)
+        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
+        if not defer or route.backend.reads_input_tokens(request):
             with clock.stage("render"):
-                prepared.input_items = prepared.node.items()
+                request.items = prepared.node.items()
+                request.input_tokens = prepared.input_tokens
             if prepared.input_tokens > route.context_window:
                 raise TetherError(
                     errors.CONTEXT_LENGTH_EXCEEDED,
                     f"Input of {prepared.input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
                     param="input",
                 )
+        with clock.stage("route"):
+            # What the backend cannot do is a request error now, before response.created.
+            await route.backend.prepare(request)
         limiter.admit(session.tenant, prepared.input_tokens if prepared.rendered else 0)
         return prepared
 
@@ -264,12 +270,10 @@ class Turn:
 
     # -- generation -------------------------------------------------------------------------------
 
-    def _backend_request(
-        self, prepared: Prepared, items: list[items_pb2.Item], input_tokens: int
-    ) -> BackendRequest:
+    def _backend_request(self, route: Resolved, items: list[items_pb2.Item], input_tokens: int) -> BackendRequest:
         p = self.params
         return BackendRequest(
-            model=prepared.route.upstream_model,
+            model=route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
             items=items,
             tools=list(p.tools),
@@ -282,6 +286,7 @@ class Turn:
             text_format=p.text.format if p.text.HasField("format") else None,
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
+            service_tier=p.service_tier,
             input_tokens=input_tokens,
         )
 
@@ -313,8 +318,7 @@ class Turn:
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = OutputBuilder()
-        rendered = prepared.rendered
-        request = self._backend_request(prepared, prepared.input_items, prepared.input_tokens if rendered else 0)
+        request = prepared.request
 
         def render_while_waiting() -> None:
             with self.clock.stage("render_overlapped"):
@@ -322,7 +326,8 @@ class Turn:
 
         error: TetherError | None = None
         try:
-            await self._stream_step(builder, prepared.route.backend, request, None if rendered else render_while_waiting)
+            while_waiting = None if prepared.rendered else render_while_waiting
+            await self._stream_step(builder, prepared.route.backend, request, while_waiting)
         except BackendError as exc:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
@@ -365,7 +370,7 @@ class Turn:
         threshold = self._compact_threshold()
         if threshold is None:
             return output
-        produced = finish.usage.output_tokens if finish.usage else 0
+        produced = (finish.usage.output_tokens if finish.usage else None) or 0
         if prepared.input_tokens + produced <= threshold:
             return output
         item_id = ids.compaction_id()
@@ -399,13 +404,17 @@ class Turn:
         r.completed_at = int(time.time())
         del r.output[:]
         r.output.extend(output)
-        out_tokens = finish.usage.output_tokens if finish and finish.usage else 0
-        reasoning_tokens = finish.usage.reasoning_tokens if finish and finish.usage else 0
+        usage = account(
+            finish.usage if finish else None,
+            input_tokens=prepared.input_tokens,
+            cached_tokens=prepared.cached_tokens,
+            output=output,
+        )
         u = r.usage
-        u.input_tokens, u.cached_tokens = prepared.input_tokens, prepared.cached_tokens
-        u.output_tokens, u.reasoning_tokens = out_tokens, reasoning_tokens
-        u.total_tokens = prepared.input_tokens + out_tokens
-        self.engine.rate_limiter.charge_output(self.session.tenant, out_tokens)
+        u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
+        u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
+        u.total_tokens = usage.input_tokens + usage.output_tokens
+        self.engine.rate_limiter.charge_output(self.session.tenant, usage.output_tokens)
         if finish and finish.timing:
             t = finish.timing
             r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time
@@ -413,6 +422,8 @@ class Turn:
         arm = "completed"
         if error is not None and status == "failed":
             r.error.code, r.error.message = error.code, error.message
+            if error.retry_after:
+                r.error.retry_after_s = error.retry_after
             arm = "failed"
         elif status == "incomplete":
             reason = "cancelled" if error is not None else ("content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens")
@@ -423,6 +434,7 @@ class Turn:
             for name, seconds in clock.stages.items():
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
+            st.usage_sources.update(usage.sources)
         finishing = self.session.begin_finishing(r.id)
         tracing.annotate_response(r)
         try:
@@ -440,7 +452,7 @@ class Turn:
                     out_segments, context = self._state_after(prepared, output)
                     self._remember(prepared, status, error, context)
                     self.engine.post.submit(self._post_job(prepared, out_segments, context))
-            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u)
+            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u, usage.sources)
         finally:
             finishing.set_result(None)
             self.session.end_finishing(r.id)

@@ -930,7 +930,11 @@ _RESPONSE = _Codec(
     _Scalar("status", NULLABLE),
     _Scalar("completed_at", NULLABLE),
     _Scalar("background"),
-    _Sub("error", _Codec(response_pb2.ResponseError, _Scalar("code"), _Scalar("message")), NULLABLE),
+    _Sub(
+        "error",
+        _Codec(response_pb2.ResponseError, _Scalar("code"), _Scalar("message"), _Scalar("retry_after_s", NONEMPTY)),
+        NULLABLE,
+    ),
     _Sub("incomplete_details", _Codec(response_pb2.IncompleteDetails, _Scalar("reason")), NULLABLE),
     _Scalar("instructions", NULLABLE),
     _Scalar("max_output_tokens", NULLABLE),
@@ -960,7 +964,12 @@ _RESPONSE = _Codec(
             *(_Scalar(k) for k in ("queue_time", "prompt_time", "completion_time", "total_time")),
         ),
     ),
-    _Sub("server_timing", _Codec(response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"))),
+    _Sub(
+        "server_timing",
+        _Codec(
+            response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"), _Scalar("usage_sources", NONEMPTY)
+        ),
+    ),
     skip=(),
     typed_wins=True,
 )

@@ -1,6 +1,8 @@
 """Model resolution: a model name or alias -> (backend instance, upstream model, context window).
 
-The routing table comes from config (`[models.<name>]`, with "*" catching every other name).
+The routing table comes from config (`[models.<name>]`, with "*" catching every other name only
+when configured), plus the model ids each backend lists at startup (`Backend.discover`), which
+route to that backend unless config routes them elsewhere. Any other name is `model_not_found`.
 Sessions memoise results, so a connection resolves each model name once.
 """
 
@@ -31,6 +33,21 @@ class Router:
         self._routes = dict(routes)
         self._backends = dict(backends)
         self._default_window = default_window
+
+    def add_discovered(self, backend: str, models: list[str] | tuple[str, ...]) -> int:
+        """Route the ids `backend` listed to it (configured names win); returns how many were added."""
+        added = 0
+        for model in models:
+            if model not in self._routes and model != "*":
+                self._routes[model] = Route(backend=backend, upstream_model=model)
+                added += 1
+        return added
+
+    @property
+    def catch_all(self) -> str | None:
+        """The backend answering names nobody routed (the "*" route), if one is configured."""
+        route = self._routes.get("*")
+        return route.backend if route else None
 
     @property
     def model_names(self) -> list[str]:

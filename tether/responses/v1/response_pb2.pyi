@@ -231,17 +231,21 @@ class ResponseError(_message.Message):
 
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_S_FIELD_NUMBER: _builtins.int
     code: _builtins.str
     message: _builtins.str
+    retry_after_s: _builtins.float
+    """Tether extension: for `rate_limit_exceeded`, seconds to wait before retrying (0 = no hint)."""
     def __init__(
         self,
         *,
         code: _builtins.str = ...,
         message: _builtins.str = ...,
+        retry_after_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "retry_after_s", b"retry_after_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -327,20 +331,49 @@ class ServerTiming(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class UsageSourcesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STAGES_MS_FIELD_NUMBER: _builtins.int
     OVERHEAD_MS_FIELD_NUMBER: _builtins.int
+    USAGE_SOURCES_FIELD_NUMBER: _builtins.int
     overhead_ms: _builtins.float
     @_builtins.property
     def stages_ms(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    @_builtins.property
+    def usage_sources(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Where each usage figure came from, per kind (input, cached, output, reasoning): "upstream"
+        (the backend reported it), "model_tokenizer" (counted with the model's own tokenizer) or
+        "tether" (counted with Tether's tokenizer).
+        """
+
     def __init__(
         self,
         *,
         stages_ms: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         overhead_ms: _builtins.float = ...,
+        usage_sources: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["overhead_ms", b"overhead_ms", "stages_ms", b"stages_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["overhead_ms", b"overhead_ms", "stages_ms", b"stages_ms", "usage_sources", b"usage_sources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

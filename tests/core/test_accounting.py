@@ -1,0 +1,37 @@
+"""Usage accounting: the backend's figures where it reports them, Tether's counts otherwise."""
+
+from __future__ import annotations
+
+from tests.fakes.items import assistant
+from tether.backends.base import Usage
+from tether.core.accounting import account
+
+
+def test_reported_figures_win_and_are_labelled():
+    u = account(Usage(120, 100, 7, 0), input_tokens=90, cached_tokens=80, output=[assistant("a b c")])
+    assert (u.input_tokens, u.cached_tokens, u.output_tokens, u.reasoning_tokens) == (120, 100, 7, 0)
+    assert set(u.sources.values()) == {"upstream"}
+
+
+def test_nothing_reported_is_counted_here():
+    u = account(None, input_tokens=90, cached_tokens=80, output=[assistant("hello there")])
+    assert (u.input_tokens, u.cached_tokens) == (90, 80) and u.output_tokens > 0
+    assert set(u.sources.values()) == {"tether"}
+
+
+def test_a_reported_zero_for_a_non_empty_answer_is_not_billed():
+    u = account(Usage(10, 0, 0, 0), input_tokens=9, cached_tokens=0, output=[assistant("some words")])
+    assert u.output_tokens > 0 and u.sources["output"] == "tether"
+    empty = account(Usage(10, 0, 0, 0), input_tokens=9, cached_tokens=0, output=[])
+    assert empty.output_tokens == 0 and empty.sources["output"] == "upstream"
+
+
+def test_cached_share_scaled_to_the_servers_input_when_it_reports_no_reuse():
+    u = account(Usage(input_tokens=57, output_tokens=16), input_tokens=60, cached_tokens=30, output=[])
+    assert u.cached_tokens == 28 and u.sources["cached"] == "tether" and u.sources["input"] == "upstream"
+
+
+def test_model_tokenizer_counts_are_labelled():
+    u = account(Usage(output_tokens=5, model_counted=frozenset({"output"})), input_tokens=9, cached_tokens=0,
+                output=[assistant("x")])  # fmt: skip
+    assert u.output_tokens == 5 and u.sources["output"] == "model_tokenizer"

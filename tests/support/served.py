@@ -1,0 +1,45 @@
+"""`served(config, keys)`: a real Engine behind a real bridge on 127.0.0.1:0, for suites that need
+their own configuration (real backends, fakes of an upstream)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from tether.auth import Authenticator
+from tether.bridge import start_bridge
+from tether.config import TetherConfig
+from tether.core.engine import Engine
+
+
+@dataclass
+class Served:
+    engine: Engine
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+def loopback(config: TetherConfig) -> TetherConfig:
+    """Bind both listeners to 127.0.0.1:0, short shutdown, no delta coalescing."""
+    config.server.bridge_host = config.server.grpc_host = "127.0.0.1"
+    config.server.bridge_port = config.server.grpc_port = 0
+    config.server.shutdown_grace_s = 2.0
+    config.limits.coalesce_ms = 0
+    return config
+
+
+@contextlib.asynccontextmanager
+async def served(config: TetherConfig, keys: Mapping[str, str]) -> AsyncIterator[Served]:
+    engine = await Engine.start(config)
+    try:
+        bridge = await start_bridge(engine, Authenticator(dict(keys)), config)
+        try:
+            yield Served(engine, bridge.port)
+        finally:
+            await bridge.stop(0.5)
+    finally:
+        await engine.aclose()

@@ -1,0 +1,229 @@
+"""Chat Completions dialects: what each server family accepts and sends, declared in one table.
+
+Every "OpenAI-compatible" server differs in a few places that decide whether a turn works at
+all: which field caps the output (llama.cpp's Python server and Ollama ignore
+`max_completion_tokens`), what `content` an assistant message carrying only tool calls must have
+(llama-cpp-python rejects `null`), whether usage arrives in a stream, where reasoning text travels,
+whether `tool_choice: "required"` is honoured, and which request fields are refused. A `Dialect`
+declares those facts; the mapping and the stream parser read them, nothing else branches on a
+server's name.
+
+A backend picks its dialect in config (`dialect = "vllm"`), or `"auto"`: the first call asks
+`GET {base_url}/models` and matches the servers' `owned_by` marks (`DETECT_OWNED_BY`); a server
+that says nothing recognisable gets the generic `openai` dialect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tether import errors
+from tether.errors import TetherError
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+@dataclass(frozen=True)
+class ReasoningControls:
+    """The request fields that carry `reasoning.effort` for one model (empty: send nothing)."""
+
+    fields: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    server: str  # who speaks it (README table)
+    max_tokens_field: str = "max_completion_tokens"
+    # `content` of an assistant message that carries only tool calls: None sends null, "" an empty string.
+    tool_calls_content: str | None = None
+    # Usage arrives in the stream when asked (`stream_options.include_usage`); when False Tether
+    # counts the output itself (or set `stream_upstream = false` to get the server's own counts).
+    usage_in_stream: bool = True
+    # Streamed reasoning arrives in these delta fields (first non-empty wins).
+    reasoning_deltas: tuple[str, ...] = ("reasoning_content", "reasoning")
+    # Earlier reasoning goes back on assistant messages in this field (None: not sent back).
+    reasoning_history_field: str | None = None
+    # How `reasoning.effort` is sent: "effort" (`reasoning_effort`), "cerebras" (per model family,
+    # see `cerebras_reasoning`), or "none" (no control: a request for a reasoning effort other than
+    # the default is refused with a 400).
+    reasoning_controls: str = "effort"
+    # `tool_choice: "required"` (and allowed_tools mode required) is honoured. When False, a
+    # request that forces a call is sent as the one named function when exactly one tool is
+    # offered, and refused (400) otherwise: the server would answer with plain text.
+    tool_choice_required: bool = True
+    # The server's tokenizer endpoint (path from the server root, POST {"input": text} ->
+    # {"count": n}): output a stream did not count is counted there, with the model's own tokenizer.
+    tokenize_path: str | None = None
+    # Automatic tool choice works in a stream. When False (llama-cpp-python's
+    # chatml-function-calling raises "Automatic streaming tool choice is not supported" inside the
+    # stream and closes it without a word), such a call is made without streaming.
+    stream_auto_tool_choice: bool = True
+    # Request fields this server refuses or silently ignores; the mapping never sends them and a
+    # request whose meaning depends on one is refused with a 400 naming the Responses parameter.
+    rejected_fields: frozenset[str] = frozenset()
+    # Tool parameter schemas are reduced to this subset (`tether.backends.chat.schema`); None: as is.
+    schema_subset: str | None = None
+    # The service tiers the server offers (None: whatever the client names is passed on).
+    service_tiers: tuple[str, ...] | None = None
+
+
+DIALECTS: dict[str, Dialect] = {
+    d.name: d
+    for d in (
+        Dialect("openai", "OpenAI and any server not listed here"),
+        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier"})),
+        Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier"})),
+        Dialect(
+            "llamacpp",
+            "llama.cpp `llama-server` (--jinja)",
+            max_tokens_field="max_tokens",
+            tool_calls_content="",
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key"}),
+        ),
+        Dialect(
+            "llama-cpp-python",
+            "llama-cpp-python `python -m llama_cpp.server`",
+            max_tokens_field="max_tokens",
+            tool_calls_content="",
+            usage_in_stream=False,
+            tokenize_path="/extras/tokenize/count",
+            stream_auto_tool_choice=False,
+            reasoning_controls="none",
+            tool_choice_required=False,
+            rejected_fields=frozenset(
+                {"service_tier", "prompt_cache_key", "reasoning_effort", "parallel_tool_calls"}
+            ),
+        ),
+        Dialect(
+            "ollama",
+            "Ollama (/v1)",
+            max_tokens_field="max_tokens",
+            tool_calls_content="",
+            reasoning_deltas=("reasoning", "reasoning_content"),
+            tool_choice_required=False,
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "parallel_tool_calls"}),
+        ),
+        Dialect(
+            "lmstudio",
+            "LM Studio",
+            max_tokens_field="max_tokens",
+            tool_calls_content="",
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "reasoning_effort"}),
+            reasoning_controls="none",
+        ),
+        Dialect(
+            "cerebras",
+            "Cerebras Inference",
+            reasoning_deltas=("reasoning",),
+            reasoning_history_field="reasoning",
+            reasoning_controls="cerebras",
+            schema_subset="cerebras",
+            service_tiers=("auto", "default", "flex", "priority"),
+        ),
+    )
+}
+
+# `GET /models` → data[].owned_by values that identify a server family.
+DETECT_OWNED_BY: Mapping[str, str] = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
+    "me": "llama-cpp-python",
+    "library": "ollama",
+    "organization_owner": "lmstudio",
+    "cerebras": "cerebras",
+    "openai": "openai",
+    "system": "openai",
+}
+
+
+def dialect_named(name: str) -> Dialect:
+    try:
+        return DIALECTS[name]
+    except KeyError:
+        raise ValueError(f"unknown dialect {name!r}; known: auto, {', '.join(DIALECTS)}") from None
+
+
+def detect(models_listing: object) -> Dialect | None:
+    """The dialect a `GET /models` body names through `owned_by`, or None when it says nothing known."""
+    if not isinstance(models_listing, dict):
+        return None
+    for m in models_listing.get("data") or ():
+        if isinstance(m, dict) and isinstance(m.get("owned_by"), str):
+            name = DETECT_OWNED_BY.get(m["owned_by"].lower())
+            if name:
+                return DIALECTS[name]
+    return None
+
+
+# --- reasoning controls ---------------------------------------------------------------------------
+
+_EFFORT_LEVEL = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
+def _refuse(message: str) -> TetherError:
+    return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort", status=400)
+
+
+def reasoning_controls(dialect: Dialect, model: str, effort: str | None, enabled: bool) -> ReasoningControls:
+    """The fields that carry `reasoning.effort` to this server for `model`. `enabled` is the
+    backend's reasoning capability (config). Raises a 400 for an effort the server cannot honour."""
+    if dialect.reasoning_controls == "cerebras":
+        return cerebras_reasoning(model, effort)
+    if effort is None:
+        return ReasoningControls({})
+    if dialect.reasoning_controls == "none" or not enabled:
+        raise _refuse(
+            f"reasoning.effort {effort!r} cannot be honoured: this backend ({dialect.server}) has no "
+            "reasoning control; leave reasoning.effort unset"
+        )
+    if effort == "none":
+        return ReasoningControls({"reasoning_effort": "none"})
+    return ReasoningControls({"reasoning_effort": _EFFORT_LEVEL[effort]})
+
+
+def cerebras_family(model: str) -> str:
+    """gpt-oss | glm | qwen | plain (no reasoning), from Cerebras's model ids."""
+    m = model.lower()
+    if m.startswith("gpt-oss"):
+        return "gpt-oss"
+    if "glm" in m:
+        return "glm"
+    if m.startswith("qwen"):
+        return "qwen"
+    return "plain"
+
+
+def cerebras_reasoning(model: str, effort: str | None) -> ReasoningControls:
+    """Per family, from Cerebras's reasoning guide: GPT-OSS takes `reasoning_effort` low|medium|high
+    (it refuses none/minimal; minimal -> low, none is refused here with a clear message); GLM turns
+    reasoning off with `disable_reasoning: true` and takes the effort levels otherwise; Qwen3 has
+    no effort control. Reasoning models always get `reasoning_format: "parsed"`, so reasoning
+    arrives in its own field and never inside `content` (Qwen's default is raw `<think>` text)."""
+    family = cerebras_family(model)
+    if family == "plain":
+        if effort not in (None, "none"):
+            raise _refuse(f"model {model!r} does not reason on Cerebras; leave reasoning.effort unset")
+        return ReasoningControls({})
+    fields: dict[str, object] = {"reasoning_format": "parsed"}
+    if effort is None:
+        return ReasoningControls(fields)
+    if family == "gpt-oss":
+        if effort == "none":
+            raise _refuse(
+                f"model {model!r} cannot turn reasoning off on Cerebras (efforts: low, medium, high)"
+            )
+        fields["reasoning_effort"] = _EFFORT_LEVEL[effort]
+    elif family == "glm":
+        if effort == "none":
+            fields["disable_reasoning"] = True
+        else:
+            fields["disable_reasoning"] = False
+            fields["reasoning_effort"] = _EFFORT_LEVEL[effort]
+    elif effort != "none":  # qwen: the model decides
+        raise _refuse(f"model {model!r} has no reasoning effort control on Cerebras")
+    else:
+        raise _refuse(f"model {model!r} cannot turn reasoning off on Cerebras")
+    return ReasoningControls(fields)

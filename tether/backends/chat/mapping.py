@@ -1,0 +1,353 @@
+"""Responses request -> Chat Completions body, shaped by the backend's dialect.
+
+`to_chat_request(request, options)` returns the upstream JSON body, or raises a 400
+`TetherError` for what this server cannot do (images to a text-only model, a tool schema outside
+the dialect's subset, a forced tool choice the server ignores, a reasoning effort it has no control
+for, a field it refuses). The pipeline calls it before `response.created`, so those problems are a
+clear request error, never a failed response. Responses-only fields (store, metadata,
+previous_response_id, include, truncation, background) are never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tether import errors
+from tether.backends.base import BackendRequest
+from tether.backends.chat.dialects import Dialect, reasoning_controls
+from tether.backends.chat.schema import reduce_schema
+from tether.compaction_codec import decode_summary
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2, request_pb2
+
+log = logging.getLogger(__name__)
+
+COMPACTION_PREFIX = "Summary of the earlier conversation:\n\n"
+
+# Fields whose absence changes nothing the client can observe (hints and identifiers): dropped
+# for a dialect that rejects them. Any other rejected field the request needs is refused (400).
+ADVISORY_FIELDS = frozenset({"user", "prompt_cache_key", "parallel_tool_calls"})
+# The Responses parameter behind each upstream field (for the 400's `param`).
+_PARAM_OF = {"reasoning_effort": "reasoning.effort", "response_format": "text.format", "service_tier": "service_tier"}
+_DEFAULT_TIERS = ("", "auto", "default")
+
+
+@dataclass(frozen=True)
+class MappingOptions:
+    dialect: Dialect
+    images: bool = False
+    hosted_tools: bool = False
+    reasoning: bool = False  # the backend may send a reasoning effort (config capability)
+    json_schema: bool = True  # the backend accepts response_format json_schema
+    developer_role: str = "system"  # role used for `developer` messages
+    default_max_output_tokens: int | None = None  # sent when the request sets no cap
+    stream: bool = True  # stream upstream (False: one JSON reply, the server's exact usage)
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+
+def decode_compaction(item: items_pb2.CompactionItem) -> str:
+    """The summary text a compaction item carries ("" when the blob is not Tether's)."""
+    try:
+        return decode_summary(item.encrypted_content)
+    except ValueError as exc:
+        raise TetherError(errors.INVALID_ITEM, str(exc), param="input", status=400) from exc
+
+
+def _invalid(message: str, param: str, code: str = errors.INVALID_REQUEST) -> TetherError:
+    return TetherError(code, message, param=param, status=400)
+
+
+def _message_content(msg: items_pb2.Message, opts: MappingOptions, param: str) -> str | list[dict[str, Any]]:
+    if msg.HasField("content_text"):
+        return msg.content_text
+    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
+    has_image = False
+    for p in msg.content:
+        arm = p.WhichOneof("part")
+        if arm == "input_text":
+            text = p.input_text.text
+        elif arm == "output_text":
+            text = p.output_text.text
+        elif arm == "refusal":
+            text = p.refusal.refusal
+        elif arm == "input_image":
+            if not opts.images:
+                raise _invalid("this model does not accept images (input_image)", param, errors.UNSUPPORTED)
+            img = p.input_image
+            if not img.HasField("image_url") or not img.image_url:
+                raise _invalid(
+                    "input_image needs an image_url (file_id is not supported here)", param, errors.UNSUPPORTED
+                )
+            url: dict[str, Any] = {"url": img.image_url}
+            if img.detail and img.detail != "auto":
+                url["detail"] = img.detail
+            parts.append({"type": "image_url", "image_url": url})
+            has_image = True
+            continue
+        elif arm == "input_file":
+            raise _invalid("input_file is not supported by this backend", param, errors.UNSUPPORTED)
+        else:
+            log.debug("dropping unsupported content part %s", arm)
+            continue
+        texts.append(text)
+        parts.append({"type": "text", "text": text})
+    if has_image:
+        return parts
+    return "\n".join(texts)
+
+
+def _tool_output_text(out: items_pb2.FunctionCallOutput) -> str:
+    if out.WhichOneof("output") != "output_json":
+        return out.output_text
+    try:
+        parts = orjson.loads(out.output_json)
+    except orjson.JSONDecodeError:
+        return out.output_json
+    if isinstance(parts, list):
+        texts = [p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if texts or not parts:
+            return "\n".join(texts)
+    return out.output_json
+
+
+def _reasoning_text(r: items_pb2.ReasoningItem) -> str:
+    return "\n".join(r.content) if r.content else "\n".join(r.summary)
+
+
+def to_chat_messages(
+    instructions: str | None, items: Sequence[items_pb2.Item], opts: MappingOptions
+) -> list[dict[str, Any]]:
+    """The `messages` array: consecutive function calls and the assistant text just before them
+    become one assistant message; reasoning rides on the next assistant message (when the dialect
+    sends it back)."""
+    history_field = opts.dialect.reasoning_history_field
+    msgs: list[dict[str, Any]] = []
+    if instructions:
+        msgs.append({"role": "system", "content": instructions})
+    open_assistant: dict[str, Any] | None = None  # the assistant message that can still take tool_calls
+    reasoning: list[str] = []
+
+    def attach_reasoning(msg: dict[str, Any]) -> None:
+        if reasoning and history_field:
+            prev = msg.get(history_field)
+            text = "\n".join(reasoning)
+            msg[history_field] = f"{prev}\n{text}" if prev else text
+        reasoning.clear()
+
+    for i, item in enumerate(items):
+        arm = item.WhichOneof("item")
+        param = f"input[{i}]"
+        if arm == "message":
+            m = item.message
+            role = m.role or "user"
+            if role == "developer":
+                role = opts.developer_role
+            elif role not in ("user", "system", "assistant"):
+                raise _invalid(f"unsupported message role {m.role!r}", f"{param}.role")
+            content = _message_content(m, opts, f"{param}.content")
+            msg: dict[str, Any] = {"role": role, "content": content}
+            if role == "assistant":
+                if not isinstance(content, str):
+                    raise _invalid("assistant messages cannot carry images", f"{param}.content")
+                attach_reasoning(msg)
+                open_assistant = msg
+            else:
+                reasoning.clear()
+                open_assistant = None
+            msgs.append(msg)
+        elif arm == "function_call":
+            fc = item.function_call
+            call = {
+                "id": fc.call_id,
+                "type": "function",
+                "function": {"name": fc.name, "arguments": fc.arguments or "{}"},
+            }
+            if open_assistant is None:
+                open_assistant = {"role": "assistant", "content": opts.dialect.tool_calls_content}
+                msgs.append(open_assistant)
+            attach_reasoning(open_assistant)
+            open_assistant.setdefault("tool_calls", []).append(call)
+        elif arm == "function_call_output":
+            out = item.function_call_output
+            msgs.append({"role": "tool", "tool_call_id": out.call_id, "content": _tool_output_text(out)})
+            open_assistant = None
+            reasoning.clear()
+        elif arm == "reasoning":
+            text = _reasoning_text(item.reasoning)
+            if text:
+                reasoning.append(text)
+        elif arm == "compaction":
+            summary = decode_compaction(item.compaction)
+            if summary:
+                msgs.append({"role": "system", "content": COMPACTION_PREFIX + summary})
+            else:
+                log.debug("dropping a compaction item without a readable summary")
+            open_assistant = None
+            reasoning.clear()
+        else:
+            log.debug("dropping %s item not understood by chat completions", arm)
+    return msgs
+
+
+def to_chat_tools(tools: Sequence[request_pb2.Tool], opts: MappingOptions) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate(tools):
+        arm = t.WhichOneof("tool")
+        if arm == "function":
+            f = t.function
+            try:
+                params = (
+                    orjson.loads(f.parameters_json) if f.parameters_json else {"type": "object", "properties": {}}
+                )
+            except orjson.JSONDecodeError:
+                raise _invalid(f"tool {f.name!r}: parameters is not valid JSON", f"tools[{i}].parameters") from None
+            if opts.dialect.schema_subset:
+                params = reduce_schema(params, opts.dialect.schema_subset, f"tools[{i}].parameters", f.name)
+            fn: dict[str, Any] = {"name": f.name}
+            if f.HasField("description"):
+                fn["description"] = f.description
+            fn["parameters"] = params
+            if f.HasField("strict"):
+                fn["strict"] = f.strict
+            out.append({"type": "function", "function": fn})
+        elif arm == "other" and opts.hosted_tools:
+            out.append(orjson.loads(t.other.json))
+        else:
+            log.debug("dropping non-function tool %s", t.other.type if arm == "other" else arm)
+    return out
+
+
+def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
+    """`required` for a server that does not honour it: the one tool by name, else a 400."""
+    if mode != "required" or dialect.tool_choice_required:
+        return mode
+    if len(tools) == 1:
+        return {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+    raise _invalid(
+        f'tool_choice "required" with {len(tools)} tools cannot be honoured by {dialect.server}: it would '
+        "answer with plain text; name the function to call in tool_choice",
+        "tool_choice",
+        errors.UNSUPPORTED,
+    )
+
+
+def _tool_choice(
+    choice: request_pb2.ToolChoice | None, tools: list[dict[str, Any]], dialect: Dialect
+) -> tuple[Any | None, list[dict[str, Any]]]:
+    """The upstream tool_choice (None: omit) and the tool list (allowed_tools narrows it)."""
+    if choice is None:
+        return None, tools
+    arm = choice.WhichOneof("choice")
+    if arm == "mode":
+        if choice.mode not in ("auto", "none", "required"):
+            return None, tools
+        return _forced(choice.mode, tools, dialect), tools
+    if arm == "function_name":
+        return {"type": "function", "function": {"name": choice.function_name}}, tools
+    if arm == "other_json":
+        try:
+            obj = orjson.loads(choice.other_json)
+        except orjson.JSONDecodeError:
+            return None, tools
+        if not isinstance(obj, dict):
+            return None, tools
+        if obj.get("type") == "function" and isinstance(obj.get("name"), str):
+            return {"type": "function", "function": {"name": obj["name"]}}, tools
+        if obj.get("type") == "allowed_tools":
+            allowed = {t.get("name") for t in obj.get("tools") or [] if isinstance(t, dict)}
+            narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
+            mode = obj.get("mode", "auto")
+            return _forced(mode if mode in ("auto", "required") else "auto", narrowed, dialect), narrowed
+        log.debug("dropping tool_choice %s", obj.get("type"))
+    return None, tools
+
+
+def forces_tool_call(body: Mapping[str, Any]) -> bool:
+    """The body obliges the model to call a tool (checked on the answer: see the adapter)."""
+    choice = body.get("tool_choice")
+    return bool(body.get("tools")) and (choice == "required" or isinstance(choice, dict))
+
+
+def _response_format(fmt: request_pb2.TextFormat | None, opts: MappingOptions) -> dict[str, Any] | None:
+    if fmt is None or fmt.type in ("", "text"):
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    if fmt.type == "json_schema":
+        if not opts.json_schema:
+            raise _invalid("this backend cannot enforce a JSON schema (text.format json_schema)",
+                           "text.format", errors.UNSUPPORTED)
+        try:
+            schema = orjson.loads(fmt.schema_json) if fmt.schema_json else {}
+        except orjson.JSONDecodeError:
+            raise _invalid("text.format.schema is not valid JSON", "text.format.schema") from None
+        if opts.dialect.schema_subset:
+            schema = reduce_schema(schema, opts.dialect.schema_subset, "text.format.schema", fmt.name or "response")
+        js: dict[str, Any] = {"name": fmt.name or "response", "schema": schema}
+        if fmt.HasField("strict"):
+            js["strict"] = fmt.strict
+        return {"type": "json_schema", "json_schema": js}
+    raise _invalid(f"unsupported text.format type {fmt.type!r}", "text.format.type")
+
+
+def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, Any]:
+    """The chat-completions body for one backend request (raises a 400 TetherError, see above)."""
+    dialect = opts.dialect
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": to_chat_messages(request.instructions, request.items, opts),
+    }
+    tools = to_chat_tools(request.tools, opts)
+    if tools:
+        choice, tools = _tool_choice(request.tool_choice, tools, dialect)
+        body["tools"] = tools
+        if choice is not None:
+            body["tool_choice"] = choice
+        if not request.parallel_tool_calls:
+            body["parallel_tool_calls"] = False
+    limit = request.max_output_tokens or opts.default_max_output_tokens
+    if limit:
+        body[dialect.max_tokens_field] = limit
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.top_p is not None:
+        body["top_p"] = request.top_p
+    body.update(reasoning_controls(dialect, request.model, request.reasoning_effort, opts.reasoning).fields)
+    fmt = _response_format(request.text_format, opts)
+    if fmt is not None:
+        body["response_format"] = fmt
+    if request.user:
+        body["user"] = request.user
+    if request.prompt_cache_key:
+        body["prompt_cache_key"] = request.prompt_cache_key
+    if request.service_tier:
+        tiers = dialect.service_tiers
+        if tiers is not None and request.service_tier not in tiers:
+            raise _invalid(
+                f"service_tier {request.service_tier!r} is not offered by {dialect.server} ({', '.join(tiers)})",
+                "service_tier",
+                errors.UNSUPPORTED,
+            )
+        body["service_tier"] = request.service_tier
+    stream = opts.stream and not (
+        tools and body.get("tool_choice", "auto") == "auto" and not dialect.stream_auto_tool_choice
+    )
+    body["stream"] = stream
+    if stream and dialect.usage_in_stream:
+        body["stream_options"] = {"include_usage": True}
+    for name in dialect.rejected_fields & set(body):
+        if name not in ADVISORY_FIELDS and not (name == "service_tier" and body[name] in _DEFAULT_TIERS):
+            raise _invalid(
+                f"{dialect.server} does not accept {name!r}, which this request needs",
+                _PARAM_OF.get(name, name),
+                errors.UNSUPPORTED,
+            )
+        del body[name]
+    body.update(opts.extra_body)
+    return body

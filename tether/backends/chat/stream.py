@@ -1,0 +1,167 @@
+"""Upstream `chat.completion.chunk` objects (or one `chat.completion`) -> base chunks.
+
+`StreamParser.feed(event, data)` per SSE event; `done` turns true at `[DONE]`; `finish()` builds
+the closing `Finish`. Usage is taken field by field: what the server reports is kept, what it
+leaves out stays None, so the turn can count the rest itself (and say so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from tether import errors, ids
+from tether.backends.base import (
+    BackendError,
+    Chunk,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    Timing,
+    ToolCallDelta,
+    Usage,
+)
+from tether.backends.chat.upstream_errors import error_from_status, parse_error_body
+
+_FINISH = {
+    "stop": "stop",
+    "length": "length",
+    "content_filter": "content_filter",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+}
+
+
+def _count(obj: Any, key: str) -> int | None:
+    v = obj.get(key) if isinstance(obj, Mapping) else None
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _usage(u: Mapping[str, Any]) -> Usage:
+    """The server's counts; a field it does not report stays None (vLLM without prefix caching
+    sends no `prompt_tokens_details`; some servers send no reasoning details)."""
+    return Usage(
+        input_tokens=_count(u, "prompt_tokens"),
+        cached_tokens=_count(u.get("prompt_tokens_details"), "cached_tokens"),
+        output_tokens=_count(u, "completion_tokens"),
+        reasoning_tokens=_count(u.get("completion_tokens_details"), "reasoning_tokens"),
+    )
+
+
+def _timing(t: Mapping[str, Any]) -> Timing:
+    return Timing(
+        queue_time=float(t.get("queue_time") or 0.0),
+        prompt_time=float(t.get("prompt_time") or 0.0),
+        completion_time=float(t.get("completion_time") or 0.0),
+        total_time=float(t.get("total_time") or 0.0),
+    )
+
+
+class StreamParser:
+    """Upstream chat.completion.chunk objects -> base chunks. Call `feed` per SSE event; `done`
+    turns true at `[DONE]`; `finish()` builds the closing `Finish`."""
+
+    def __init__(self, reasoning_fields: Sequence[str] = ("reasoning",)) -> None:
+        self.reasoning_fields = tuple(reasoning_fields)
+        self.done = False
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.timing: Timing | None = None
+        self._calls: dict[Any, int] = {}  # upstream key (index, else id) -> our index
+        self._last_key: Any = None
+
+    def feed(self, event: str | None, data: bytes) -> list[Chunk]:
+        if data == b"[DONE]":
+            self.done = True
+            return []
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            if event == "error":
+                raise error_from_status(500, data.decode("utf-8", "replace")[:500]) from None
+            raise BackendError(errors.BACKEND_ERROR, "upstream sent invalid JSON in the stream") from None
+        if not isinstance(obj, dict):
+            raise BackendError(errors.BACKEND_ERROR, "upstream sent a non-object stream chunk")
+        if event == "error" or obj.get("error"):
+            raise self.stream_error(obj)
+        return self.chunk(obj)
+
+    @staticmethod
+    def stream_error(obj: dict[str, Any]) -> BackendError:
+        """A mid-stream (or JSON-reply) error payload as a BackendError, never retried."""
+        message, etype, code = parse_error_body(obj)
+        status = obj.get("status_code")
+        err = obj.get("error")
+        if status is None and isinstance(err, dict) and isinstance(err.get("code"), int):
+            status = err["code"]
+        try:
+            status = int(status) if status is not None else 500
+        except (TypeError, ValueError):
+            status = 500
+        out = error_from_status(status, message, code, upstream_type=etype)
+        out.retryable = False  # never retried once streaming has begun
+        return out
+
+    def chunk(self, obj: Mapping[str, Any]) -> list[Chunk]:
+        out: list[Chunk] = []
+        u = obj.get("usage")
+        if u:
+            self.usage = _usage(u)
+        ti = obj.get("time_info")
+        if ti:
+            self.timing = _timing(ti)
+        for choice in obj.get("choices") or ():
+            if choice.get("index") or 0:
+                continue
+            delta = choice.get("delta") or choice.get("message") or {}
+            for f in self.reasoning_fields:
+                r = delta.get(f)
+                if r:
+                    out.append(ReasoningDelta(r))
+                    break
+            c = delta.get("content")
+            if c:
+                out.append(TextDelta(c))
+            tcs = delta.get("tool_calls")
+            if tcs:
+                for pos, tc in enumerate(tcs):
+                    d = self._tool_delta(tc, pos if "message" in choice else None)
+                    if d is not None:
+                        out.append(d)
+            fr = choice.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
+        return out
+
+    def _tool_delta(self, tc: Mapping[str, Any], default_index: int | None) -> ToolCallDelta | None:
+        fn = tc.get("function") or {}
+        cid = tc.get("id")
+        key = tc.get("index", default_index)
+        if key is None:
+            key = ("id", cid) if cid else self._last_key
+            if key is None:
+                key = ("id", None)
+        self._last_key = key
+        args = fn.get("arguments") or ""
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode()
+        ours = self._calls.get(key)
+        if ours is None:
+            ours = self._calls[key] = len(self._calls)
+            return ToolCallDelta(ours, args, cid or ids.call_id(), fn.get("name") or "")
+        if not args:
+            return None
+        return ToolCallDelta(ours, args)
+
+    @property
+    def calls(self) -> int:
+        """Tool calls seen so far."""
+        return len(self._calls)
+
+    def finish(self) -> Finish:
+        reason = _FINISH.get(self.finish_reason or "stop", "stop")
+        if reason == "stop" and self._calls:
+            reason = "tool_calls"
+        return Finish(reason=reason, usage=self.usage, timing=self.timing)

@@ -1,0 +1,91 @@
+"""Token accounting for one turn: the backend's own counts where it reports them, Tether's count
+otherwise, and which source each figure came from.
+
+The upstream's counts are the ones to bill on (its tokenizer, its chat template, its prefix cache):
+`input_tokens` and `cached_tokens` reported by the server replace Tether's o200k estimate and
+connection-cache figure. Where a server reports nothing (llama-cpp-python's streams, a failed or
+cancelled stream, the simulated model's cache figure) the adapter may count with the model's own
+tokenizer (a dialect's tokenizer endpoint), else Tether counts with its own. An
+answer that produced output is never billed 0 output tokens: a reported 0 next to a non-empty
+output is replaced by Tether's count. A server that reports its input but not what it reused gets
+Tether's cached share of the input, scaled to the server's count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tether.backends.base import Usage
+from tether.core.stages import render
+from tether.responses.v1 import items_pb2
+
+UPSTREAM = "upstream"  # reported by the backend
+MODEL_TOKENIZER = "model_tokenizer"  # counted by the adapter with the model's own tokenizer
+TETHER = "tether"  # counted here with Tether's tokenizer (o200k)
+KINDS = ("input", "cached", "output", "reasoning")
+
+
+@dataclass(frozen=True)
+class TurnUsage:
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    reasoning_tokens: int
+    sources: dict[str, str]  # kind (KINDS) -> UPSTREAM | MODEL_TOKENIZER | TETHER
+
+
+def output_tokens(output: Sequence[items_pb2.Item]) -> tuple[int, int]:
+    """(all output tokens, the reasoning part) of the output items, by Tether's tokenizer."""
+    total = reasoning = 0
+    for item in output:
+        n = len(render.encode(_generated_text(item)))
+        total += n
+        if item.WhichOneof("item") == "reasoning":
+            reasoning += n
+    return total, reasoning
+
+
+def _generated_text(item: items_pb2.Item) -> str:
+    """The text the model generated for an output item (no prompt framing)."""
+    arm = item.WhichOneof("item")
+    if arm == "message":
+        return render.message_text(item.message)
+    if arm == "function_call":
+        return item.function_call.name + item.function_call.arguments
+    if arm == "reasoning":
+        r = item.reasoning
+        return "\n".join(r.content) if r.content else "\n".join(r.summary)
+    return ""
+
+
+def account(
+    reported: Usage | None, *, input_tokens: int, cached_tokens: int, output: Sequence[items_pb2.Item]
+) -> TurnUsage:
+    """The turn's usage: each figure from `reported` when the backend gave it, else counted here."""
+    up = reported or Usage()
+    sources: dict[str, str] = {}
+
+    def pick(kind: str, value: int | None, fallback: int) -> int:
+        if value is None:
+            sources[kind] = TETHER
+            return fallback
+        sources[kind] = MODEL_TOKENIZER if kind in up.model_counted else UPSTREAM
+        return value
+
+    counted_out, counted_reasoning = output_tokens(output) if output else (0, 0)
+    out = up.output_tokens
+    if out == 0 and counted_out > 0:
+        out = None  # a non-empty answer is never billed as nothing
+    inp = pick("input", up.input_tokens, input_tokens)
+    if up.input_tokens is not None and input_tokens > 0:
+        # Tether's cached share, in the server's units (its tokenizer counts the input differently).
+        cached_tokens = up.input_tokens * cached_tokens // input_tokens
+    cached = pick("cached", up.cached_tokens, cached_tokens)
+    return TurnUsage(
+        input_tokens=inp,
+        cached_tokens=min(cached, inp),
+        output_tokens=pick("output", out, counted_out),
+        reasoning_tokens=pick("reasoning", up.reasoning_tokens, counted_reasoning),
+        sources=sources,
+    )
