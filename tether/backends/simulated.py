@@ -443,9 +443,13 @@ class SimulatedBackend(BackendBase):
 
     def reads_input_tokens(self, request: BackendRequest) -> bool:
         """The default text answer states the input token count; a script step that says
-        something of its own (text, tool calls, an error) does not read it."""
-        script = self._script_for(request)
-        step = script.step_for(self._turn(request)) if script else None
+        something of its own (text, tool calls, an error) does not read it. A request whose script
+        cannot be had reads it (so its error is raised by `stream`, as a failed response)."""
+        try:
+            script = self._script_for(request)
+            step = script.step_for(self._turn(request)) if script else None
+        except TetherError:
+            return True
         return step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
 
     def plan(self, request: BackendRequest) -> _Plan:
