@@ -189,12 +189,14 @@ class Turn:
         # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
         # that bound fits the context window, no token budget is charged and the backend reads the
         # count only for `usage`, tokenising waits for the backend's first-token time.
-        bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
-        defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
-        items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
-        request = self._backend_request(route, items, 0)
+        with clock.stage("route"):
+            bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
+            defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+            items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
+            request = self._backend_request(route, items, 0)
+            defer = defer and not route.backend.reads_input_tokens(request)
         prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
-        if not defer or route.backend.reads_input_tokens(request):
+        if not defer:
             with clock.stage("render"):
                 request.items = prepared.node.items()
                 request.input_tokens = prepared.input_tokens
