@@ -431,31 +431,34 @@ class SimulatedBackend(BackendBase):
         except (OSError, ValueError) as exc:
             raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
 
-    @staticmethod
-    def _turn(request: BackendRequest) -> int:
-        """Which step of a script this request is: earlier model turns, or the hint `turn`."""
-        if not request.hints.get("turn"):
-            return model_turns(request.items)
-        try:
-            return int(request.hints["turn"])
-        except ValueError:
-            raise TetherError(errors.INVALID_REQUEST, "hint 'turn' must be an integer", param="turn") from None
-
     def reads_input_tokens(self, request: BackendRequest) -> bool:
-        """The default text answer states the input token count; a script step that says
-        something of its own (text, tool calls, an error) does not read it. A request whose script
-        cannot be had reads it (so its error is raised by `stream`, as a failed response)."""
+        """The default text answer states the input token count; a script whose every step
+        (and `after`) says something of its own (text, tool calls, an error) never reads it. Which
+        step a request is would cost a walk of its whole context, so every step is checked. A
+        request whose script cannot be had reads it (its error is raised by `stream`, as a failed
+        response)."""
         try:
             script = self._script_for(request)
-            step = script.step_for(self._turn(request)) if script else None
         except TetherError:
             return True
-        return step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
+        if script is None:
+            return True
+        return any(
+            step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
+            for step in (*script.steps, script.after)
+        )
 
     def plan(self, request: BackendRequest) -> _Plan:
         """What this request produces (exposed for tests and for the lab)."""
         c = self.config
-        turn = self._turn(request)
+        turn = model_turns(request.items)
+        if request.hints.get("turn"):
+            try:
+                turn = int(request.hints["turn"])
+            except ValueError:
+                raise TetherError(
+                    errors.INVALID_REQUEST, "hint 'turn' must be an integer", param="turn"
+                ) from None
         plan = _Plan(ttft_s=c.ttft_ms / 1000.0, tokens_per_s=c.tokens_per_s)
         instructions = (request.instructions or "").lstrip().lower()
         if instructions.startswith("summarize") or instructions.startswith("summarise"):
