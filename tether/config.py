@@ -39,6 +39,7 @@ class Limits:
     lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
     cache_responses_per_connection: int = 64  # cached response states (LRU)
     cache_bytes_per_process: int = 2 * 1024**3  # all sessions' cached state; LRU-evicted past it
+    token_cache_bytes: int = 64 * 1024**2  # tokenised texts per process, for stateless resends; 0 = off
     # Streaming.
     outbound_buffer_events: int = 256  # per connection; a slow reader blocks its own generation
     coalesce_ms: float = 8.0  # delta coalescing window; 0 sends every delta as it comes

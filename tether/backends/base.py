@@ -156,6 +156,12 @@ class Backend(Protocol):
         its dialect, ...). May store its upstream form in `request.prepared`."""
         ...
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """Whether `stream(request)` reads `request.input_tokens` before its end. When it does
+        not, the pipeline may pass 0 and fill the count in while the backend computes its first
+        token (tokenising then costs the turn no latency)."""
+        ...
+
     async def discover(self) -> Sequence[str]:
         """Model ids the backend serves, asked once at startup (routed here unless configured
         otherwise, listed by GET /v1/models); [] when it cannot say. Never raises."""
@@ -176,6 +182,9 @@ class BackendBase:
 
     async def prepare(self, request: BackendRequest) -> None:
         return None
+
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        return False
 
     async def discover(self) -> Sequence[str]:
         return []

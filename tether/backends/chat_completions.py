@@ -221,6 +221,9 @@ class ChatCompletionsBackend:
             extra_body=dict(c.extra_body),
         )
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        return False  # the upstream counts its own prompt; Tether's count is only for usage
+
     async def prepare(self, request: BackendRequest) -> None:
         if self.dialect is None:
             await self.discover()

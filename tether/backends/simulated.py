@@ -45,6 +45,7 @@ reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `e
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -305,6 +306,20 @@ def words(n: int, seed: int = 0) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _filler(n: int, seed: int) -> tuple[str, ...]:
+    """`n` filler words after an answer's explanation, built once per (n, seed)."""
+    return tuple(" " + w.lstrip() for w in words(n, seed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_unit(text: str) -> TextDelta:
+    """One text chunk, shared (chunks are immutable): the simulated model runs inside the server,
+    and building 4,000 chunk objects per request would charge the model's own work to the
+    server's core."""
+    return TextDelta(text)
+
+
 def _last_user_text(items: Sequence[items_pb2.Item]) -> str:
     for item in reversed(items):
         if item.WhichOneof("item") == "message" and item.message.role == "user":
@@ -434,6 +449,23 @@ class SimulatedBackend(BackendBase):
         except (OSError, ValueError) as exc:
             raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """The default text answer states the input token count; a script whose every step
+        (and `after`) says something of its own (text, tool calls, an error) never reads it. Which
+        step a request is would cost a walk of its whole context, so every step is checked. A
+        request whose script cannot be had reads it (its error is raised by `stream`, as a failed
+        response)."""
+        try:
+            script = self._script_for(request)
+        except TetherError:
+            return True
+        if script is None:
+            return True
+        return any(
+            step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
+            for step in (*script.steps, script.after)
+        )
+
     def plan(self, request: BackendRequest) -> _Plan:
         """What this request produces (exposed for tests and for the lab)."""
         c = self.config
@@ -470,7 +502,7 @@ class SimulatedBackend(BackendBase):
             self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
             plan.finish = "tool_calls"
             return plan
-        plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
+        plan.units.extend(map(_text_unit, self._answer_tokens(request, c.output_tokens, turn)))
         return plan
 
     def _explanation(self, request: BackendRequest) -> str:
@@ -527,7 +559,7 @@ class SimulatedBackend(BackendBase):
             tokens += split_text(" Filler up to output_tokens:")
         tokens = tokens[:n]
         if len(tokens) < n:
-            tokens += [" " + w.lstrip() for w in words(n - len(tokens), seed)]
+            tokens += _filler(n - len(tokens), seed)
         elif tokens and tokens[-1][-1] not in ".;:!?":
             tokens[-1] += "."
         return tokens

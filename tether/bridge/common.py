@@ -32,6 +32,7 @@ from typing import Any
 from tether.auth import Authenticator
 from tether.config import Limits, ServerConfig
 from tether.core.api import ResponsesAPI
+from tether.core.outbox import Delta, Outgoing
 from tether.errors import (
     INVALID_TYPE,
     REQUEST_TOO_LARGE,
@@ -184,13 +185,20 @@ def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
     ]
 
 
-def encode_event(ev: events_pb2.ServerEvent, *, ws: bool) -> bytes:
+def event_json(ev: Outgoing, *, ws: bool) -> dict:
+    """One outgoing event as its JSON object; a merged `Delta` is encoded from its text directly."""
+    if type(ev) is Delta:
+        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id)
     obj = json_codec.event_to_json(ev, ws=ws)
     if ws and ev.HasField("error") and ev.error.error.retry_after_s > 0:
         obj["error"]["headers"] = {
             k.decode(): v.decode() for k, v in retry_after_headers(ev.error.error.retry_after_s)
         }
-    return json_codec.dumps(obj)
+    return obj
+
+
+def encode_event(ev: Outgoing, *, ws: bool) -> bytes:
+    return json_codec.dumps(event_json(ev, ws=ws))
 
 
 def ws_error_text(err: TetherError, stream_id: str = "", event_id: str = "") -> str:

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs
 
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.core.outbox import Outgoing
 from tether.errors import INVALID_REQUEST, INVALID_TYPE, SERVER_ERROR, TetherError
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
@@ -131,7 +132,7 @@ class HttpHandlers:
         params = await self._params(req)
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
-        events = self.ctx.api.create(req.tenant, params)
+        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 first = await anext(aiter(events), None)
@@ -322,8 +323,8 @@ class HttpHandlers:
         await req.send({"type": "http.response.body", "body": body})
 
 
-def sse_frame(ev: events_pb2.ServerEvent) -> bytes:
-    obj = json_codec.event_to_json(ev, ws=False)
+def sse_frame(ev: Outgoing) -> bytes:
+    obj = common.event_json(ev, ws=False)
     return b"event: " + obj["type"].encode() + b"\ndata: " + json_codec.dumps(obj) + b"\n\n"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.core.api import SessionHandle
+from tether.core.outbox import Delta
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing
 from tether.protocol import json_codec
@@ -141,10 +142,10 @@ class WsConnection:
         last_error = ""
         in_flight = self.in_flight
         send = self._send
-        async for batch in self._session.events():
+        async for batch in self._session.events(lazy_deltas=True):
             frames = []
             for ev in batch:
-                arm = ev.WhichOneof("event")
+                arm = "delta" if type(ev) is Delta else ev.WhichOneof("event")
                 if arm == "created":
                     in_flight.add(ev.created.response.id)
                 elif arm in _TERMINAL_ARMS:

@@ -13,7 +13,8 @@ from typing import Protocol
 
 from google.protobuf.message import Message
 
-from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
+from tether.core.outbox import Outgoing
+from tether.responses.v1 import request_pb2, response_pb2, service_pb2
 
 
 class SessionHandle(Protocol):
@@ -22,12 +23,14 @@ class SessionHandle(Protocol):
     `send` never raises for per-turn problems: those come back in-band as `error` events. It
     raises `TetherError` only when the session is closed. `events()` yields batches of server
     events (whatever is ready; deltas already coalesced) and ends when the session closes;
-    after a connection-fatal error its last batch holds that `error` event.
+    after a connection-fatal error its last batch holds that `error` event. With `lazy_deltas`,
+    text deltas may come as `outbox.Delta` records instead of protobuf events (a JSON transport
+    encodes them straight from the merged text).
     """
 
     async def send(self, request: service_pb2.SessionRequest) -> None: ...
 
-    def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+    def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     async def close(self) -> None:
         """Client went away: cancel active and queued responses, free the session's state."""
@@ -39,9 +42,12 @@ class ResponsesAPI(Protocol):
 
     async def open_session(self, tenant: str, *, transport: str) -> SessionHandle: ...
 
-    def create(self, tenant: str, params: request_pb2.ResponseCreateParams) -> AsyncIterator[events_pb2.ServerEvent]:
+    def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+    ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
-        errors come back as a single `error` event (nothing is created)."""
+        errors come back as a single `error` event (nothing is created). `lazy_deltas` as in
+        `SessionHandle.events`."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...

@@ -1,7 +1,9 @@
 """From backend chunks to Responses events: a pure state machine, no I/O.
 
-`OutputBuilder.feed(chunk)` returns the events that chunk causes (item added / part added /
-delta ...), `finish()` closes every open item in output order. It owns output indices and item
+`OutputBuilder.feed(chunks)` returns the events a backend wake-up's chunks cause (item added /
+part added / delta ...), `close_all()` closes every open item in output order. Text deltas are
+`Delta` records, not protobuf messages, and consecutive deltas of one content part are merged
+into one record: a wake-up that delivers 16 one-token chunks costs one delta event, not 16. It owns output indices and item
 ids, so every added item is done exactly once, indices are consistent, and the final output list
 equals what the stream said. The session core stamps response ids and sequence numbers.
 
@@ -22,9 +24,11 @@ from dataclasses import dataclass, field
 
 from tether import ids
 from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
+from tether.core.outbox import Delta
 from tether.responses.v1 import events_pb2, items_pb2
 
 Event = events_pb2.ServerEvent
+Emitted = Event | Delta
 
 
 @dataclass
@@ -71,19 +75,35 @@ class OutputBuilder:
     def next_index(self) -> int:
         return self._next_index
 
-    def feed(self, chunk: Chunk) -> list[Event]:
-        if isinstance(chunk, TextDelta):
-            return self._text_delta(chunk.text)
-        if isinstance(chunk, ReasoningDelta):
-            return self._reasoning_delta(chunk.text)
-        if isinstance(chunk, RefusalDelta):
-            return self._text_delta(chunk.text, refusal=True)
-        if isinstance(chunk, ToolCallDelta):
-            return self._tool_delta(chunk)
-        if isinstance(chunk, Finish):
-            self.finish = chunk
-            return []
-        raise TypeError(f"unknown chunk {chunk!r}")
+    def feed(self, chunks: list[Chunk]) -> list[Emitted]:
+        """The events of a run of chunks (what one backend wake-up delivered), in order."""
+        events: list[Emitted] = []
+        tail: Delta | None = None  # the text delta this run is appending to (the common case)
+        for chunk in chunks:
+            kind = type(chunk)
+            if kind is TextDelta:
+                if tail is not None:
+                    piece = chunk.text
+                    self._text.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)
+                    tail.size += len(piece)
+                    continue
+                self._text_delta(chunk.text, events)
+                last = events[-1]
+                tail = last if type(last) is Delta and self._reasoning is None else None
+                continue
+            tail = None
+            if kind is ReasoningDelta:
+                self._reasoning_delta(chunk.text, events)
+            elif kind is RefusalDelta:
+                self._text_delta(chunk.text, events, refusal=True)
+            elif kind is ToolCallDelta:
+                self._tool_delta(chunk, events)
+            elif kind is Finish:
+                self.finish = chunk
+            else:
+                raise TypeError(f"unknown chunk {chunk!r}")
+        return events
 
     def close_all(self, status: str = "completed") -> list[Event]:
         """Close every open item (in output order) and return their closing events."""
@@ -106,10 +126,9 @@ class OutputBuilder:
         ev.output_item_added.item.CopyFrom(item)
         return open_item, ev
 
-    def _text_delta(self, text: str, *, refusal: bool = False) -> list[Event]:
+    def _text_delta(self, text: str, events: list[Emitted], *, refusal: bool = False) -> None:
         """Output text, or a refusal: each in an assistant message of its own kind (a switch
         between the two closes the open message and starts another)."""
-        events: list[Event] = []
         kind = "refusal" if refusal else "message"
         if self._reasoning is not None:
             events.extend(self._close_one(self._reasoning))
@@ -129,14 +148,9 @@ class OutputBuilder:
             (part.content_part_added.part.refusal if refusal else part.content_part_added.part.output_text).SetInParent()
             events += [added, part]
         self._text.pieces.append(text)
-        ev = Event()
-        d = ev.refusal_delta if refusal else ev.output_text_delta
-        d.item_id, d.output_index, d.content_index, d.delta = self._text.item_id, self._text.index, 0, text
-        events.append(ev)
-        return events
+        _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, text)
 
-    def _reasoning_delta(self, text: str) -> list[Event]:
-        events: list[Event] = []
+    def _reasoning_delta(self, text: str, events: list[Emitted]) -> None:
         if self._reasoning is None:
             item_id = ids.reasoning_id()
             item = items_pb2.Item()
@@ -150,23 +164,14 @@ class OutputBuilder:
                 p.item_id, p.output_index, p.summary_index = item_id, self._reasoning.index, 0
                 events.append(part)
         self._reasoning.pieces.append(text)
-        ev = Event()
-        r = self._reasoning
-        if self.reasoning_summary:
-            sd = ev.reasoning_summary_text_delta
-            sd.item_id, sd.output_index, sd.summary_index, sd.delta = r.item_id, r.index, 0, text
-        else:
-            d = ev.reasoning_text_delta
-            d.item_id, d.output_index, d.content_index, d.delta = r.item_id, r.index, 0, text
-        events.append(ev)
-        return events
+        arm = "reasoning_summary_text_delta" if self.reasoning_summary else "reasoning_text_delta"
+        _delta(events, arm, self._reasoning, text)
 
-    def _tool_delta(self, chunk: ToolCallDelta) -> list[Event]:
-        events: list[Event] = []
+    def _tool_delta(self, chunk: ToolCallDelta, events: list[Emitted]) -> None:
         call = self._calls.get(chunk.index)
         if call is None and self.max_tool_calls is not None and self._calls_started >= self.max_tool_calls:
             self.capped = True
-            return events
+            return
         if call is None:
             self._calls_started += 1
             for other in (self._reasoning, self._text):
@@ -184,11 +189,7 @@ class OutputBuilder:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            ev = Event()
-            d = ev.function_call_arguments_delta
-            d.item_id, d.output_index, d.delta = call.item_id, call.index, chunk.arguments
-            events.append(ev)
-        return events
+            _delta(events, "function_call_arguments_delta", call, chunk.arguments)
 
     def _close_one(self, open_item: _OpenItem) -> list[Event]:
         self._open.pop(open_item.index, None)
@@ -266,3 +267,14 @@ class OutputBuilder:
         done.output_item_done.item.CopyFrom(item)
         self._record(item, index)
         return index, [added, done]
+
+
+def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> None:
+    """Append `text` to the events as a delta of `item`: merged into the last event when that is
+    already a delta of the same item (consecutive chunks of one wake-up make one event)."""
+    if events:
+        last = events[-1]
+        if type(last) is Delta and last.item_id == item.item_id:
+            last.append(text)
+            return
+    events.append(Delta(arm, item.item_id, item.index, text))

@@ -21,6 +21,7 @@ from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
 from tether.core.conversations import Conversations, list_args, output_item
+from tether.core.outbox import Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -31,7 +32,7 @@ from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
 from tether.reasoning_codec import ReasoningSealer
-from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
+from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
 from tether.store.factory import open_store
 
@@ -60,6 +61,7 @@ class Engine:
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
+        self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
@@ -218,8 +220,8 @@ class Engine:
     # -- ResponsesAPI -----------------------------------------------------------------------------
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams
-    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+    ) -> AsyncIterator[Outgoing]:
         """A stateless create: a one-turn session (hydrating from the store when continuing)."""
         session = await self.open_session(tenant, transport="http")
         ended = False
@@ -228,8 +230,11 @@ class Engine:
             request.create.CopyFrom(params)
             request.create.ClearField("stream_id")
             await session.send(request)
-            async for batch in session.events():
+            async for batch in session.events(lazy_deltas=lazy_deltas):
                 for event in batch:
+                    if type(event) is Delta:
+                        yield event
+                        continue
                     arm = event.WhichOneof("event")
                     ended = arm in _TERMINAL or (arm == "error" and not event.response_id)
                     yield event

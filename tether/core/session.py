@@ -28,7 +28,7 @@ import orjson
 from tether import errors, ids
 from tether.core import prototype
 from tether.core.chain import CachedResponse, ResponseCache
-from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.outbox import Outbox, OutboxClosed, Outgoing
 from tether.core.stages import render
 from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
@@ -122,9 +122,9 @@ class Session:
                 TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"), event_id=event_id
             )
 
-    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]:
         while True:
-            batch = await self.outbox.get_batch()
+            batch = await self.outbox.get_batch(lazy_deltas=lazy_deltas)
             if not batch:
                 return
             yield batch
@@ -202,7 +202,7 @@ class Session:
         if count is not None:
             self._headers.move_to_end(key)
             return count, True
-        count = len(render.encode(render.render_header(instructions, list(tools))))
+        count = len(self.engine.token_cache.encode(self.tenant, render.render_header(instructions, list(tools))))
         self._headers[key] = count
         if len(self._headers) > 8:
             self._headers.popitem(last=False)

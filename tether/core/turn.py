@@ -6,7 +6,7 @@ Stages, in order (each timed, each incremental over the cached chain):
   classify  the new items' text (safety)
   render    the new items -> tokens appended to the cached prefix; the header's tokens reused
   route     model -> backend (memoised per connection)
-  backend   stream chunks -> events (OutputBuilder) -> the session's outbox
+  backend   stream chunks, a wake-up at a time -> events (OutputBuilder) -> the session's outbox
   finalize  terminal event; the new state goes into the connection cache; the store/ledger
             write is queued for the post-inference worker (overlapping the client's next turn)
 """
@@ -17,7 +17,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from tether.core.postinference import PostJob
 from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
+from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
@@ -59,18 +60,62 @@ class Phase(enum.Enum):
 
 
 @dataclass
-class Prepared:
-    """Everything the stages before the backend produced."""
+class Rendered:
+    """The new input tokenised onto the cached chain."""
 
-    response: response_pb2.Response
-    parent: CachedResponse | None
-    parent_from_cache: bool
     new_segments: tuple[Segment, ...]
     node: Node  # the effective input chain
-    route: Resolved
     input_tokens: int
     cached_tokens: int
-    request: BackendRequest  # the backend call, already checked by the backend (`prepare`)
+
+
+class Prepared:
+    """Everything the stages before the backend produced.
+
+    The new input's tokens (`new_segments`, `node`, `input_tokens`, `cached_tokens`) come from
+    `render()`. `_prepare` calls it at once when something before the backend needs the exact
+    count; otherwise `_generate` calls it while the backend computes its first token, and any
+    earlier reader of those attributes renders on first access."""
+
+    def __init__(self, response: response_pb2.Response, parent: CachedResponse | None, parent_from_cache: bool,
+                 route: Resolved, request: BackendRequest, tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
+        self.response = response
+        self.parent = parent
+        self.parent_from_cache = parent_from_cache
+        self.route = route
+        self.request = request  # the backend call, already checked by the backend (`prepare`)
+        self._tokenise: Callable[[], Rendered] | None = tokenise
+        self._rendered: Rendered | None = None
+
+    @property
+    def rendered(self) -> bool:
+        return self._rendered is not None
+
+    def render(self) -> Rendered:
+        if self._rendered is None:
+            assert self._tokenise is not None
+            self._rendered, self._tokenise = self._tokenise(), None
+        return self._rendered
+
+    @property
+    def new_segments(self) -> tuple[Segment, ...]:
+        return self.render().new_segments
+
+    @property
+    def node(self) -> Node:
+        return self.render().node
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.render().cached_tokens
+
+    @property
+    def input_tokens(self) -> int:
+        return self.render().input_tokens
+
+    @input_tokens.setter
+    def input_tokens(self, value: int) -> None:
+        self.render().input_tokens = value
 
 
 class Turn:
@@ -159,45 +204,56 @@ class Turn:
         with clock.stage("classify"):
             findings = self.engine.classify(texts)
         with clock.stage("render"):
-            new_segments = tuple(
-                Segment.of(ids.new_id("itm"), item, text) for item, text in zip(new_items, texts, strict=True)
-            )
-            node = Node.continue_with(parent_node, new_segments, findings)
-            # The prefix is reused only when it came from this connection and was not compacted away.
-            reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
             header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
-            input_tokens = header_tokens + node.token_count
-            cached_tokens = reused + (header_tokens if header_cached else 0)
         with clock.stage("route"):
             route = session.route(params.model)
-        if input_tokens > route.context_window and params.truncation == "auto":
-            node = truncate(node, route.context_window - header_tokens)
-            input_tokens = header_tokens + node.token_count
-            cached_tokens = header_tokens if header_cached else 0
-        if input_tokens > route.context_window:
-            raise TetherError(
-                errors.CONTEXT_LENGTH_EXCEEDED,
-                f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
-                param="input",
+
+        def tokenise() -> Rendered:
+            encode = self.engine.token_cache.encode
+            new_segments = tuple(
+                Segment(ids.new_id("itm"), item, encode(session.tenant, text))
+                for item, text in zip(new_items, texts, strict=True)
             )
+            node = Node.continue_with(parent_node, new_segments, findings)
+            if header_tokens + node.token_count > route.context_window and params.truncation == "auto":
+                # Dropping the oldest items breaks the cached prefix: only the header stays cached.
+                node = truncate(node, route.context_window - header_tokens)
+                cached_tokens = header_tokens if header_cached else 0
+                return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
+            # The prefix is reused only when it came from this connection and was not compacted away.
+            reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
+            cached_tokens = reused + (header_tokens if header_cached else 0)
+            return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
+
+        limiter = self.engine.rate_limiter
+        compacting = any(item.WhichOneof("item") == "compaction" for item in new_items)
+        # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
+        # that bound fits the context window, no token budget is charged and the backend reads the
+        # count only for `usage`, tokenising waits for the backend's first-token time.
+        with clock.stage("route"):
+            bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
+            defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+            items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
+            request = self._backend_request(
+                route, items, 0, affinity=(parent.replica or None) if parent else None
+            )
+            defer = defer and not route.backend.reads_input_tokens(request)
+        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
+        if not defer:
+            with clock.stage("render"):
+                request.items = prepared.node.items()
+                request.input_tokens = prepared.input_tokens
+            if prepared.input_tokens > route.context_window:
+                raise TetherError(
+                    errors.CONTEXT_LENGTH_EXCEEDED,
+                    f"Input of {prepared.input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
+                    param="input",
+                )
         with clock.stage("route"):
             # What the backend cannot do is a request error now, before response.created.
-            request = self._backend_request(
-                route, node.items(), input_tokens, affinity=(parent.replica or None) if parent else None
-            )
             await route.backend.prepare(request)
-        self.engine.rate_limiter.admit(session.tenant, input_tokens)
-        return Prepared(
-            response=self._response_skeleton(),
-            parent=parent,
-            parent_from_cache=from_cache,
-            new_segments=new_segments,
-            node=node,
-            route=route,
-            input_tokens=input_tokens,
-            cached_tokens=cached_tokens,
-            request=request,
-        )
+        limiter.admit(session.tenant, prepared.input_tokens if prepared.rendered else 0)
+        return prepared
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -282,35 +338,33 @@ class Turn:
             affinity=affinity,
         )
 
-    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
-        """One backend call streamed into `builder` and the outbox. Raises BackendError, or
-        CancelledError when the client goes away or cancels (the upstream is closed either way)."""
+    async def _stream_step(
+        self, builder: OutputBuilder, backend, request: BackendRequest, while_waiting: Callable[[], None] | None = None
+    ) -> None:
+        """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
+        (`WakeupReader`: their text deltas merge into one event); `while_waiting` runs once, when
+        the backend first has to wait. Raises BackendError, or CancelledError when the client goes
+        away or cancels (the upstream is closed either way)."""
         self.phase = Phase.GENERATING
-        stream = backend.stream(request)
+        reader = WakeupReader(backend.stream(request), while_waiting)
         outbox = self.session.outbox
-        waited = 0.0
+        stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()
-        first = True
         builder.finish = None
         try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                waited += time.perf_counter() - t0
-                if first:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                    first = False
-                for ev in builder.feed(chunk):
-                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
+            chunks = await reader.next()
+            if chunks:
+                self.clock.add("backend_ttft", time.perf_counter() - started)
+            while chunks:
+                for ev in builder.feed(chunks):
+                    ev.stream_id, ev.response_id = stream_id, response_id
                     await outbox.put(ev)
                 if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
                     break
+                chunks = await reader.next()
         finally:
-            await stream.aclose()
-            self.clock.add("backend_wait", waited)
+            await reader.aclose()
+            self.clock.add("backend_wait", reader.waited)
             self.clock.add("backend", time.perf_counter() - started)
 
     def _builder(self) -> OutputBuilder:
@@ -328,9 +382,16 @@ class Turn:
 
     async def _generate(self, prepared: Prepared) -> None:
         builder = self._builder()
+        request = prepared.request
+
+        def render_while_waiting() -> None:
+            with self.clock.stage("render_overlapped"):
+                request.input_tokens = prepared.render().input_tokens
+
         error: TetherError | None = None
         try:
-            await self._stream_step(builder, prepared.route.backend, prepared.request)
+            while_waiting = None if prepared.rendered else render_while_waiting
+            await self._stream_step(builder, prepared.route.backend, request, while_waiting)
         except BackendError as exc:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session

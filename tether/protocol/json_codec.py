@@ -1282,11 +1282,21 @@ def event_to_json(ev: events_pb2.ServerEvent, *, ws: bool) -> dict:
     elif arm is None:
         raise ValueError("ServerEvent has no event arm set")
     else:
-        t, codec = _EVENT_ARMS[arm]
-        out = codec.encode(getattr(ev, arm), {"type": t})  # type: ignore[union-attr]
+        return arm_to_json(arm, getattr(ev, arm), ev.sequence_number, ev.stream_id)
     out["sequence_number"] = ev.sequence_number
     if ev.stream_id:
         out["stream_id"] = ev.stream_id
+    return out
+
+
+def arm_to_json(arm: str, payload: Any, sequence_number: int, stream_id: str) -> dict:
+    """One event from its arm's payload: the protobuf message, or any object with the same
+    attributes (the outbox's merged text deltas, encoded without building a message first)."""
+    t, codec = _EVENT_ARMS[arm]
+    out = codec.encode(payload, {"type": t})
+    out["sequence_number"] = sequence_number
+    if stream_id:
+        out["stream_id"] = stream_id
     return out
 
 

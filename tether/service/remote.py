@@ -142,7 +142,9 @@ class RemoteSession:
                 raise
             raise _closed_error() from None  # the call was cancelled under us (close())
 
-    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+        """The upstream's batches as they arrive (its deltas are protobuf events already, so
+        `lazy_deltas` changes nothing here)."""
         ended_with_error = False  # the server already said why in-band (e.g. server_shutting_down)
         while True:
             try:
@@ -239,7 +241,7 @@ class RemoteResponsesAPI:
         return RemoteSession(call)
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
     ) -> AsyncIterator[events_pb2.ServerEvent]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
