@@ -33,6 +33,16 @@ def encode_payload(summary: str, keep: int = 0) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+def is_tether_payload(content: str) -> bool:
+    """Whether `content` is a payload Tether made (another server's compaction blob is not: its
+    summary cannot be read, so the history it replaced would silently vanish)."""
+    try:
+        data = orjson.loads(base64.urlsafe_b64decode(content + "=" * (-len(content) % 4)))
+    except (binascii.Error, ValueError, orjson.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("v") == 1 and isinstance(data.get("summary"), str)
+
+
 def decode_payload(content: str) -> CompactionPayload:
     """Decode a payload; foreign or damaged content becomes an empty summary (never a crash)."""
     try:

@@ -39,6 +39,7 @@ class Limits:
     lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
     cache_responses_per_connection: int = 64  # cached response states (LRU)
     cache_bytes_per_process: int = 2 * 1024**3  # all sessions' cached state; LRU-evicted past it
+    token_cache_bytes: int = 64 * 1024**2  # tokenised texts per process, for stateless resends; 0 = off
     # Streaming.
     outbound_buffer_events: int = 256  # per connection; a slow reader blocks its own generation
     coalesce_ms: float = 8.0  # delta coalescing window; 0 sends every delta as it comes
@@ -85,6 +86,14 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # Forward compatibility: create fields Tether does not know that it accepts (and ignores)
+    # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
+    # field must have a declared treatment. Env: comma-separated.
+    accept_unknown_parameters: list[str] = field(default_factory=list)
+    # The key that signs reasoning items' `encrypted_content` (tether/reasoning_codec.py); set
+    # the same value on every replica. None: a random key per process (blobs do not survive a
+    # restart). Env: TETHER_SERVER__REASONING_KEY.
+    reasoning_key: str | None = None
     # The browser console at /console on the bridge (tether/bridge/console): its WebSocket
     # handshakes take a token from POST /console/token that lives `console_token_ttl_s`; the keys
     # of `console_admin_tenants` (comma-separated tenant names) see the server view. An open
@@ -219,6 +228,8 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
 def _coerce(value: Any, current: Any, where: str) -> Any:
     if not isinstance(value, str) or isinstance(current, str) or current is None:
         return value
+    if isinstance(current, list):  # from the environment: comma-separated
+        return [part.strip() for part in value.split(",") if part.strip()]
     try:
         if isinstance(current, bool):
             if value.lower() in ("1", "true", "yes", "on"):

@@ -474,6 +474,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tps", type=float, default=4000.0, help="--throughput: simulated tokens/s per stream")
     p.add_argument("--coalesce", default="default,0", help="--throughput: coalesce_ms values to compare")
     p.add_argument("--tokens-per-chunk", default="1", help="--throughput: tokens per backend chunk (comma list)")
+    p.add_argument("--workers", default="1",
+                   help="--throughput: server worker processes (`tether serve --workers N`; comma list)")
     p.add_argument("--turns", type=int, default=100, help="--overhead: turns per session")
     replicas.add_argument_group_to(p)
     return p

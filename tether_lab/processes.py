@@ -162,6 +162,18 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def worker_starts(log_text: str) -> dict[int, int]:
+    """Worker index -> pid of its latest start, from a `tether serve --workers N` supervisor's
+    start lines."""
+    return {int(index): int(pid) for index, pid in _WORKER_LINE.findall(log_text)}
+
+
+def worker_pids(log_text: str) -> list[int]:
+    """The workers' latest pids, in worker order."""
+    starts = worker_starts(log_text)
+    return [starts[i] for i in sorted(starts)]
+
+
 # -- a Tether subprocess ------------------------------------------------------------------------------
 
 
@@ -307,11 +319,9 @@ class ServerProcess:
 
     def worker_pids(self) -> dict[int, int]:
         """Worker index -> pid of its latest start (from the supervisor's stdout)."""
-        pids: dict[int, int] = {}
         with contextlib.suppress(OSError):
-            for m in _WORKER_LINE.finditer(self.stdout_path.read_text()):
-                pids[int(m.group(1))] = int(m.group(2))
-        return pids
+            return worker_starts(self.stdout_path.read_text(errors="replace"))
+        return {}
 
     def serving_pids(self) -> list[int]:
         return list(self.worker_pids().values()) if self.workers > 1 else [self.pid]

@@ -238,6 +238,13 @@ def test_tool_choice_text_format_and_parallel():
         ).decode()
     )
     body = to_chat_request(request("x", tools=tools, tool_choice=allowed), generic())
+    assert body["tool_choice"] == {
+        "type": "allowed_tools",
+        "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "a"}}]},
+    }
+    assert [t["function"]["name"] for t in body["tools"]] == ["a", "b"]  # the list stays whole
+    # A dialect without the allowed_tools form gets the list narrowed instead.
+    body = to_chat_request(request("x", tools=tools, tool_choice=allowed), MappingOptions(dialect=DIALECTS["vllm"]))
     assert body["tool_choice"] == "required" and [t["function"]["name"] for t in body["tools"]] == ["a"]
     # No tools -> no tool_choice; a reasoning effort without the capability is refused, not dropped.
     body = to_chat_request(request("x", tool_choice=request_pb2.ToolChoice(mode="required")), generic())
@@ -466,3 +473,27 @@ def test_schema_type_list_with_object_keeps_its_keywords_on_its_branch():
             {"type": "null"},
         ]
     }
+
+
+def test_custom_tool_and_shell_items_are_carried_as_calls_and_outputs():
+    """Codex's freeform `apply_patch` (a custom tool) and shell calls reach the model's history."""
+    from tether.protocol.json_codec import item_from_json
+
+    items = [
+        user("fix it"),
+        item_from_json({"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"}),
+        item_from_json({"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"}),
+        item_from_json({"type": "local_shell_call", "id": "ls1", "call_id": "c2", "status": "completed",
+                        "action": {"type": "exec", "command": ["ls"], "env": {}}}),
+        item_from_json({"type": "local_shell_call_output", "id": "c2", "output": "a.py"}),
+    ]  # fmt: skip
+    msgs = to_chat_request(request(*items), generic())["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool"]
+    patch = msgs[1]["tool_calls"][0]
+    assert (patch["id"], patch["function"]["name"]) == ("c1", "apply_patch")
+    assert orjson.loads(patch["function"]["arguments"]) == {"input": "*** Begin Patch"}
+    assert msgs[2] == {"role": "tool", "tool_call_id": "c1", "content": "Done!"}
+    shell = msgs[3]["tool_calls"][0]
+    assert (shell["id"], shell["function"]["name"]) == ("c2", "local_shell")
+    assert orjson.loads(shell["function"]["arguments"])["command"] == ["ls"]
+    assert msgs[4] == {"role": "tool", "tool_call_id": "c2", "content": "a.py"}

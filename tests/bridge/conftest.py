@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 
 from tests.support.stacks import Stack, running_stack
 from tether.auth import Authenticator
+from tether.service.grpc_server import start_grpc_server
 
 from .helpers import KEY_A, KEY_B
 
@@ -33,6 +34,16 @@ async def stack(authenticator: Authenticator) -> AsyncIterator[Stack]:
 def make_stack(authenticator: Authenticator) -> Callable[..., Any]:
     """`async with make_stack(backend={...}, max_lanes=2) as stack:` for other settings."""
     return lambda backend=None, **limits: running_stack(authenticator, backend, **limits)
+
+
+@pytest.fixture
+async def grpc_port(stack: Stack, authenticator: Authenticator) -> AsyncIterator[int]:
+    """The gRPC service on the same engine as `stack` (127.0.0.1, port 0)."""
+    server = await start_grpc_server(stack.engine, stack.config, authenticator)
+    try:
+        yield server.port
+    finally:
+        await server.stop(0)
 
 
 @pytest.fixture

@@ -12,13 +12,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-import pytest
 
 from tests.support.stacks import Stack
-from tether.auth import Authenticator
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2, service_pb2_grpc
-from tether.service.grpc_server import start_grpc_server
 
 from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, collapse_deltas, one_response
 
@@ -110,15 +107,6 @@ async def over_sse(stack: Stack) -> list[Turn]:
             assert normalize(plain.to_dict()) == normalize(final)
             first = final
     return out
-
-
-@pytest.fixture
-async def grpc_port(stack: Stack, authenticator: Authenticator) -> AsyncIterator[int]:
-    server = await start_grpc_server(stack.engine, stack.config, authenticator)
-    try:
-        yield server.port
-    finally:
-        await server.stop(0)
 
 
 async def test_same_events_and_response_on_every_transport(stack: Stack, grpc_port: int) -> None:

@@ -262,3 +262,17 @@ async def test_tether_bridge_cli_subprocess() -> None:
             await proc.wait()
         await grpc_server.stop(0)
         await engine.aclose()
+
+
+async def test_conversations_over_grpc(remote: Any) -> None:
+    """The bridge in front of a remote engine answers /v1/conversations through the gRPC RPCs."""
+    async with remote.client(remote.key) as client:
+        conv = await client.conversations.create(metadata={"k": "v"})
+        r = await client.responses.create(model="sim-model", input="hello", conversation=conv.id)
+        assert r.conversation is not None and r.conversation.id == conv.id
+        items = [i async for i in client.conversations.items.list(conv.id, order="asc")]
+        assert [i.role for i in items] == ["user", "assistant"]
+        assert (await client.conversations.update(conv.id, metadata={"k": "w"})).metadata == {"k": "w"}
+        assert (await client.conversations.delete(conv.id)).deleted
+        with pytest.raises(openai.NotFoundError):
+            await client.conversations.retrieve(conv.id)

@@ -173,7 +173,7 @@ async def test_lanes_are_demultiplexed(tmp_path):
             slow = await lane.create("tether-sim", "long", max_output_tokens=100000)
             await slow.wait_created()
             await slow.cancel()
-            assert (await slow.final_response()).status == "incomplete"
+            assert (await slow.final_response()).status == "cancelled"
             assert (await (await lane.create("tether-sim", "after")).final_response()).status == "completed"
     finally:
         await srv.stop()

@@ -206,7 +206,8 @@ async def test_cancel_while_waiting():
         await session.send(cancel)
         end = await reader.until(_is_terminal)
         assert end.WhichOneof("event") == "incomplete"
-        assert end.incomplete.response.incomplete_details.reason == "cancelled"
+        assert end.incomplete.response.status == "cancelled"
+        assert not end.incomplete.response.HasField("incomplete_details")
         assert prototype.waiting_turns(session) == 0
         # The session goes on.
         await session.send(_create(include_proto=False, input_text="again"))

@@ -197,7 +197,7 @@ CREATE_BODY = obj(
         "stream": nullable(BOOLS),
         "client_metadata": STR_MAPS,
         "prompt_cache_options": JSON_OBJECTS,
-        "conversation": JSON_VALUES,
+        "conversation": nullable(TEXT | obj({"id": TEXT})),
     },
 )
 
@@ -210,6 +210,28 @@ USAGE = st.fixed_dictionaries(
         "total_tokens": INT64,
     }
 )
+# Keys every written Response carries with a fixed default (Tether has no value for them).
+RESPONSE_DEFAULTS = {
+    "top_logprobs": 0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    **dict.fromkeys(
+        ("prompt", "prompt_cache_retention", "prompt_cache_options", "prompt_cache_diagnostics",
+         "access_programs", "image", "moderation", "input_transformations", "tool_usage")
+    ),
+}  # fmt: skip
+
+
+def canonical_response(resp: dict) -> dict:
+    """What `response_to_json` writes for `resp`: the defaults added, and echoed function tools
+    always with `description` and `strict`."""
+    tools = [
+        {**t, "description": t.get("description"), "strict": t.get("strict")} if t.get("type") == "function" else t
+        for t in resp["tools"]
+    ]
+    return {**resp, **RESPONSE_DEFAULTS, "tools": tools}
+
+
 # A Response in the canonical form `response_to_json` writes (every key, nulls for unset).
 RESPONSE = obj(
     {
@@ -242,6 +264,7 @@ RESPONSE = obj(
         "prompt_cache_key": nullable(NONEMPTY),
         "safety_identifier": nullable(NONEMPTY),
         "service_tier": nullable(NONEMPTY),
+        "conversation": nullable(st.fixed_dictionaries({"id": TEXT})),
     },
     {
         "backend_timing": st.fixed_dictionaries(
@@ -251,7 +274,7 @@ RESPONSE = obj(
             {"stages_ms": st.dictionaries(TEXT, FLOATS, max_size=3), "overhead_ms": FLOATS}
         ),
     },
-)
+).map(canonical_response)
 
 
 def event(t: str, fields: dict) -> st.SearchStrategy[dict]:
@@ -646,10 +669,10 @@ def test_response_defaults() -> None:
 
 def test_response_extra_json_only_adds_keys() -> None:
     r = response_pb2.Response(
-        id="r", model="m", extra_json='{"model": "other", "prompt_cache_retention": "24h"}'
+        id="r", model="m", extra_json='{"model": "other", "x_extension": "24h"}'
     )
     j = jc.response_to_json(r)
-    assert j["model"] == "m" and j["prompt_cache_retention"] == "24h"
+    assert j["model"] == "m" and j["x_extension"] == "24h"
 
 
 def test_event_envelope() -> None:
@@ -1039,7 +1062,7 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
             "steer_failed",
             E.SteerFailedEvent(
                 steer=steer,
-                input_json='"go left"',
+                input_text="go left",
                 error=E.Error(
                     code="response_already_completed", message="done", type="invalid_request_error"
                 ),

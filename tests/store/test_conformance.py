@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 from tether.store._common import MissingItemError
 from tether.store.base import Hydrated, KeyedItem, ResponseRecord, UsageRecord
 
@@ -586,3 +586,62 @@ async def test_two_instances_share_data(store, engine):
     finally:
         if other is not store:
             await other.close()
+
+
+# -- conversations ---------------------------------------------------------------------------
+
+
+def conversation(cid: str, **metadata: str) -> service_pb2.Conversation:
+    return service_pb2.Conversation(id=cid, created_at=1_700_000_000, metadata=metadata)
+
+
+async def test_conversation_lifecycle(store):
+    assert await store.get_conversation(T1, "conv_1") is None
+    assert await store.conversation_items(T1, "conv_1") is None
+    assert not await store.append_conversation_items(T1, "conv_1", [msg("msg_x")])
+    await store.put_conversation(T1, conversation("conv_1", k="v"))
+    assert await store.conversation_items(T1, "conv_1") == []
+    assert await store.append_conversation_items(T1, "conv_1", [msg("msg_a"), call("fc_b")])
+    assert await store.append_conversation_items(T1, "conv_1", [msg("msg_c", "assistant")])
+    # Replacing the row (metadata update) keeps the items.
+    await store.put_conversation(T1, conversation("conv_1", k="w"))
+    got = await store.get_conversation(T1, "conv_1")
+    assert got == conversation("conv_1", k="w")
+    items = await store.conversation_items(T1, "conv_1")
+    assert items == [msg("msg_a"), call("fc_b"), msg("msg_c", "assistant")]
+    assert await store.delete_conversation_item(T1, "conv_1", "fc_b")
+    assert not await store.delete_conversation_item(T1, "conv_1", "fc_b")
+    assert not await store.delete_conversation_item(T1, "conv_2", "msg_a")
+    assert await store.conversation_items(T1, "conv_1") == [msg("msg_a"), msg("msg_c", "assistant")]
+    assert await store.append_conversation_items(T1, "conv_1", [msg("msg_d")])
+    assert [i.message.id for i in await store.conversation_items(T1, "conv_1")] == ["msg_a", "msg_c", "msg_d"]
+    assert await store.delete_conversation(T1, "conv_1")
+    assert not await store.delete_conversation(T1, "conv_1")
+    assert await store.get_conversation(T1, "conv_1") is None
+    assert await store.conversation_items(T1, "conv_1") is None
+    # A new conversation with the same id starts empty.
+    await store.put_conversation(T1, conversation("conv_1"))
+    assert await store.conversation_items(T1, "conv_1") == []
+
+
+async def test_conversations_are_tenant_scoped(store):
+    await store.put_conversation(T1, conversation("conv_t", owner="a"))
+    await store.append_conversation_items(T1, "conv_t", [msg("msg_t")])
+    assert await store.get_conversation(T2, "conv_t") is None
+    assert await store.conversation_items(T2, "conv_t") is None
+    assert not await store.append_conversation_items(T2, "conv_t", [msg("msg_evil")])
+    assert not await store.delete_conversation_item(T2, "conv_t", "msg_t")
+    assert not await store.delete_conversation(T2, "conv_t")
+    assert await store.conversation_items(T1, "conv_t") == [msg("msg_t")]
+
+
+async def test_concurrent_appends_keep_every_item(store):
+    await store.put_conversation(T1, conversation("conv_c"))
+    await asyncio.gather(
+        *(store.append_conversation_items(T1, "conv_c", [msg(f"msg_{n}_0"), msg(f"msg_{n}_1")]) for n in range(8))
+    )
+    ids = [i.message.id for i in await store.conversation_items(T1, "conv_c")]
+    assert sorted(ids) == sorted(f"msg_{n}_{j}" for n in range(8) for j in range(2))
+    for n in range(8):  # each append's items stay together and in order
+        first = ids.index(f"msg_{n}_0")
+        assert ids[first + 1] == f"msg_{n}_1"

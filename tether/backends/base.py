@@ -47,6 +47,9 @@ class BackendRequest:
     top_p: float | None = None
     reasoning_effort: str | None = None
     text_format: request_pb2.TextFormat | None = None
+    # `text.verbosity` (low | medium | high) for dialects that take it (issue 14; the adapters'
+    # mapping belongs to the chat-completions dialect table).
+    verbosity: str | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str = ""  # as the client named it ("" = not set)
@@ -70,6 +73,13 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class RefusalDelta:
+    """The model declining to answer (chat-completions `delta.refusal`): a `refusal` content part."""
+
     text: str
 
 
@@ -114,7 +124,7 @@ class Finish:
     replica: str = ""  # the pool replica that served the call ("" outside a pool)
 
 
-Chunk = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+Chunk = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta | Finish
 
 
 class BackendError(TetherError):
@@ -146,6 +156,12 @@ class Backend(Protocol):
         its dialect, ...). May store its upstream form in `request.prepared`."""
         ...
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """Whether `stream(request)` reads `request.input_tokens` before its end. When it does
+        not, the pipeline may pass 0 and fill the count in while the backend computes its first
+        token (tokenising then costs the turn no latency)."""
+        ...
+
     async def discover(self) -> Sequence[str]:
         """Model ids the backend serves, asked once at startup (routed here unless configured
         otherwise, listed by GET /v1/models); [] when it cannot say. Never raises."""
@@ -166,6 +182,9 @@ class BackendBase:
 
     async def prepare(self, request: BackendRequest) -> None:
         return None
+
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        return False
 
     async def discover(self) -> Sequence[str]:
         return []

@@ -33,6 +33,7 @@ from tether.backends.base import (
     Chunk,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -220,6 +221,9 @@ class ChatCompletionsBackend:
             extra_body=dict(c.extra_body),
         )
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        return False  # the upstream counts its own prompt; Tether's count is only for usage
+
     async def prepare(self, request: BackendRequest) -> None:
         if self.dialect is None:
             await self.discover()
@@ -392,7 +396,7 @@ class ChatCompletionsBackend:
 
 
 def _note_generated(chunk: Chunk, generated: list[str]) -> None:
-    if isinstance(chunk, TextDelta | ReasoningDelta):
+    if isinstance(chunk, TextDelta | ReasoningDelta | RefusalDelta):
         generated.append(chunk.text)
     elif isinstance(chunk, ToolCallDelta):
         generated.append((chunk.name or "") + chunk.arguments)

@@ -35,7 +35,8 @@ Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
      "after": {"text_tokens": 20}}
 
 Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
-`reasoning` / `reasoning_tokens` (emitted first, as reasoning), `tool_calls` (list of `name`,
+`reasoning` / `reasoning_tokens` (emitted first, as reasoning), `refusal` (literal, emitted as a
+refusal instead of text), `tool_calls` (list of `name`,
 optional `arguments` object or JSON string, optional `call_id`), `finish` (override the finish
 reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `error`
 (`{"code","message","status"}`: raise a BackendError after `error_after_tokens` tokens, default 0).
@@ -44,6 +45,7 @@ reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `e
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -64,6 +66,7 @@ from tether.backends.base import (
     Chunk,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     Timing,
     ToolCallDelta,
@@ -93,7 +96,7 @@ _ARG_CHARS = 4  # characters of JSON text per "token"
 
 _STEP_KEYS = frozenset(
     {
-        "text", "text_tokens", "reasoning", "reasoning_tokens", "tool_calls", "finish",
+        "text", "text_tokens", "reasoning", "reasoning_tokens", "refusal", "tool_calls", "finish",
         "ttft_ms", "tokens_per_s", "error", "error_after_tokens", "comment",
     }
 )  # fmt: skip
@@ -131,6 +134,7 @@ class ScriptStep:
     text_tokens: int = 0
     reasoning: str | None = None
     reasoning_tokens: int = 0
+    refusal: str | None = None
     tool_calls: tuple[ScriptCall, ...] = ()
     finish: str | None = None
     ttft_ms: float | None = None
@@ -192,6 +196,7 @@ def _parse_step(raw: Any, where: str) -> ScriptStep:
             text_tokens=int(raw.get("text_tokens", 0)),
             reasoning=raw.get("reasoning"),
             reasoning_tokens=int(raw.get("reasoning_tokens", 0)),
+            refusal=raw.get("refusal"),
             tool_calls=tuple(calls),
             finish=raw.get("finish"),
             ttft_ms=None if raw.get("ttft_ms") is None else float(raw["ttft_ms"]),
@@ -299,6 +304,20 @@ def words(n: int, seed: int = 0) -> list[str]:
             w += "."
         out.append(w if i == 0 else " " + w)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _filler(n: int, seed: int) -> tuple[str, ...]:
+    """`n` filler words after an answer's explanation, built once per (n, seed)."""
+    return tuple(" " + w.lstrip() for w in words(n, seed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_unit(text: str) -> TextDelta:
+    """One text chunk, shared (chunks are immutable): the simulated model runs inside the server,
+    and building 4,000 chunk objects per request would charge the model's own work to the
+    server's core."""
+    return TextDelta(text)
 
 
 def _last_user_text(items: Sequence[items_pb2.Item]) -> str:
@@ -430,6 +449,23 @@ class SimulatedBackend(BackendBase):
         except (OSError, ValueError) as exc:
             raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """The default text answer states the input token count; a script whose every step
+        (and `after`) says something of its own (text, tool calls, an error) never reads it. Which
+        step a request is would cost a walk of its whole context, so every step is checked. A
+        request whose script cannot be had reads it (its error is raised by `stream`, as a failed
+        response)."""
+        try:
+            script = self._script_for(request)
+        except TetherError:
+            return True
+        if script is None:
+            return True
+        return any(
+            step is None or not (step.text or step.text_tokens or step.tool_calls or step.error is not None)
+            for step in (*script.steps, script.after)
+        )
+
     def plan(self, request: BackendRequest) -> _Plan:
         """What this request produces (exposed for tests and for the lab)."""
         c = self.config
@@ -466,7 +502,7 @@ class SimulatedBackend(BackendBase):
             self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
             plan.finish = "tool_calls"
             return plan
-        plan.units.extend(TextDelta(t) for t in self._answer_tokens(request, c.output_tokens, turn))
+        plan.units.extend(map(_text_unit, self._answer_tokens(request, c.output_tokens, turn)))
         return plan
 
     def _explanation(self, request: BackendRequest) -> str:
@@ -523,7 +559,7 @@ class SimulatedBackend(BackendBase):
             tokens += split_text(" Filler up to output_tokens:")
         tokens = tokens[:n]
         if len(tokens) < n:
-            tokens += [" " + w.lstrip() for w in words(n - len(tokens), seed)]
+            tokens += _filler(n - len(tokens), seed)
         elif tokens and tokens[-1][-1] not in ".;:!?":
             tokens[-1] += "."
         return tokens
@@ -546,9 +582,11 @@ class SimulatedBackend(BackendBase):
         if step.text_tokens:
             more = words(step.text_tokens, turn)
             text += [" " + more[0]] + more[1:] if text else more
-        if not text and not step.tool_calls and step.error is None:
+        if not text and not step.tool_calls and step.error is None and step.refusal is None:
             text = self._answer_tokens(request, self.config.output_tokens, turn)
         plan.units.extend(TextDelta(t) for t in text)
+        if step.refusal is not None:
+            plan.units.extend(RefusalDelta(t) for t in split_text(step.refusal))
         for i, call in enumerate(step.tool_calls):
             self._add_call(
                 plan, i, call.call_id or _call_id(request, turn, i, call.name), call.name, call.arguments
@@ -632,7 +670,7 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     """Merge units[i:stop] of the same kind (and tool call) into one chunk; return it and the next index."""
     first = units[i]
     j = i + 1
-    if isinstance(first, TextDelta | ReasoningDelta):
+    if isinstance(first, TextDelta | ReasoningDelta | RefusalDelta):
         parts = [first.text]
         while j < stop and type(units[j]) is type(first):
             parts.append(units[j].text)  # type: ignore[union-attr]

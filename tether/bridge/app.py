@@ -47,6 +47,18 @@ _ROUTES: list[tuple[tuple[str, ...], dict[str, str], bool]] = [
     (("v1", "responses", "{id}"), {"GET": "retrieve", "DELETE": "delete"}, True),
     (("v1", "responses", "{id}", "input_items"), {"GET": "input_items"}, True),
     (("v1", "models"), {"GET": "models"}, True),
+    (("v1", "conversations"), {"POST": "create_conversation"}, True),
+    (
+        ("v1", "conversations", "{id}"),
+        {"GET": "get_conversation", "POST": "update_conversation", "DELETE": "delete_conversation"},
+        True,
+    ),
+    (("v1", "conversations", "{id}", "items"), {"GET": "conversation_items", "POST": "add_conversation_items"}, True),
+    (
+        ("v1", "conversations", "{id}", "items", "{item_id}"),
+        {"GET": "conversation_item", "DELETE": "delete_conversation_item"},
+        True,
+    ),
     (("healthz",), {"GET": "healthz"}, False),
     (("readyz",), {"GET": "readyz"}, False),
 ]

@@ -32,6 +32,7 @@ from typing import Any
 from tether.auth import Authenticator
 from tether.config import Limits, ServerConfig
 from tether.core.api import ResponsesAPI
+from tether.core.outbox import Delta, Outgoing
 from tether.errors import (
     INVALID_TYPE,
     REQUEST_TOO_LARGE,
@@ -167,8 +168,10 @@ def raw_http_error(err: TetherError) -> bytes:
     )
 
 
-def error_event(err: TetherError, stream_id: str = "") -> events_pb2.ServerEvent:
-    return events_pb2.ServerEvent(stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto()))
+def error_event(err: TetherError, stream_id: str = "", event_id: str = "") -> events_pb2.ServerEvent:
+    return events_pb2.ServerEvent(
+        stream_id=stream_id, error=events_pb2.ErrorEvent(error=err.to_proto(), event_id=event_id)
+    )
 
 
 def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
@@ -182,14 +185,21 @@ def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
     ]
 
 
-def encode_event(ev: events_pb2.ServerEvent, *, ws: bool) -> bytes:
+def event_json(ev: Outgoing, *, ws: bool) -> dict:
+    """One outgoing event as its JSON object; a merged `Delta` is encoded from its text directly."""
+    if type(ev) is Delta:
+        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id)
     obj = json_codec.event_to_json(ev, ws=ws)
     if ws and ev.HasField("error") and ev.error.error.retry_after_s > 0:
         obj["error"]["headers"] = {
             k.decode(): v.decode() for k, v in retry_after_headers(ev.error.error.retry_after_s)
         }
-    return json_codec.dumps(obj)
+    return obj
 
 
-def ws_error_text(err: TetherError, stream_id: str = "") -> str:
-    return encode_event(error_event(err, stream_id), ws=True).decode()
+def encode_event(ev: Outgoing, *, ws: bool) -> bytes:
+    return json_codec.dumps(event_json(ev, ws=ws))
+
+
+def ws_error_text(err: TetherError, stream_id: str = "", event_id: str = "") -> str:
+    return encode_event(error_event(err, stream_id, event_id), ws=True).decode()

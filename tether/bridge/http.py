@@ -11,8 +11,11 @@ generation in the core).
 
 Query parameters OpenAI defines but Tether does not implement are accepted and ignored:
 `GET /v1/responses/{id}` ignores `stream`, `starting_after`, `include`/`include[]` and
-`include_obfuscation` (it always returns the stored Response as JSON); `input_items` ignores
-`include`.
+`include_obfuscation` (it always returns the stored Response as JSON); `input_items` and
+`conversations/{id}/items` ignore `include` (items are always returned whole).
+
+`/v1/conversations` handlers only translate: the conversation RPCs (`ResponsesAPI.conversation_call`,
+by RPC name) do the work, so the gRPC service answers the same.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from urllib.parse import parse_qs
 
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.core.outbox import Outgoing
 from tether.errors import INVALID_REQUEST, INVALID_TYPE, SERVER_ERROR, TetherError
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
@@ -128,7 +132,7 @@ class HttpHandlers:
         params = await self._params(req)
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
-        events = self.ctx.api.create(req.tenant, params)
+        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 first = await anext(aiter(events), None)
@@ -210,6 +214,77 @@ class HttpHandlers:
         result = await self.ctx.api.compact(req.tenant, await self._params(req))
         await send_json(req.send, 200, json_codec.dumps(json_codec.compact_response_to_json(result)))
 
+    # -- /v1/conversations ------------------------------------------------------------------------
+
+    async def _conversation_call(self, req: HttpRequest, method: str, request: Any) -> Any:
+        return await self.ctx.api.conversation_call(req.tenant, method, request)
+
+    async def _conversation_body(self, req: HttpRequest, cls: Any) -> Any:
+        body = await req.body(self.ctx.limits.max_request_bytes, common.http_body_timeout(self.ctx.server))
+        return json_codec.conversation_body_from_json(cls, common.decode_object(body or b"{}", self.ctx.limits))
+
+    async def _send_conversation(self, req: HttpRequest, conversation: Any) -> None:
+        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_to_json(conversation)))
+
+    # POST /v1/conversations
+    async def create_conversation(self, req: HttpRequest) -> None:
+        request = await self._conversation_body(req, service_pb2.CreateConversationRequest)
+        result = await self._conversation_call(req, "CreateConversation", request)
+        await self._send_conversation(req, result.conversation)
+
+    # GET /v1/conversations/{id}
+    async def get_conversation(self, req: HttpRequest) -> None:
+        request = service_pb2.GetConversationRequest(conversation_id=req.path_params["id"])
+        result = await self._conversation_call(req, "GetConversation", request)
+        await self._send_conversation(req, result.conversation)
+
+    # POST /v1/conversations/{id}
+    async def update_conversation(self, req: HttpRequest) -> None:
+        request = await self._conversation_body(req, service_pb2.UpdateConversationRequest)
+        request.conversation_id = req.path_params["id"]
+        result = await self._conversation_call(req, "UpdateConversation", request)
+        await self._send_conversation(req, result.conversation)
+
+    # DELETE /v1/conversations/{id}
+    async def delete_conversation(self, req: HttpRequest) -> None:
+        request = service_pb2.DeleteConversationRequest(conversation_id=req.path_params["id"])
+        result = await self._conversation_call(req, "DeleteConversation", request)
+        body = {"id": result.id, "object": "conversation.deleted", "deleted": result.deleted}
+        await send_json(req.send, 200, json_codec.dumps(body))
+
+    # GET /v1/conversations/{id}/items
+    async def conversation_items(self, req: HttpRequest) -> None:
+        q = req.query()
+        request = service_pb2.ListConversationItemsRequest(
+            conversation_id=req.path_params["id"], after=q.get("after", ""), limit=_int_param(q, "limit"),
+            order=q.get("order", ""),
+        )
+        result = await self._conversation_call(req, "ListConversationItems", request)
+        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result)))
+
+    # POST /v1/conversations/{id}/items
+    async def add_conversation_items(self, req: HttpRequest) -> None:
+        request = await self._conversation_body(req, service_pb2.CreateConversationItemsRequest)
+        request.conversation_id = req.path_params["id"]
+        result = await self._conversation_call(req, "CreateConversationItems", request)
+        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result.page)))
+
+    # GET /v1/conversations/{id}/items/{item_id}
+    async def conversation_item(self, req: HttpRequest) -> None:
+        request = service_pb2.GetConversationItemRequest(
+            conversation_id=req.path_params["id"], item_id=req.path_params["item_id"]
+        )
+        result = await self._conversation_call(req, "GetConversationItem", request)
+        await send_json(req.send, 200, json_codec.dumps(json_codec.item_to_json(result.item)))
+
+    # DELETE /v1/conversations/{id}/items/{item_id}
+    async def delete_conversation_item(self, req: HttpRequest) -> None:
+        request = service_pb2.DeleteConversationItemRequest(
+            conversation_id=req.path_params["id"], item_id=req.path_params["item_id"]
+        )
+        result = await self._conversation_call(req, "DeleteConversationItem", request)
+        await self._send_conversation(req, result.conversation)
+
     # GET /v1/models
     async def models(self, req: HttpRequest) -> None:
         result = await self.ctx.api.list_models(req.tenant)
@@ -248,8 +323,8 @@ class HttpHandlers:
         await req.send({"type": "http.response.body", "body": body})
 
 
-def sse_frame(ev: events_pb2.ServerEvent) -> bytes:
-    obj = json_codec.event_to_json(ev, ws=False)
+def sse_frame(ev: Outgoing) -> bytes:
+    obj = common.event_json(ev, ws=False)
     return b"event: " + obj["type"].encode() + b"\ndata: " + json_codec.dumps(obj) + b"\n\n"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.core.api import SessionHandle
+from tether.core.outbox import Delta
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing
 from tether.protocol import json_codec
@@ -129,7 +130,8 @@ class WsConnection:
                 request = json_codec.client_event_from_json(obj)
             except Exception as exc:
                 err = common.as_tether_error(exc)
-                await self._send_error(err, _lane_of(obj, err, text))
+                event_id = obj.get("event_id") if isinstance(obj, dict) else None
+                await self._send_error(err, _lane_of(obj, err, text), event_id if isinstance(event_id, str) else "")
                 continue
             try:
                 await session.send(request)
@@ -140,10 +142,10 @@ class WsConnection:
         last_error = ""
         in_flight = self.in_flight
         send = self._send
-        async for batch in self._session.events():
+        async for batch in self._session.events(lazy_deltas=True):
             frames = []
             for ev in batch:
-                arm = ev.WhichOneof("event")
+                arm = "delta" if type(ev) is Delta else ev.WhichOneof("event")
                 if arm == "created":
                     in_flight.add(ev.created.response.id)
                 elif arm in _TERMINAL_ARMS:
@@ -160,9 +162,9 @@ class WsConnection:
                 self._stop.set()
         await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
 
-    async def _send_error(self, err: TetherError, stream_id: str = "") -> None:
+    async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
         self._ctx.count_error(err.code)
-        text = common.ws_error_text(err, stream_id)
+        text = common.ws_error_text(err, stream_id, event_id)
         async with self._send_lock:
             if not self._closed:
                 await self._send({"type": "websocket.send", "text": text})

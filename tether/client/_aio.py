@@ -196,7 +196,7 @@ class ResponseStream:
         return self.id
 
     async def final_response(self) -> response_pb2.Response:
-        """Read to the end; the terminal Response (status completed, failed or incomplete).
+        """Read to the end; the terminal Response (status completed, failed, incomplete or cancelled).
         Raises `TetherError` when the create was answered with an `error` event, `ConnectionLost`
         when its connection ended mid-generation."""
         async for _ in self:
@@ -219,7 +219,8 @@ class ResponseStream:
             raise self.error
 
     async def cancel(self) -> None:
-        """Cancel this response (it ends `incomplete`); a create not yet sent is dropped."""
+        """Cancel this response (its `response.incomplete` event carries status `cancelled`); a create
+        not yet sent is dropped."""
         await self._session._cancel(self)
 
 

@@ -73,7 +73,9 @@ def account(
         sources[kind] = MODEL_TOKENIZER if kind in up.model_counted else UPSTREAM
         return value
 
-    counted_out, counted_reasoning = output_tokens(output) if output else (0, 0)
+    # Counting tokenises the whole output: only when a figure falls back to it.
+    needed = not up.output_tokens or up.reasoning_tokens is None
+    counted_out, counted_reasoning = output_tokens(output) if output and needed else (0, 0)
     out = up.output_tokens
     if out == 0 and counted_out > 0:
         out = None  # a non-empty answer is never billed as nothing

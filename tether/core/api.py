@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
-from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
+from google.protobuf.message import Message
+
+from tether.core.outbox import Outgoing
+from tether.responses.v1 import request_pb2, response_pb2, service_pb2
 
 
 class SessionHandle(Protocol):
@@ -20,12 +23,14 @@ class SessionHandle(Protocol):
     `send` never raises for per-turn problems: those come back in-band as `error` events. It
     raises `TetherError` only when the session is closed. `events()` yields batches of server
     events (whatever is ready; deltas already coalesced) and ends when the session closes;
-    after a connection-fatal error its last batch holds that `error` event.
+    after a connection-fatal error its last batch holds that `error` event. With `lazy_deltas`,
+    text deltas may come as `outbox.Delta` records instead of protobuf events (a JSON transport
+    encodes them straight from the merged text).
     """
 
     async def send(self, request: service_pb2.SessionRequest) -> None: ...
 
-    def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+    def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     async def close(self) -> None:
         """Client went away: cancel active and queued responses, free the session's state."""
@@ -37,9 +42,12 @@ class ResponsesAPI(Protocol):
 
     async def open_session(self, tenant: str, *, transport: str) -> SessionHandle: ...
 
-    def create(self, tenant: str, params: request_pb2.ResponseCreateParams) -> AsyncIterator[events_pb2.ServerEvent]:
+    def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+    ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
-        errors come back as a single `error` event (nothing is created)."""
+        errors come back as a single `error` event (nothing is created). `lazy_deltas` as in
+        `SessionHandle.events`."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...
@@ -55,6 +63,11 @@ class ResponsesAPI(Protocol):
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse: ...
+
+    async def conversation_call(self, tenant: str, method: str, request: Message) -> Message:
+        """One `/v1/conversations` call by its RPC name (`tether.core.conversations.RPCS`): the
+        request and response are that RPC's messages."""
+        ...
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         """The routable model names (tenant-scoped so a forwarding bridge can pass the caller's key)."""

@@ -1,26 +1,40 @@
 """From backend chunks to Responses events: a pure state machine, no I/O.
 
-`OutputBuilder.feed(chunk)` returns the events that chunk causes (item added / part added /
-delta ...), `finish()` closes every open item in output order. It owns output indices and item
+`OutputBuilder.feed(chunks)` returns the events a backend wake-up's chunks cause (item added /
+part added / delta ...), `close_all()` closes every open item in output order. Text deltas are
+`Delta` records, not protobuf messages, and consecutive deltas of one content part are merged
+into one record: a wake-up that delivers 16 one-token chunks costs one delta event, not 16. It owns output indices and item
 ids, so every added item is done exactly once, indices are consistent, and the final output list
 equals what the stream said. The session core stamps response ids and sequence numbers.
+
+Two request options shape the output here, so every transport gets them alike:
+- `max_tool_calls`: function calls past the cap are not started; `capped` turns true, and the
+  turn stops the backend stream (the response completes with the calls it has);
+- `reasoning_summary` (`reasoning.summary` was set): the backend's reasoning text streams as the
+  reasoning item's summary (`response.reasoning_summary_*` events, `summary` parts) instead of
+  its `content`; Tether does not summarise separately;
+- `seal_reasoning` (`include` has `reasoning.encrypted_content`): called on each finished
+  reasoning item before it is emitted, to set its `encrypted_content`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether import ids
-from tether.backends.base import Chunk, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
+from tether.core.outbox import Delta
 from tether.responses.v1 import events_pb2, items_pb2
 
 Event = events_pb2.ServerEvent
+Emitted = Event | Delta
 
 
 @dataclass
 class _OpenItem:
     index: int
-    kind: str  # message | reasoning | function_call
+    kind: str  # message | refusal (a message whose part is a refusal) | reasoning | function_call
     item_id: str
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
@@ -28,13 +42,24 @@ class _OpenItem:
 
 
 class OutputBuilder:
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        max_tool_calls: int | None = None,
+        reasoning_summary: bool = False,
+        seal_reasoning: Callable[[items_pb2.Item], None] | None = None,
+    ) -> None:
+        self.max_tool_calls = max_tool_calls
+        self.reasoning_summary = reasoning_summary
+        self.seal_reasoning = seal_reasoning
+        self.capped = False  # a tool call past `max_tool_calls` was refused
         self._done: list[tuple[int, items_pb2.Item]] = []  # finished items with their index
         self._open: dict[int, _OpenItem] = {}  # by output index
         self._text: _OpenItem | None = None
         self._reasoning: _OpenItem | None = None
         self._calls: dict[int, _OpenItem] = {}  # by backend tool-call index
         self._next_index = 0
+        self._calls_started = 0
         self.finish: Finish | None = None
 
     @property
@@ -43,20 +68,42 @@ class OutputBuilder:
         return [item for _, item in sorted(self._done, key=lambda pair: pair[0])]
 
     @property
+    def tool_calls_started(self) -> int:
+        return self._calls_started
+
+    @property
     def next_index(self) -> int:
         return self._next_index
 
-    def feed(self, chunk: Chunk) -> list[Event]:
-        if isinstance(chunk, TextDelta):
-            return self._text_delta(chunk.text)
-        if isinstance(chunk, ReasoningDelta):
-            return self._reasoning_delta(chunk.text)
-        if isinstance(chunk, ToolCallDelta):
-            return self._tool_delta(chunk)
-        if isinstance(chunk, Finish):
-            self.finish = chunk
-            return []
-        raise TypeError(f"unknown chunk {chunk!r}")
+    def feed(self, chunks: list[Chunk]) -> list[Emitted]:
+        """The events of a run of chunks (what one backend wake-up delivered), in order."""
+        events: list[Emitted] = []
+        tail: Delta | None = None  # the text delta this run is appending to (the common case)
+        for chunk in chunks:
+            kind = type(chunk)
+            if kind is TextDelta:
+                if tail is not None:
+                    piece = chunk.text
+                    self._text.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)
+                    tail.size += len(piece)
+                    continue
+                self._text_delta(chunk.text, events)
+                last = events[-1]
+                tail = last if type(last) is Delta and self._reasoning is None else None
+                continue
+            tail = None
+            if kind is ReasoningDelta:
+                self._reasoning_delta(chunk.text, events)
+            elif kind is RefusalDelta:
+                self._text_delta(chunk.text, events, refusal=True)
+            elif kind is ToolCallDelta:
+                self._tool_delta(chunk, events)
+            elif kind is Finish:
+                self.finish = chunk
+            else:
+                raise TypeError(f"unknown chunk {chunk!r}")
+        return events
 
     def close_all(self, status: str = "completed") -> list[Event]:
         """Close every open item (in output order) and return their closing events."""
@@ -79,32 +126,31 @@ class OutputBuilder:
         ev.output_item_added.item.CopyFrom(item)
         return open_item, ev
 
-    def _text_delta(self, text: str) -> list[Event]:
-        events: list[Event] = []
+    def _text_delta(self, text: str, events: list[Emitted], *, refusal: bool = False) -> None:
+        """Output text, or a refusal: each in an assistant message of its own kind (a switch
+        between the two closes the open message and starts another)."""
+        kind = "refusal" if refusal else "message"
         if self._reasoning is not None:
             events.extend(self._close_one(self._reasoning))
+        if self._text is not None and self._text.kind != kind:
+            events.extend(self._close_one(self._text))
         if self._text is None:
             item_id = ids.message_id()
             item = items_pb2.Item()
             item.message.id = item_id
             item.message.role = "assistant"
             item.message.status = "in_progress"
-            self._text, added = self._add("message", item_id, item)
+            self._text, added = self._add(kind, item_id, item)
             part = Event()
             part.content_part_added.item_id = item_id
             part.content_part_added.output_index = self._text.index
             part.content_part_added.content_index = 0
-            part.content_part_added.part.output_text.SetInParent()
+            (part.content_part_added.part.refusal if refusal else part.content_part_added.part.output_text).SetInParent()
             events += [added, part]
         self._text.pieces.append(text)
-        ev = Event()
-        d = ev.output_text_delta
-        d.item_id, d.output_index, d.content_index, d.delta = self._text.item_id, self._text.index, 0, text
-        events.append(ev)
-        return events
+        _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, text)
 
-    def _reasoning_delta(self, text: str) -> list[Event]:
-        events: list[Event] = []
+    def _reasoning_delta(self, text: str, events: list[Emitted]) -> None:
         if self._reasoning is None:
             item_id = ids.reasoning_id()
             item = items_pb2.Item()
@@ -112,17 +158,22 @@ class OutputBuilder:
             item.reasoning.status = "in_progress"
             self._reasoning, added = self._add("reasoning", item_id, item)
             events.append(added)
+            if self.reasoning_summary:
+                part = Event()
+                p = part.reasoning_summary_part_added
+                p.item_id, p.output_index, p.summary_index = item_id, self._reasoning.index, 0
+                events.append(part)
         self._reasoning.pieces.append(text)
-        ev = Event()
-        d = ev.reasoning_text_delta
-        d.item_id, d.output_index, d.content_index, d.delta = self._reasoning.item_id, self._reasoning.index, 0, text
-        events.append(ev)
-        return events
+        arm = "reasoning_summary_text_delta" if self.reasoning_summary else "reasoning_text_delta"
+        _delta(events, arm, self._reasoning, text)
 
-    def _tool_delta(self, chunk: ToolCallDelta) -> list[Event]:
-        events: list[Event] = []
+    def _tool_delta(self, chunk: ToolCallDelta, events: list[Emitted]) -> None:
         call = self._calls.get(chunk.index)
+        if call is None and self.max_tool_calls is not None and self._calls_started >= self.max_tool_calls:
+            self.capped = True
+            return
         if call is None:
+            self._calls_started += 1
             for other in (self._reasoning, self._text):
                 if other is not None:
                     events.extend(self._close_one(other))
@@ -138,11 +189,7 @@ class OutputBuilder:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            ev = Event()
-            d = ev.function_call_arguments_delta
-            d.item_id, d.output_index, d.delta = call.item_id, call.index, chunk.arguments
-            events.append(ev)
-        return events
+            _delta(events, "function_call_arguments_delta", call, chunk.arguments)
 
     def _close_one(self, open_item: _OpenItem) -> list[Event]:
         self._open.pop(open_item.index, None)
@@ -156,17 +203,30 @@ class OutputBuilder:
         text = "".join(o.pieces)
         item = items_pb2.Item()
         events: list[Event] = []
-        if o.kind == "message":
+        if o.kind in ("message", "refusal"):
             msg = item.message
             msg.id, msg.role, msg.status = o.item_id, "assistant", status
-            msg.content.add().output_text.text = text
-            done = Event()
-            d = done.output_text_done
+            done, part = Event(), Event()
+            d = done.refusal_done if o.kind == "refusal" else done.output_text_done
             d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
-            part = Event()
             p = part.content_part_done
             p.item_id, p.output_index, p.content_index = o.item_id, o.index, 0
-            p.part.output_text.text = text
+            if o.kind == "refusal":
+                msg.content.add().refusal.refusal = text
+                p.part.refusal.refusal = text
+            else:
+                msg.content.add().output_text.text = text
+                p.part.output_text.text = text
+            events += [done, part]
+        elif o.kind == "reasoning" and self.reasoning_summary:
+            r = item.reasoning
+            r.id, r.status = o.item_id, status
+            r.summary.append(text)
+            done, part = Event(), Event()
+            d = done.reasoning_summary_text_done
+            d.item_id, d.output_index, d.summary_index, d.text = o.item_id, o.index, 0, text
+            p = part.reasoning_summary_part_done
+            p.item_id, p.output_index, p.summary_index, p.text = o.item_id, o.index, 0, text
             events += [done, part]
         elif o.kind == "reasoning":
             r = item.reasoning
@@ -183,6 +243,8 @@ class OutputBuilder:
             d = done.function_call_arguments_done
             d.item_id, d.output_index, d.name, d.arguments = o.item_id, o.index, o.name, text
             events.append(done)
+        if o.kind == "reasoning" and self.seal_reasoning is not None:
+            self.seal_reasoning(item)
         item_done = Event()
         item_done.output_item_done.output_index = o.index
         item_done.output_item_done.item.CopyFrom(item)
@@ -205,3 +267,14 @@ class OutputBuilder:
         done.output_item_done.item.CopyFrom(item)
         self._record(item, index)
         return index, [added, done]
+
+
+def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> None:
+    """Append `text` to the events as a delta of `item`: merged into the last event when that is
+    already a delta of the same item (consecutive chunks of one wake-up make one event)."""
+    if events:
+        last = events[-1]
+        if type(last) is Delta and last.item_id == item.item_id:
+            last.append(text)
+            return
+    events.append(Delta(arm, item.item_id, item.index, text))

@@ -20,16 +20,19 @@ from tether.backends.pool import build_configured_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.conversations import Conversations, list_args, output_item
+from tether.core.outbox import Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
-from tether.core.stages import render, validate
+from tether.core.stages import fields, render, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
-from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
+from tether.reasoning_codec import ReasoningSealer
+from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
 from tether.store.factory import open_store
 
@@ -55,7 +58,10 @@ class Engine:
         self.post = PostInference(
             store, on_done=self.metrics.post_inference, on_failure=self.metrics.post_inference_failure
         )
+        self.conversations = Conversations(store, config.limits)
+        self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
+        self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
@@ -172,6 +178,13 @@ class Engine:
             replica=hydrated.replica,
         )
 
+    async def conversation_node(self, tenant: str, conversation_id: str) -> Node | None:
+        """A conversation's items as the chain a create continues (None when it has none yet)."""
+        items = await self.conversations.context(tenant, conversation_id)
+        if not items:
+            return None
+        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
+
     async def summarize(
         self,
         route: Resolved,
@@ -207,8 +220,8 @@ class Engine:
     # -- ResponsesAPI -----------------------------------------------------------------------------
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams
-    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+    ) -> AsyncIterator[Outgoing]:
         """A stateless create: a one-turn session (hydrating from the store when continuing)."""
         session = await self.open_session(tenant, transport="http")
         ended = False
@@ -217,8 +230,11 @@ class Engine:
             request.create.CopyFrom(params)
             request.create.ClearField("stream_id")
             await session.send(request)
-            async for batch in session.events():
+            async for batch in session.events(lazy_deltas=lazy_deltas):
                 for event in batch:
+                    if type(event) is Delta:
+                        yield event
+                        continue
                     arm = event.WhichOneof("event")
                     ended = arm in _TERMINAL or (arm == "error" and not event.response_id)
                     yield event
@@ -245,12 +261,7 @@ class Engine:
     async def list_input_items(
         self, tenant: str, request: service_pb2.ListInputItemsRequest
     ) -> service_pb2.ListInputItemsResponse:
-        limit = request.limit or 20
-        if not 1 <= limit <= 100:
-            raise TetherError(errors.INVALID_REQUEST, "'limit' must be between 1 and 100.", param="limit")
-        order = request.order or "desc"
-        if order not in ("asc", "desc"):
-            raise TetherError(errors.INVALID_REQUEST, "'order' must be asc or desc.", param="order")
+        limit, order = list_args(request.limit, request.order)
         await self.post.wait_durable(tenant, request.response_id)
         page = await self.store.list_input_items(
             tenant, request.response_id, after=request.after or None, limit=limit, order=order
@@ -277,6 +288,8 @@ class Engine:
                     param="previous_response_id",
                 )
             items = parent.context_node.items() if parent.context_node else []
+        elif params.conversation:
+            items = await self.conversations.context(tenant, params.conversation)
         if params.input:
             items.extend(params.input)
         elif params.HasField("input_text"):
@@ -284,6 +297,7 @@ class Engine:
         return items
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
+        fields.check_declared(params, self.config.server.accept_unknown_parameters)
         if params.model:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
@@ -294,7 +308,7 @@ class Engine:
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
-        validate.validate_params(params, self.config.limits)
+        validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
@@ -303,13 +317,16 @@ class Engine:
         item.compaction.id = ids.compaction_id()
         item.compaction.encrypted_content = encode_payload(summary, keep)
         out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
-        out.output.extend(context[len(context) - keep :])
+        out.output.extend(output_item(kept) for kept in context[len(context) - keep :])
         out.output.append(item)
         in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
         out_tokens = len(render.encode(summary))
         out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
         out.usage.total_tokens = in_tokens + out_tokens
         return out
+
+    async def conversation_call(self, tenant: str, method: str, request):  # noqa: ANN001, ANN201
+        return await self.conversations.call(tenant, method, request)
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         out = service_pb2.ListModelsResponse()

@@ -14,6 +14,12 @@ Rules (Nagle-like):
 Sequence numbers are stamped when events leave the queue, so they stay contiguous per response
 however deltas were merged.
 
+Deltas travel as `Delta` records (plain strings), not protobuf messages: streamed text is merged
+by appending to a list, and a protobuf event is built once per batch, only for a transport that
+sends protobuf (`get_batch()`); the JSON transports take the records as they are
+(`get_batch(lazy_deltas=True)`) and encode the merged text directly. A delta costs no message
+per token on any transport.
+
 Backpressure: the queue holds at most `max_events` entries; producers (the turns of the session)
 wait in `put` when it is full, so a slow reader slows its own generation, never the server's
 memory. Merged deltas take no extra entry, which keeps generation going while the reader catches up.
@@ -28,43 +34,92 @@ from collections import deque
 from tether.responses.v1 import events_pb2
 
 # Delta arms and the field that holds their text.
-_DELTA_ARMS = {
-    "output_text_delta",
-    "refusal_delta",
-    "reasoning_text_delta",
-    "function_call_arguments_delta",
-    "reasoning_summary_text_delta",
-}
-_TERMINAL_ARMS = {"completed", "failed", "incomplete"}
+DELTA_ARMS = frozenset(
+    {
+        "output_text_delta",
+        "refusal_delta",
+        "reasoning_text_delta",
+        "function_call_arguments_delta",
+        "reasoning_summary_text_delta",
+    }
+)
+_TERMINAL_ARMS = frozenset({"completed", "failed", "incomplete"})
 
 
 class OutboxClosed(Exception):
     pass
 
 
-class _PendingDelta:
-    """A delta being coalesced: text pieces are joined once, when the batch leaves."""
+class Delta:
+    """One streamed text delta (any arm in `DELTA_ARMS`) as plain fields: the pieces merged into
+    it are joined once, when it is encoded. It has the attributes the arm's protobuf message and
+    JSON object have (`item_id`, `output_index`, `content_index`, `summary_index`, `delta`), so
+    the JSON codec encodes it with the arm's own field table."""
 
-    __slots__ = ("event", "arm", "pieces", "size", "merge_key")
+    __slots__ = ("stream_id", "response_id", "arm", "item_id", "output_index", "content_index",
+                 "summary_index", "pieces", "size", "sequence_number")  # fmt: skip
 
-    def __init__(self, event: events_pb2.ServerEvent, arm: str) -> None:
-        self.event = event
+    def __init__(self, arm: str, item_id: str, output_index: int, text: str, content_index: int = 0,
+                 summary_index: int = 0) -> None:  # fmt: skip
+        self.stream_id = ""
+        self.response_id = ""
         self.arm = arm
-        payload = getattr(event, arm)
-        self.pieces = [payload.delta]
-        self.size = len(payload.delta)
-        self.merge_key = (event.response_id, arm, payload.item_id, getattr(payload, "content_index", 0),
-                          getattr(payload, "summary_index", 0))
+        self.item_id = item_id
+        self.output_index = output_index
+        self.content_index = content_index
+        self.summary_index = summary_index
+        self.pieces = [text]
+        self.size = len(text)
+        self.sequence_number = 0
 
-    def materialize(self) -> events_pb2.ServerEvent:
-        if len(self.pieces) > 1:
-            getattr(self.event, self.arm).delta = "".join(self.pieces)
-        return self.event
+    @classmethod
+    def from_event(cls, event: events_pb2.ServerEvent, arm: str) -> Delta:
+        p = getattr(event, arm)
+        d = cls(arm, p.item_id, p.output_index, p.delta, getattr(p, "content_index", 0), getattr(p, "summary_index", 0))
+        d.stream_id, d.response_id = event.stream_id, event.response_id
+        return d
+
+    @property
+    def delta(self) -> str:
+        pieces = self.pieces
+        if len(pieces) > 1:
+            pieces[:] = ["".join(pieces)]
+        return pieces[0]
+
+    def append(self, text: str) -> None:
+        self.pieces.append(text)
+        self.size += len(text)
+
+    def continues(self, other: Delta) -> bool:
+        """Whether `other` is more text for the same content (so it may be merged into this one)."""
+        return (
+            other.item_id == self.item_id
+            and other.arm == self.arm
+            and other.response_id == self.response_id
+            and other.content_index == self.content_index
+            and other.summary_index == self.summary_index
+        )
+
+    def to_event(self) -> events_pb2.ServerEvent:
+        ev = events_pb2.ServerEvent(
+            stream_id=self.stream_id, response_id=self.response_id, sequence_number=self.sequence_number
+        )
+        arm = self.arm
+        p = getattr(ev, arm)
+        p.item_id, p.output_index, p.delta = self.item_id, self.output_index, self.delta
+        if arm == "reasoning_summary_text_delta":
+            p.summary_index = self.summary_index
+        elif arm != "function_call_arguments_delta":
+            p.content_index = self.content_index
+        return ev
+
+
+Outgoing = events_pb2.ServerEvent | Delta
 
 
 class Outbox:
     def __init__(self, *, max_events: int, coalesce_s: float, max_coalesced_bytes: int) -> None:
-        self._queue: deque[events_pb2.ServerEvent | _PendingDelta] = deque()
+        self._queue: deque[Outgoing] = deque()
         self._max_events = max(1, max_events)
         self._coalesce_s = coalesce_s
         self._max_coalesced = max_coalesced_bytes
@@ -75,6 +130,7 @@ class Outbox:
         self._closed = False
         self._last_flush = 0.0
         self._seq: dict[str, int] = {}
+        self.events_in = 0  # put() calls: what producers queued, before merging
         self.events_out = 0
         self.batches_out = 0
 
@@ -82,26 +138,30 @@ class Outbox:
     def closed(self) -> bool:
         return self._closed
 
-    async def put(self, event: events_pb2.ServerEvent) -> None:
+    async def put(self, event: Outgoing) -> None:
         """Queue an event; waits while the queue is full. Raises OutboxClosed after close()."""
-        arm = event.WhichOneof("event")
-        if arm in _DELTA_ARMS and self._queue:
+        self.events_in += 1
+        if type(event) is Delta:
+            delta: Delta | None = event
+        else:
+            arm = event.WhichOneof("event")  # type: ignore[union-attr]
+            delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None  # type: ignore[arg-type]
+        if delta is not None and self._queue:
             tail = self._queue[-1]
-            if isinstance(tail, _PendingDelta) and tail.size < self._max_coalesced:
-                payload = getattr(event, arm)
-                if tail.merge_key == (event.response_id, arm, payload.item_id,
-                                      getattr(payload, "content_index", 0), getattr(payload, "summary_index", 0)):
-                    tail.pieces.append(payload.delta)
-                    tail.size += len(payload.delta)
-                    return
+            if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
+                tail.pieces.extend(delta.pieces)
+                tail.size += delta.size
+                return
         while len(self._queue) >= self._max_events and not self._closed:
             self._space.clear()
             await self._space.wait()
         if self._closed:
             raise OutboxClosed()
-        self._queue.append(_PendingDelta(event, arm) if arm in _DELTA_ARMS else event)
-        if arm not in _DELTA_ARMS:
+        if delta is None:
+            self._queue.append(event)
             self._urgent.set()
+        else:
+            self._queue.append(delta)
         self._ready.set()
 
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
@@ -118,41 +178,44 @@ class Outbox:
         self._urgent.set()
         self._space.set()
 
-    async def get_batch(self) -> list[events_pb2.ServerEvent]:
-        """Everything ready, as one batch (waits for at least one event; [] once closed+drained)."""
+    async def get_batch(self, *, lazy_deltas: bool = False) -> list[Outgoing]:
+        """Everything ready, as one batch (waits for at least one event; [] once closed+drained).
+
+        Deltas come as protobuf events, or with `lazy_deltas` as the `Delta` records themselves
+        (for a transport that encodes JSON from the merged text)."""
         while not self._queue:
             if self._closed:
                 return []
             self._ready.clear()
             await self._ready.wait()
-        if self._coalesce_s > 0 and isinstance(self._queue[0], _PendingDelta) and not self._closed:
+        if self._coalesce_s > 0 and type(self._queue[0]) is Delta and not self._closed:
             wait = self._last_flush + self._coalesce_s - time.monotonic()
             if wait > 0:
+                # The window's end sets the same event a non-delta would (a timer, not wait_for,
+                # which costs a task per batch); the event is cleared when the batch leaves.
                 self._urgent.clear()
+                timer = asyncio.get_running_loop().call_later(wait, self._urgent.set)
                 try:
-                    await asyncio.wait_for(self._urgent.wait(), wait)
-                except TimeoutError:
-                    pass
-        batch = []
-        while self._queue:
-            entry = self._queue.popleft()
-            event = entry.materialize() if isinstance(entry, _PendingDelta) else entry
-            self._stamp(event)
-            batch.append(event)
+                    await self._urgent.wait()
+                finally:
+                    timer.cancel()
+        batch: list[Outgoing] = []
+        queue, seqs = self._queue, self._seq
+        while queue:
+            entry = queue.popleft()
+            rid = entry.response_id
+            if rid:  # request- or connection-scoped errors keep their sequence number (0)
+                entry.sequence_number = seq = seqs.get(rid, 0)
+                if type(entry) is not Delta and entry.WhichOneof("event") in _TERMINAL_ARMS:  # type: ignore[union-attr]
+                    seqs.pop(rid, None)
+                else:
+                    seqs[rid] = seq + 1
+            if type(entry) is Delta and not lazy_deltas:
+                entry = entry.to_event()
+            batch.append(entry)
         self._urgent.clear()
         self._space.set()
         self._last_flush = time.monotonic()
         self.events_out += len(batch)
         self.batches_out += 1
         return batch
-
-    def _stamp(self, event: events_pb2.ServerEvent) -> None:
-        rid = event.response_id
-        if not rid:
-            return  # request- or connection-scoped errors keep their sequence number (0)
-        seq = self._seq.get(rid, 0)
-        event.sequence_number = seq
-        if event.WhichOneof("event") in _TERMINAL_ARMS:
-            self._seq.pop(rid, None)
-        else:
-            self._seq[rid] = seq + 1

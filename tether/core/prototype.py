@@ -54,7 +54,6 @@ import orjson
 
 from tether import errors
 from tether.backends.base import BackendError, Finish, Usage
-from tether.core.builder import OutputBuilder
 from tether.core.stages import render, validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
@@ -153,7 +152,7 @@ class PrototypeTurn(Turn):
     # -- generation -----------------------------------------------------------------------------
 
     async def _generate(self, prepared: Prepared) -> None:
-        builder = OutputBuilder()
+        builder = self._builder()
         base_items = prepared.node.items()
         input_tokens = prepared.input_tokens
         output_tokens = reasoning_tokens = 0
@@ -207,15 +206,7 @@ class PrototypeTurn(Turn):
             usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens),
             timing=finish.timing if finish else None,
         )
-        if error is not None:
-            await self._emit_all(builder.close_all("incomplete"))
-            self.engine.metrics.error(error.code)
-            status = "incomplete" if error.code == errors.CANCELLED else "failed"
-            await self._finish(prepared, builder.output, status, total, error)
-            return
-        output = await self._maybe_compact(prepared, builder, builder.output, total)
-        status = "completed" if total.reason in ("stop", "tool_calls") else "incomplete"
-        await self._finish(prepared, output, status, total, None)
+        await self._end(prepared, builder, total, error)
 
     def _begin_wait(self, open_calls: list[str]) -> None:
         self._pending = dict.fromkeys(open_calls)
@@ -255,7 +246,7 @@ class PrototypeTurn(Turn):
                     self._check(batch)
                 except TetherError as exc:
                     self.engine.metrics.error(exc.code)
-                    await self.session.emit_error(exc, stream_id=self.stream_id)
+                    await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
                 else:
                     accepted.extend(batch)
                     for item in batch:

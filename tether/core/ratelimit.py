@@ -47,6 +47,11 @@ class RateLimiter:
     def enabled(self) -> bool:
         return bool(self._rpm or self._tpm)
 
+    @property
+    def charges_input_tokens(self) -> bool:
+        """Whether `admit` needs the exact input token count (a tokens-per-minute budget is set)."""
+        return bool(self._tpm)
+
     def admit(self, tenant: str, input_tokens: int) -> None:
         if not self.enabled:
             return

@@ -23,10 +23,12 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
+import orjson
+
 from tether import errors, ids
 from tether.core import prototype
 from tether.core.chain import CachedResponse, ResponseCache
-from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.outbox import Outbox, OutboxClosed, Outgoing
 from tether.core.stages import render
 from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
@@ -51,7 +53,7 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: deque[request_pb2.ResponseCreateParams] = deque()
+        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str]] = deque()  # (create, event_id)
         self.worker: asyncio.Task | None = None
         self.last_response_id = ""
         # Steers accepted for a response that stopped for tool output: merged into the next
@@ -102,24 +104,27 @@ class Session:
             raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
         self._last_activity = time.monotonic()
         arm = request.WhichOneof("event")
+        event_id = request.event_id  # echoed on the error events this client event causes
         if arm == "create":
-            await self._enqueue(request.create)
+            await self._enqueue(request.create, event_id)
         elif arm == "steer":
             await self._steer(request.steer)
         elif arm == "append":
             if self.engine.config.server.prototype_append and prototype.deliver_append(self, request.append):
                 return
-            await self._append(request.append)
+            await self._append(request.append, event_id)
         elif arm == "cancel":
-            await self._cancel(request.cancel.response_id)
+            await self._cancel(request.cancel.response_id, event_id)
         elif arm == "processed":
             return
         else:
-            await self.emit_error(TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"))
+            await self.emit_error(
+                TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"), event_id=event_id
+            )
 
-    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]:
         while True:
-            batch = await self.outbox.get_batch()
+            batch = await self.outbox.get_batch(lazy_deltas=lazy_deltas)
             if not batch:
                 return
             yield batch
@@ -154,10 +159,11 @@ class Session:
 
     # -- used by turns ----------------------------------------------------------------------------
 
-    async def emit_error(self, exc: TetherError, *, stream_id: str = "") -> None:
+    async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
         self.engine.metrics.error(exc.code)
         ev = events_pb2.ServerEvent(stream_id=stream_id)
         ev.error.error.CopyFrom(exc.to_proto())
+        ev.error.event_id = event_id
         try:
             await self.outbox.put(ev)
         except OutboxClosed:
@@ -196,7 +202,7 @@ class Session:
         if count is not None:
             self._headers.move_to_end(key)
             return count, True
-        count = len(render.encode(render.render_header(instructions, list(tools))))
+        count = len(self.engine.token_cache.encode(self.tenant, render.render_header(instructions, list(tools))))
         self._headers[key] = count
         if len(self._headers) > 8:
             self._headers.popitem(last=False)
@@ -219,15 +225,15 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def _enqueue(self, params: request_pb2.ResponseCreateParams) -> None:
+    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "") -> None:
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
         except TetherError as exc:  # no valid lane to echo
-            await self.emit_error(exc)
+            await self.emit_error(exc, event_id=event_id)
             return
         if self._expiring:
-            await self.emit_error(self._lifetime_error(), stream_id=stream_id)
+            await self.emit_error(self._lifetime_error(), stream_id=stream_id, event_id=event_id)
             return
         lane = self._lanes.get(stream_id)
         if lane is None:
@@ -240,6 +246,7 @@ class Session:
                         param="stream_id",
                     ),
                     stream_id=stream_id,
+                    event_id=event_id,
                 )
                 return
             lane = self._lanes[stream_id] = Lane(stream_id)
@@ -251,22 +258,24 @@ class Session:
                     param="stream_id" if stream_id else None, status=429,
                 ),
                 stream_id=stream_id,
+                event_id=event_id,
             )
             return
-        lane.queue.append(params)
+        lane.queue.append((params, event_id))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
         while lane.queue:
-            params = lane.queue.popleft()
+            params, event_id = lane.queue.popleft()
             async with self._active:
                 if self.engine.config.server.prototype_append:
                     turn = prototype.turn_for(self, params, lane)
                 else:
                     turn = Turn(self, params, lane)
                 turn.task = task
+                turn.event_id = event_id
                 try:
                     with tracing.turn_span(turn):
                         await turn.run()
@@ -284,21 +293,36 @@ class Session:
                     )
                 finally:
                     self._turns.pop(turn.response_id, None)
-                self._after_turn(turn)
+                await self._after_turn(turn)
             self._last_activity = time.monotonic()
 
     def register_turn(self, turn: Turn) -> None:
         self._turns[turn.response_id] = turn
 
-    def _after_turn(self, turn: Turn) -> None:
-        """Start the successors of accepted steers once their target response has ended."""
+    async def _after_turn(self, turn: Turn) -> None:
+        """Accepted steers, once their target response has ended: a successor continuing it with
+        the steer input starts at once, or, when the response waits for tool output,
+        `response.steer.pending` says so and the input joins the create that brings the output."""
         if not turn.steers or not turn.response_id:
             return
         entry = self.cache.get(turn.response_id)
         if entry is None:
             return
         if entry.context_node is not None and entry.context_node.open_calls:
-            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(turn.steers)
+            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(items for _, items in turn.steers)
+            required = [
+                {"type": "function_call_output", "call_id": call.call_id, "name": call.name}
+                for call in (s.item.function_call for s in entry.context_node.all_segments()
+                             if s.item.WhichOneof("item") == "function_call")
+                if call.call_id in entry.context_node.open_calls
+            ]  # fmt: skip
+            for steer_id, _ in turn.steers:
+                ev = events_pb2.ServerEvent(stream_id=turn.stream_id)
+                pending = ev.steer_pending
+                pending.steer.id, pending.steer.previous_response_id = steer_id, turn.response_id
+                pending.reason = "waiting_for_required_input"
+                pending.required_input_json = orjson.dumps(required).decode()
+                await self.outbox.put(ev)
             return
         successor = request_pb2.ResponseCreateParams()
         successor.CopyFrom(turn.params)
@@ -306,13 +330,18 @@ class Session:
         successor.ClearField("input_text")
         successor.ClearField("generate")
         successor.previous_response_id = turn.response_id
-        for steer in turn.steers:
-            successor.input.extend(steer)
-        turn.lane.queue.appendleft(successor)
+        for _, items in turn.steers:
+            successor.input.extend(items)
+        turn.lane.queue.appendleft((successor, ""))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
     async def _steer(self, steer: service_pb2.SteerRequest) -> None:
+        """`response.steer` (ws-mode contract 2.2): accepted for an active response of this
+        connection. A response still generating is interrupted (it ends `incomplete`, reason
+        `steered`) and its successor starts with the steer input; otherwise the successor starts
+        when it ends, or the input waits for the tool output it stopped for. A refused steer
+        returns its input in `response.steer.failed`."""
         target = steer.previous_response_id
         steer_id = ids.new_id("steer")
         turn = self._turns.get(target)
@@ -330,27 +359,32 @@ class Session:
             problem = ("invalid_input", "Steer input must be a non-empty list of user messages.")
         elif turn.params.context_management:
             problem = ("steering_not_supported", "Steering is not supported with automatic compaction.")
-        ev = events_pb2.ServerEvent(stream_id=turn.stream_id if turn else "", response_id=target if turn else "")
+        elif turn.params.conversation:
+            problem = ("steering_not_supported", "Steering is not supported for a response bound to a conversation.")
+        ev = events_pb2.ServerEvent(stream_id=turn.stream_id if turn else "")
         if problem is not None:
             failed = ev.steer_failed
             failed.steer.id, failed.steer.previous_response_id = steer_id, target
             failed.error.type, failed.error.code, failed.error.message = "invalid_request_error", *problem
             failed.error.status = 400
-            ev.response_id = ""
+            failed.input.extend(steer.input)  # the client still owns its input
+            if steer.HasField("input_text"):
+                failed.input_text = steer.input_text
             await self.outbox.put(ev)
             return
-        turn.steers.append(items)
+        turn.steers.append((steer_id, items))
         ev.steer_accepted.steer.id, ev.steer_accepted.steer.previous_response_id = steer_id, target
-        ev.response_id = ""
         await self.outbox.put(ev)
+        turn.interrupt_for_steer()
 
-    async def _append(self, append: service_pb2.AppendRequest) -> None:
+    async def _append(self, append: service_pb2.AppendRequest, event_id: str) -> None:
         """Legacy `response.append`: continue the default lane's last response with new input."""
         lane = self._lanes.get("")
         if lane is None or not lane.last_response_id:
             await self.emit_error(
                 TetherError(errors.PREVIOUS_RESPONSE_NOT_FOUND, "response.append needs an earlier response on this connection.",
-                            param="previous_response_id")
+                            param="previous_response_id"),
+                event_id=event_id,
             )
             return
         entry = self.cache.get(lane.last_response_id)
@@ -362,13 +396,14 @@ class Session:
         params.previous_response_id = lane.last_response_id
         params.input.extend(append.input)
         params.store = entry.store if entry else False
-        await self._enqueue(params)
+        await self._enqueue(params, event_id)
 
-    async def _cancel(self, response_id: str) -> None:
+    async def _cancel(self, response_id: str, event_id: str) -> None:
         turn = self._turns.get(response_id)
         if turn is None:
             await self.emit_error(
-                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404)
+                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404),
+                event_id=event_id,
             )
             return
         turn.cancel_requested = True

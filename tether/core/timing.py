@@ -7,7 +7,10 @@ from contextlib import contextmanager
 
 # The stages of a turn, in order. `backend` is the model's time (TTFT + streaming); everything
 # else is server overhead, the cost a transport with cached state is meant to shrink.
-STAGES = ("resolve", "validate", "classify", "render", "route", "backend", "emit", "finalize")
+# `render_overlapped` is tokenising the new input while the backend computes its first token
+# (when only `usage` needs the count): it is inside the backend's wait, not overhead, unless the
+# backend was ready before it ended.
+STAGES = ("resolve", "validate", "classify", "render", "route", "backend", "render_overlapped", "emit", "finalize")
 
 
 class StageClock:

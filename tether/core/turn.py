@@ -6,7 +6,7 @@ Stages, in order (each timed, each incremental over the cached chain):
   classify  the new items' text (safety)
   render    the new items -> tokens appended to the cached prefix; the header's tokens reused
   route     model -> backend (memoised per connection)
-  backend   stream chunks -> events (OutputBuilder) -> the session's outbox
+  backend   stream chunks, a wake-up at a time -> events (OutputBuilder) -> the session's outbox
   finalize  terminal event; the new state goes into the connection cache; the store/ledger
             write is queued for the post-inference worker (overlapping the client's next turn)
 """
@@ -14,10 +14,14 @@ Stages, in order (each timed, each incremental over the cached chain):
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import orjson
 
 from tether import errors, ids
 from tether.backends.base import BackendError, BackendRequest, Finish
@@ -29,6 +33,7 @@ from tether.core.postinference import PostJob
 from tether.core.stages import render, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
+from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
@@ -40,22 +45,77 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.turn")
 
 SERVER_TIMING_INCLUDE = "tether:server_timing"
+REASONING_INCLUDE = "reasoning.encrypted_content"
+# The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
+STEERED = "steered"
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
-@dataclass
-class Prepared:
-    """Everything the stages before the backend produced."""
+class Phase(enum.Enum):
+    """Where a turn is; a steer interrupts only a turn that is generating."""
 
-    response: response_pb2.Response
-    parent: CachedResponse | None
-    parent_from_cache: bool
+    PREPARING = "preparing"
+    GENERATING = "generating"
+    FINISHING = "finishing"
+
+
+@dataclass
+class Rendered:
+    """The new input tokenised onto the cached chain."""
+
     new_segments: tuple[Segment, ...]
     node: Node  # the effective input chain
-    route: Resolved
     input_tokens: int
     cached_tokens: int
-    request: BackendRequest  # the backend call, already checked by the backend (`prepare`)
+
+
+class Prepared:
+    """Everything the stages before the backend produced.
+
+    The new input's tokens (`new_segments`, `node`, `input_tokens`, `cached_tokens`) come from
+    `render()`. `_prepare` calls it at once when something before the backend needs the exact
+    count; otherwise `_generate` calls it while the backend computes its first token, and any
+    earlier reader of those attributes renders on first access."""
+
+    def __init__(self, response: response_pb2.Response, parent: CachedResponse | None, parent_from_cache: bool,
+                 route: Resolved, request: BackendRequest, tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
+        self.response = response
+        self.parent = parent
+        self.parent_from_cache = parent_from_cache
+        self.route = route
+        self.request = request  # the backend call, already checked by the backend (`prepare`)
+        self._tokenise: Callable[[], Rendered] | None = tokenise
+        self._rendered: Rendered | None = None
+
+    @property
+    def rendered(self) -> bool:
+        return self._rendered is not None
+
+    def render(self) -> Rendered:
+        if self._rendered is None:
+            assert self._tokenise is not None
+            self._rendered, self._tokenise = self._tokenise(), None
+        return self._rendered
+
+    @property
+    def new_segments(self) -> tuple[Segment, ...]:
+        return self.render().new_segments
+
+    @property
+    def node(self) -> Node:
+        return self.render().node
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.render().cached_tokens
+
+    @property
+    def input_tokens(self) -> int:
+        return self.render().input_tokens
+
+    @input_tokens.setter
+    def input_tokens(self, value: int) -> None:
+        self.render().input_tokens = value
 
 
 class Turn:
@@ -67,11 +127,15 @@ class Turn:
         self.stream_id = params.stream_id
         self.clock = StageClock()
         self.response_id = ""
-        self.steers: list[list[items_pb2.Item]] = []
+        self.steers: list[tuple[str, list[items_pb2.Item]]] = []  # accepted: (steer id, input)
+        self.phase = Phase.PREPARING
+        self.steered = False  # interrupted by a steer: ends `incomplete` with reason `steered`
+        self.builder: OutputBuilder | None = None  # while generating
         self.cancel_requested = False
         self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
         self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
+        self.event_id = ""  # the client's id of the create event (echoed on its error events)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -83,6 +147,15 @@ class Turn:
         getattr(ev, arm).response.CopyFrom(response)
         await self.session.outbox.put(ev)
 
+    def interrupt_for_steer(self) -> None:
+        """A steer was accepted: stop generating now (the output so far is kept) so that the
+        successor starts. A turn not generating, or already producing tool calls (it will wait
+        for their output), ends as it would; the successor or `response.steer.pending` follows."""
+        calling = self.builder is not None and self.builder.tool_calls_started > 0
+        if self.phase is Phase.GENERATING and not calling and self.task is not None and not self.cancel_requested:
+            self.steered = self.cancel_requested = True
+            self.task.cancel()
+
     # -- the turn ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -91,7 +164,7 @@ class Turn:
         except TetherError as exc:
             self._evict_parent_after_error()
             tracing.annotate_error(exc.code)
-            await self.session.emit_error(exc, stream_id=self.stream_id)
+            await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
             return
         self.response_id = prepared.response.id
         self.session.register_turn(self)
@@ -100,7 +173,7 @@ class Turn:
         try:
             await self._emit_response("created", prepared.response)
             await self._emit_response("in_progress", prepared.response)
-            if self.params.HasField("generate") and not self.params.generate:
+            if warm_up_only(self.params):
                 await self._finish(prepared, [], "completed", None, None)
             else:
                 await self._generate(prepared)
@@ -115,10 +188,14 @@ class Turn:
         params, session, limits = self.params, self.session, self.engine.config.limits
         clock = self.clock
         with clock.stage("validate"):
-            validate.validate_params(params, limits)
+            validate.validate_params(params, limits, self.engine.config.server.accept_unknown_parameters)
         with clock.stage("resolve"):
-            parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
-        parent_node = parent.context_node if parent else None
+            if params.conversation:
+                parent, from_cache = None, False
+                parent_node = await self.engine.conversation_node(session.tenant, params.conversation)
+            else:
+                parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
+                parent_node = parent.context_node if parent else None
         new_items = self._new_items()
         with clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
@@ -127,41 +204,56 @@ class Turn:
         with clock.stage("classify"):
             findings = self.engine.classify(texts)
         with clock.stage("render"):
-            new_segments = tuple(
-                Segment.of(ids.new_id("itm"), item, text) for item, text in zip(new_items, texts, strict=True)
-            )
-            node = Node.continue_with(parent_node, new_segments, findings)
-            # The prefix is reused only when it came from this connection and was not compacted away.
-            reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
             header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
-            input_tokens = header_tokens + node.token_count
-            cached_tokens = reused + (header_tokens if header_cached else 0)
         with clock.stage("route"):
             route = session.route(params.model)
-        if input_tokens > route.context_window:
-            raise TetherError(
-                errors.CONTEXT_LENGTH_EXCEEDED,
-                f"Input of {input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
-                param="input",
+
+        def tokenise() -> Rendered:
+            encode = self.engine.token_cache.encode
+            new_segments = tuple(
+                Segment(ids.new_id("itm"), item, encode(session.tenant, text))
+                for item, text in zip(new_items, texts, strict=True)
             )
+            node = Node.continue_with(parent_node, new_segments, findings)
+            if header_tokens + node.token_count > route.context_window and params.truncation == "auto":
+                # Dropping the oldest items breaks the cached prefix: only the header stays cached.
+                node = truncate(node, route.context_window - header_tokens)
+                cached_tokens = header_tokens if header_cached else 0
+                return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
+            # The prefix is reused only when it came from this connection and was not compacted away.
+            reused = parent_node.token_count if (parent_node and from_cache and node.parent is parent_node) else 0
+            cached_tokens = reused + (header_tokens if header_cached else 0)
+            return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
+
+        limiter = self.engine.rate_limiter
+        compacting = any(item.WhichOneof("item") == "compaction" for item in new_items)
+        # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
+        # that bound fits the context window, no token budget is charged and the backend reads the
+        # count only for `usage`, tokenising waits for the backend's first-token time.
+        with clock.stage("route"):
+            bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
+            defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+            items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
+            request = self._backend_request(
+                route, items, 0, affinity=(parent.replica or None) if parent else None
+            )
+            defer = defer and not route.backend.reads_input_tokens(request)
+        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
+        if not defer:
+            with clock.stage("render"):
+                request.items = prepared.node.items()
+                request.input_tokens = prepared.input_tokens
+            if prepared.input_tokens > route.context_window:
+                raise TetherError(
+                    errors.CONTEXT_LENGTH_EXCEEDED,
+                    f"Input of {prepared.input_tokens} tokens exceeds the context window of {route.context_window} tokens.",
+                    param="input",
+                )
         with clock.stage("route"):
             # What the backend cannot do is a request error now, before response.created.
-            request = self._backend_request(
-                route, node.items(), input_tokens, affinity=(parent.replica or None) if parent else None
-            )
             await route.backend.prepare(request)
-        self.engine.rate_limiter.admit(session.tenant, input_tokens)
-        return Prepared(
-            response=self._response_skeleton(),
-            parent=parent,
-            parent_from_cache=from_cache,
-            new_segments=new_segments,
-            node=node,
-            route=route,
-            input_tokens=input_tokens,
-            cached_tokens=cached_tokens,
-            request=request,
-        )
+        limiter.admit(session.tenant, prepared.input_tokens if prepared.rendered else 0)
+        return prepared
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -174,13 +266,10 @@ class Turn:
             items = []
         for steer in self.lane.take_pending_steer(params.previous_response_id):
             items.extend(steer)
-        for item in items:
-            arm = item.WhichOneof("item")
-            prefix = _ID_PREFIX.get(arm or "")
-            if prefix:
-                inner = getattr(item, arm)
-                if not inner.id:
-                    inner.id = ids.new_id(prefix)
+        assign_ids(items)
+        for i, item in enumerate(items):  # a stateless client's reasoning comes back sealed
+            if item.WhichOneof("item") == "reasoning" and item.reasoning.HasField("encrypted_content"):
+                self.engine.reasoning.open_item(self.session.tenant, item, f"input[{i}]")
         return items
 
     def _response_skeleton(self) -> response_pb2.Response:
@@ -207,6 +296,8 @@ class Turn:
             r.max_output_tokens = p.max_output_tokens
         if p.HasField("max_tool_calls"):
             r.max_tool_calls = p.max_tool_calls
+        if p.conversation:
+            r.conversation.id = p.conversation
         r.tools.extend(p.tools)
         if p.HasField("tool_choice"):
             r.tool_choice.CopyFrom(p.tool_choice)
@@ -239,6 +330,7 @@ class Turn:
             top_p=p.top_p if p.HasField("top_p") else None,
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
             text_format=p.text.format if p.text.HasField("format") else None,
+            verbosity=p.text.verbosity if p.text.HasField("verbosity") else None,
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
             service_tier=p.service_tier,
@@ -246,39 +338,60 @@ class Turn:
             affinity=affinity,
         )
 
-    async def _stream_step(self, builder: OutputBuilder, backend, request: BackendRequest) -> None:
-        """One backend call streamed into `builder` and the outbox. Raises BackendError, or
-        CancelledError when the client goes away or cancels (the upstream is closed either way)."""
-        stream = backend.stream(request)
+    async def _stream_step(
+        self, builder: OutputBuilder, backend, request: BackendRequest, while_waiting: Callable[[], None] | None = None
+    ) -> None:
+        """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
+        (`WakeupReader`: their text deltas merge into one event); `while_waiting` runs once, when
+        the backend first has to wait. Raises BackendError, or CancelledError when the client goes
+        away or cancels (the upstream is closed either way)."""
+        self.phase = Phase.GENERATING
+        reader = WakeupReader(backend.stream(request), while_waiting)
         outbox = self.session.outbox
-        waited = 0.0
+        stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()
-        first = True
         builder.finish = None
         try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                waited += time.perf_counter() - t0
-                if first:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                    first = False
-                for ev in builder.feed(chunk):
-                    ev.stream_id, ev.response_id = self.stream_id, self.response_id
+            chunks = await reader.next()
+            if chunks:
+                self.clock.add("backend_ttft", time.perf_counter() - started)
+            while chunks:
+                for ev in builder.feed(chunks):
+                    ev.stream_id, ev.response_id = stream_id, response_id
                     await outbox.put(ev)
+                if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                    break
+                chunks = await reader.next()
         finally:
-            await stream.aclose()
-            self.clock.add("backend_wait", waited)
+            await reader.aclose()
+            self.clock.add("backend_wait", reader.waited)
             self.clock.add("backend", time.perf_counter() - started)
 
+    def _builder(self) -> OutputBuilder:
+        p = self.params
+        seal = None
+        if REASONING_INCLUDE in p.include:
+            sealer, tenant = self.engine.reasoning, self.session.tenant
+            seal = lambda item: sealer.seal(tenant, item)  # noqa: E731
+        self.builder = OutputBuilder(
+            max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
+            reasoning_summary=p.reasoning.HasField("summary"),
+            seal_reasoning=seal,
+        )
+        return self.builder
+
     async def _generate(self, prepared: Prepared) -> None:
-        builder = OutputBuilder()
+        builder = self._builder()
+        request = prepared.request
+
+        def render_while_waiting() -> None:
+            with self.clock.stage("render_overlapped"):
+                request.input_tokens = prepared.render().input_tokens
+
         error: TetherError | None = None
         try:
-            await self._stream_step(builder, prepared.route.backend, prepared.request)
+            while_waiting = None if prepared.rendered else render_while_waiting
+            await self._stream_step(builder, prepared.route.backend, request, while_waiting)
         except BackendError as exc:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
@@ -289,19 +402,31 @@ class Turn:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
+            if self.steered and self.cut_reason is None:
+                await self._end(prepared, builder, Finish(reason=STEERED), None)
+                return
             error = self.cut_reason or TetherError(
                 errors.CANCELLED, "The response was cancelled by the client.", status=499
             )
+        await self._end(prepared, builder, None if error else builder.finish or Finish(), error)
+
+    async def _end(
+        self, prepared: Prepared, builder: OutputBuilder, finish: Finish | None, error: TetherError | None
+    ) -> None:
+        """Close the open items and finish: the one ending of every generation (`error` set: it
+        failed or was cancelled; else `finish` says how the model stopped)."""
+        self.phase = Phase.FINISHING
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
             self.engine.metrics.error(error.code)
-            status = "incomplete" if error.code == errors.CANCELLED else "failed"
-            await self._finish(prepared, builder.output, status, None, error)
+            status = "cancelled" if error.code == errors.CANCELLED else "failed"
+            await self._finish(prepared, builder.output, status, finish, error)
             return
-        await self._emit_all(builder.close_all("completed"))
-        finish = builder.finish or Finish()
-        output = await self._maybe_compact(prepared, builder, builder.output, finish)
+        finish = finish or Finish()
+        # A message cut by the output cap (or a filter) is itself incomplete, not just the response.
         status = "completed" if finish.reason in ("stop", "tool_calls") else "incomplete"
+        await self._emit_all(builder.close_all(status))
+        output = await self._maybe_compact(prepared, builder, builder.output, finish)
         await self._finish(prepared, output, status, finish, None)
 
     async def _emit_all(self, events: list[events_pb2.ServerEvent]) -> None:
@@ -379,8 +504,11 @@ class Turn:
             if error.retry_after:
                 r.error.retry_after_s = error.retry_after
             arm = "failed"
+        elif status == "cancelled":  # no `response.cancelled` event exists: the incomplete one ends it
+            arm = "incomplete"
         elif status == "incomplete":
-            reason = "cancelled" if error is not None else ("content_filter" if finish and finish.reason == "content_filter" else "max_output_tokens")
+            # Within the API's list: max_output_tokens | max_messages | content_filter | steered.
+            reason = finish.reason if finish and finish.reason in (STEERED, "content_filter") else "max_output_tokens"
             r.incomplete_details.reason = reason
             arm = "incomplete"
         if SERVER_TIMING_INCLUDE in self.params.include:
@@ -389,6 +517,10 @@ class Turn:
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
             st.usage_sources.update(usage.sources)
+        if self.params.conversation and status in ("completed", "incomplete"):
+            with clock.stage("finalize"):  # before the terminal event: the next create reads them
+                added = [seg.item for seg in prepared.new_segments]
+                await self.engine.conversations.append(self.session.tenant, self.params.conversation, [*added, *output])
         finishing = self.session.begin_finishing(r.id)
         tracing.annotate_response(r)
         try:
@@ -479,6 +611,48 @@ def user_message(text: str) -> items_pb2.Item:
     return item
 
 
+def warm_up_only(params: request_pb2.ResponseCreateParams) -> bool:
+    """`generate: false`, or `prompt_cache_options.prewarm: true` (which forces it): prepare and
+    cache the state, return a chainable id, generate nothing."""
+    if params.HasField("generate") and not params.generate:
+        return True
+    if not params.extra_json:
+        return False
+    options = orjson.loads(params.extra_json).get("prompt_cache_options")
+    return isinstance(options, dict) and options.get("prewarm") is True
+
+
+def truncate(node: Node, budget: int) -> Node:
+    """`truncation: "auto"`: the chain without its oldest whole items, so that it fits `budget`
+    tokens. The last item always stays; a tool output whose call was dropped goes with it.
+    Returns `node` itself when even the last item alone does not fit (the caller then answers
+    `context_length_exceeded`)."""
+    segments = node.all_segments()
+    total = node.token_count
+    start, last = 0, len(segments) - 1
+    while total > budget and start < last:
+        total -= len(segments[start].tokens)
+        start += 1
+    while start < last and segments[start].item.WhichOneof("item") == "function_call_output":
+        total -= len(segments[start].tokens)
+        start += 1
+    if total > budget:
+        return node
+    log.info("truncation auto: dropped the %d oldest items (%d tokens)", start, node.token_count - total)
+    return Node.extend(None, tuple(segments[start:]))
+
+
+def assign_ids(items: Iterable[items_pb2.Item]) -> None:
+    """Give items that came without an `id` a server-made one (`msg_`, `fc_`, `fco_`, `rs_`)."""
+    for item in items:
+        arm = item.WhichOneof("item")
+        prefix = _ID_PREFIX.get(arm or "")
+        if prefix:
+            inner = getattr(item, arm)
+            if not inner.id:
+                inner.id = ids.new_id(prefix)
+
+
 def item_key(item: items_pb2.Item) -> str:
     """Storage key of an output item: its own id (server-made, 128 random bits)."""
     arm = item.WhichOneof("item")
@@ -487,10 +661,11 @@ def item_key(item: items_pb2.Item) -> str:
 
 
 def _unstored(prepared: Prepared, out_segments: tuple[Segment, ...]) -> list[Segment]:
-    """The segments this turn adds to the store: new input, plus a rebuilt window's items when
-    the parent was not stored (store=false parent continued with store=true), plus the output."""
+    """The segments this turn adds to the store: new input, plus the whole window when the parent
+    was not stored (store=false parent continued with store=true, or a conversation's items),
+    plus the output."""
     parent = prepared.parent
-    if parent is not None and not parent.store:
+    if parent is None or not parent.store:  # a conversation's items are not stored under keys
         return [*prepared.node.all_segments(), *out_segments]
     if prepared.node.parent is None:  # a compaction window: its kept items may be new to the store
         return [*prepared.node.segments, *out_segments]

@@ -2,7 +2,7 @@
 
 Shared by the WebSocket and HTTP bridges, so it sits on the per-event hot path. It therefore never
 uses `google.protobuf.json_format` (2-4x slower per event, and not the OpenAI shape anyway: see
-`bench_codec`). Each JSON object type has one field table (`_Codec`): a generic loop reads JSON
+`tether_lab.bench_codec`). Each JSON object type has one field table (`_Codec`): a generic loop reads JSON
 with it, and at import it is compiled into a straight-line writer, so the tables stay the single
 description of the wire format while writing costs what a hand-written encoder would.
 
@@ -341,6 +341,7 @@ class _Const(_Field):
 
     def __init__(self, key: str, value: Any) -> None:
         self.key, self.value = key, value
+        self.policy = NULLABLE if value is None else ALWAYS  # a null constant reads back as absent
 
     def decode(self, msg: Any, value: Any, path: str) -> bool:
         return True
@@ -805,6 +806,22 @@ def _input_enc(msg: Any, out: dict) -> None:
         out["input"] = [enc(i) for i in msg.input]
 
 
+def _conversation_dec(msg: Any, value: Any, path: str) -> bool:
+    """`conversation`: an id, or `{"id": ...}` (the object is stashed so it echoes unchanged)."""
+    if type(value) is str:
+        msg.conversation = value
+        return bool(value)  # "" reads back as absent: stashed
+    if isinstance(value, dict) and type(value.get("id")) is str:
+        msg.conversation = value["id"]
+        return False
+    raise _type_error(path, "one of a string or an object with a string 'id'", value)
+
+
+def _conversation_enc(msg: Any, out: dict) -> None:
+    if msg.conversation:
+        out["conversation"] = msg.conversation
+
+
 def _ignore_create_type(msg: Any, value: Any, path: str) -> bool:
     """The WS `type` next to the body: dropped when it is `response.create`, else an unknown key."""
     return value == "response.create"
@@ -867,6 +884,7 @@ _PARAMS = _Codec(
     _Scalar("service_tier", NONEMPTY),
     _Scalar("background", OPTIONAL),
     _Scalar("stream", OPTIONAL),
+    _Custom("conversation", _conversation_dec, _conversation_enc),
     skip=(),
 )
 
@@ -922,6 +940,29 @@ def _response_tool_choice_enc(r: response_pb2.Response, out: dict) -> None:
     out["tool_choice"] = "auto" if choice is None else choice
 
 
+_RESPONSE_NULL_KEYS = (
+    "prompt",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "prompt_cache_diagnostics",
+    "access_programs",
+    "image",
+    "moderation",
+    "input_transformations",
+    "tool_usage",
+)
+
+
+def _response_tool_enc(tool: request_pb2.Tool) -> dict:
+    """An echoed tool: a function tool always carries `description` and `strict` (null when the
+    client did not set them), as the API's Response documents."""
+    out = _TOOL.encode(tool)
+    if out.get("type") == "function":
+        out.setdefault("description", None)
+        out.setdefault("strict", None)
+    return out
+
+
 _RESPONSE = _Codec(
     response_pb2.Response,
     _Scalar("id"),
@@ -948,7 +989,7 @@ _RESPONSE = _Codec(
     _Scalar("temperature"),
     _Custom("text", _response_text_dec, _response_text_enc),
     _Custom("tool_choice", _tool_choice_dec, _response_tool_choice_enc),
-    _List("tools", _TOOL.decode, _TOOL.encode),
+    _List("tools", _TOOL.decode, _response_tool_enc),
     _Scalar("top_p"),
     _Scalar("truncation", fallback="disabled"),
     _Sub("usage", _USAGE, NULLABLE),
@@ -970,6 +1011,13 @@ _RESPONSE = _Codec(
             response_pb2.ServerTiming, _Scalar("stages_ms"), _Scalar("overhead_ms"), _Scalar("usage_sources", NONEMPTY)
         ),
     ),
+    _Sub("conversation", _Codec(response_pb2.ConversationRef, _Scalar("id")), NULLABLE),
+    # Documented keys Tether has no value for: their defaults (log probabilities and penalties are
+    # not produced or applied; prompts, images, moderation and access programs are refused).
+    _Const("top_logprobs", 0),
+    _Const("presence_penalty", 0.0),
+    _Const("frequency_penalty", 0.0),
+    *(_Const(k, None) for k in _RESPONSE_NULL_KEYS),
     skip=(),
     typed_wins=True,
 )
@@ -1087,12 +1135,14 @@ def _steer_failed_steer_dec(m: events_pb2.SteerFailedEvent, value: Any, path: st
     steer = {k: v for k, v in d.items() if k != "input"}
     _STEER_REF.decode(steer, m.steer, path)
     if "input" in d:
-        m.input_json = _text(d["input"])
+        _input_dec(m, d["input"], f"{path}.input")
     return True
 
 
 def _steer_failed_steer_enc(m: events_pb2.SteerFailedEvent, out: dict) -> None:
-    steer: dict[str, Any] = {"input": orjson.loads(m.input_json) if m.input_json else []}
+    steer: dict[str, Any] = {}
+    _input_enc(m, steer)
+    steer.setdefault("input", [])
     steer["previous_response_id"] = m.steer.previous_response_id
     if m.steer.id:
         steer["id"] = m.steer.id
@@ -1227,14 +1277,26 @@ def event_to_json(ev: events_pb2.ServerEvent, *, ws: bool) -> dict:
         out = orjson.loads(ev.other.json)
     elif arm == "error":
         out = _error_event_json(ev.error.error, ws)
+        if ev.error.event_id:
+            out["event_id"] = ev.error.event_id
     elif arm is None:
         raise ValueError("ServerEvent has no event arm set")
     else:
-        t, codec = _EVENT_ARMS[arm]
-        out = codec.encode(getattr(ev, arm), {"type": t})  # type: ignore[union-attr]
+        return arm_to_json(arm, getattr(ev, arm), ev.sequence_number, ev.stream_id)
     out["sequence_number"] = ev.sequence_number
     if ev.stream_id:
         out["stream_id"] = ev.stream_id
+    return out
+
+
+def arm_to_json(arm: str, payload: Any, sequence_number: int, stream_id: str) -> dict:
+    """One event from its arm's payload: the protobuf message, or any object with the same
+    attributes (the outbox's merged text deltas, encoded without building a message first)."""
+    t, codec = _EVENT_ARMS[arm]
+    out = codec.encode(payload, {"type": t})
+    out["sequence_number"] = sequence_number
+    if stream_id:
+        out["stream_id"] = stream_id
     return out
 
 
@@ -1258,6 +1320,8 @@ def event_from_json(d: dict) -> events_pb2.ServerEvent:
         ev.other.json = _text(d)
     elif arm == "error":
         err = ev.error.error
+        if type(d.get("event_id")) is str:
+            ev.error.event_id = d["event_id"]
         body = d.get("error")
         if isinstance(body, dict):  # WS envelope
             _ERROR_BODY.decode(body, err, "error")
@@ -1314,6 +1378,12 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
         raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type", status=400)
     arm, codec = entry
     req = service_pb2.SessionRequest()
+    event_id = d.get("event_id")
+    if event_id is not None:
+        if type(event_id) is not str:
+            raise _type_error("event_id", "a string", event_id)
+        req.event_id = event_id
+        d = {k: v for k, v in d.items() if k != "event_id"}
     sub = getattr(req, arm)
     sub.SetInParent()
     codec.decode_into(d, sub, "")  # leftovers of messages without `extra_json` are dropped
@@ -1326,7 +1396,10 @@ def client_event_to_json(req: service_pb2.SessionRequest) -> dict:
     if arm is None:
         raise ValueError("SessionRequest has no event arm set")
     codec = _CLIENT_EVENTS[_CLIENT_TYPES[arm]][1]
-    return codec.encode(getattr(req, arm), {"type": _CLIENT_TYPES[arm]})
+    out = codec.encode(getattr(req, arm), {"type": _CLIENT_TYPES[arm]})
+    if req.event_id:
+        out["event_id"] = req.event_id
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1350,6 +1423,57 @@ _INPUT_ITEMS = _Codec(
     _Scalar("last_id", NULLABLE),
     _Scalar("has_more"),
 )
+
+
+_CONVERSATION = _Codec(
+    service_pb2.Conversation,
+    _Scalar("id"),
+    _Const("object", "conversation"),
+    _Scalar("created_at"),
+    _Scalar("metadata"),
+)
+_CONVERSATION_ITEMS = _Codec(
+    service_pb2.ListConversationItemsResponse,
+    _Const("object", "list"),
+    _items_field("data"),
+    _Scalar("first_id", NULLABLE),
+    _Scalar("last_id", NULLABLE),
+    _Scalar("has_more"),
+)
+# Request bodies: `POST /v1/conversations`, `POST /v1/conversations/{id}` (metadata), `POST
+# /v1/conversations/{id}/items`. Null reads as absent; any other key is 400 unknown_parameter.
+_CONVERSATION_BODIES = {
+    service_pb2.CreateConversationRequest: _Codec(
+        service_pb2.CreateConversationRequest, _items_field("items"), _Scalar("metadata", NULLABLE), skip=()
+    ),
+    service_pb2.UpdateConversationRequest: _Codec(
+        service_pb2.UpdateConversationRequest, _Scalar("metadata", NULLABLE), skip=()
+    ),
+    service_pb2.CreateConversationItemsRequest: _Codec(
+        service_pb2.CreateConversationItemsRequest, _items_field("items"), skip=()
+    ),
+}
+
+
+def conversation_to_json(c: service_pb2.Conversation) -> dict:
+    """`{"id","object":"conversation","created_at","metadata"}`."""
+    return _CONVERSATION.encode(c, {})
+
+
+def conversation_items_to_json(page: service_pb2.ListConversationItemsResponse) -> dict:
+    """A list page of conversation items (first/last ids null when empty)."""
+    return _CONVERSATION_ITEMS.encode(page, {})
+
+
+def conversation_body_from_json(cls: Any, d: dict) -> Any:
+    """One of the conversation request bodies (`cls` names which), strictly: unknown keys are
+    400 `unknown_parameter`, as for a create."""
+    msg = cls()
+    leftovers = _CONVERSATION_BODIES[cls].decode(_require_object(d, ""), msg, "")
+    for key, value in (leftovers or {}).items():
+        if value is not None or key not in _CONVERSATION_BODIES[cls].fields:
+            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key, status=400)
+    return msg
 
 
 def error_to_http_json(err: events_pb2.Error) -> dict:

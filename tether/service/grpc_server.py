@@ -20,6 +20,7 @@ from tether import errors
 from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
+from tether.core.conversations import RPCS as CONVERSATION_RPCS
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
@@ -170,6 +171,18 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
 
     async def ListModels(self, request, context):
         return await self._unary(context, lambda tenant: self._api.list_models(tenant), request)
+
+
+def _conversation_rpc(name: str):
+    async def handler(self: ResponsesServicer, request, context):
+        return await self._unary(context, lambda tenant: self._api.conversation_call(tenant, name, request), request)
+
+    handler.__name__ = name
+    return handler
+
+
+for _name in CONVERSATION_RPCS:  # one handler per conversation RPC, all answered by the API by name
+    setattr(ResponsesServicer, _name, _conversation_rpc(_name))
 
 
 class GrpcServer:

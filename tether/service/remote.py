@@ -103,7 +103,9 @@ class RemoteSession:
                 raise
             raise _closed_error() from None  # the call was cancelled under us (close())
 
-    async def events(self) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+        """The upstream's batches as they arrive (its deltas are protobuf events already, so
+        `lazy_deltas` changes nothing here)."""
         ended_with_error = False  # the server already said why in-band (e.g. server_shutting_down)
         while True:
             try:
@@ -195,7 +197,7 @@ class RemoteResponsesAPI:
         return RemoteSession(call)
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
     ) -> AsyncIterator[events_pb2.ServerEvent]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
@@ -237,6 +239,9 @@ class RemoteResponsesAPI:
     ) -> service_pb2.CompactResponseResponse:
         request = service_pb2.CompactResponseRequest(params=params)
         return await self._unary(self._stub.CompactResponse, request, tenant)
+
+    async def conversation_call(self, tenant: str, method: str, request: Any) -> Any:
+        return await self._unary(getattr(self._stub, method), request, tenant)
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         return await self._unary(self._stub.ListModels, service_pb2.ListModelsRequest(), tenant)

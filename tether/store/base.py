@@ -9,6 +9,11 @@ Every call is scoped by `tenant` (the API key's tenant, "" when auth is open): a
 ids behave exactly like ids that do not exist.
 
 store=false responses never reach a store: the session core keeps them in connection memory only.
+
+Conversations (`/v1/conversations`) are a second, simpler layout: a conversation row (the
+`Conversation` proto) and its ordered items, each held by value with its API id. Items are only
+ever appended at the end or deleted one by one, and a create reads them all at once
+(`conversation_items`), so paging happens in the engine core over that one read.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 
 @dataclass(frozen=True)
@@ -116,3 +121,30 @@ class Store(Protocol):
         ...
 
     async def usage_records(self, tenant: str | None = None) -> list[UsageRecord]: ...
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
+        """Create the conversation, or replace its row (metadata) keeping its items."""
+        ...
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None: ...
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
+        """Delete the conversation and its items; False when there was none."""
+        ...
+
+    async def append_conversation_items(
+        self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]
+    ) -> bool:
+        """Append items (each with its API id) in order, atomically; False when there is no such
+        conversation (nothing is written)."""
+        ...
+
+    async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
+        """Every item of the conversation in order, in one read; None when there is none."""
+        ...
+
+    async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
+        """Delete the item with that API id; False when the conversation or the item is missing."""
+        ...

@@ -9,9 +9,10 @@ without awaiting, so each call is atomic with respect to the event loop. Nothing
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import MissingItemError, check_page_args, item_api_id, page
 from .base import Hydrated, ItemPage, KeyedItem, ResponseRecord, UsageRecord
@@ -39,6 +40,8 @@ class MemoryStore:
         self._responses: dict[tuple[str, str], _StoredResponse] = {}
         self._usage: list[UsageRecord] = []
         self._usage_ids: set[tuple[str, str]] = set()
+        # (tenant, conversation id) -> [serialized Conversation, [(item id, serialized Item)]]
+        self._conversations: dict[tuple[str, str], tuple[bytes, list[tuple[str, bytes]]]] = {}
         self._open = False
 
     async def open(self) -> None:
@@ -50,6 +53,7 @@ class MemoryStore:
         self._responses.clear()
         self._usage.clear()
         self._usage_ids.clear()
+        self._conversations.clear()
 
     async def ping(self) -> bool:
         return self._open
@@ -155,6 +159,44 @@ class MemoryStore:
 
     async def usage_records(self, tenant: str | None = None) -> list[UsageRecord]:
         return [r for r in self._usage if tenant is None or r.tenant == tenant]
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
+        old = self._conversations.get((tenant, conversation.id))
+        self._conversations[(tenant, conversation.id)] = (
+            conversation.SerializeToString(), old[1] if old is not None else []
+        )
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
+        stored = self._conversations.get((tenant, conversation_id))
+        return None if stored is None else service_pb2.Conversation.FromString(stored[0])
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
+        return self._conversations.pop((tenant, conversation_id), None) is not None
+
+    async def append_conversation_items(
+        self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]
+    ) -> bool:
+        stored = self._conversations.get((tenant, conversation_id))
+        if stored is None:
+            return False
+        stored[1].extend((item_api_id(i), i.SerializeToString()) for i in items)
+        return True
+
+    async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
+        stored = self._conversations.get((tenant, conversation_id))
+        return None if stored is None else [items_pb2.Item.FromString(d) for _, d in stored[1]]
+
+    async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
+        stored = self._conversations.get((tenant, conversation_id))
+        if stored is None:
+            return False
+        for index, (iid, _) in enumerate(stored[1]):
+            if iid == item_id:
+                del stored[1][index]
+                return True
+        return False
 
     # -- test aids -----------------------------------------------------------------------
 

@@ -48,13 +48,13 @@ event-loop iteration, as asyncpg schedules it with `call_soon`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
     MissingItemError,
@@ -421,6 +421,78 @@ class PostgresStore:
                 f"SELECT {_USAGE_COLUMNS} FROM usage WHERE tenant = $1 ORDER BY seq", tenant
             )
         return [UsageRecord(*row) for row in rows]
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
+        await self.pool.execute(
+            """INSERT INTO conversations (tenant, id, conversation) VALUES ($1, $2, $3)
+               ON CONFLICT (tenant, id) DO UPDATE SET conversation = excluded.conversation""",
+            tenant,
+            conversation.id,
+            conversation.SerializeToString(),
+        )
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
+        data = await self.pool.fetchval(
+            "SELECT conversation FROM conversations WHERE tenant = $1 AND id = $2", tenant, conversation_id
+        )
+        return None if data is None else service_pb2.Conversation.FromString(data)
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
+        async with self.pool.acquire() as conn, conn.transaction():
+            gone = await conn.fetchval(
+                "DELETE FROM conversations WHERE tenant = $1 AND id = $2 RETURNING 1", tenant, conversation_id
+            )
+            await conn.execute(
+                "DELETE FROM conversation_items WHERE tenant = $1 AND conversation_id = $2", tenant, conversation_id
+            )
+            return gone is not None
+
+    async def append_conversation_items(
+        self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]
+    ) -> bool:
+        async with self.pool.acquire() as conn, conn.transaction():
+            # The row lock serialises appends to one conversation (positions stay unique).
+            found = await conn.fetchval(
+                "SELECT 1 FROM conversations WHERE tenant = $1 AND id = $2 FOR UPDATE", tenant, conversation_id
+            )
+            if found is None:
+                return False
+            start = await conn.fetchval(
+                "SELECT coalesce(max(position), -1) + 1 FROM conversation_items WHERE tenant = $1 AND conversation_id = $2",
+                tenant,
+                conversation_id,
+            )
+            await conn.executemany(
+                "INSERT INTO conversation_items (tenant, conversation_id, position, item_id, item) VALUES ($1, $2, $3, $4, $5)",
+                [(tenant, conversation_id, start + n, item_api_id(i), i.SerializeToString()) for n, i in enumerate(items)],
+            )
+            return True
+
+    async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
+        rows = await self.pool.fetch(
+            """SELECT 0 AS marker, -1::bigint AS position, NULL::bytea AS item
+                 FROM conversations WHERE tenant = $1 AND id = $2
+               UNION ALL
+               SELECT 1, position, item FROM conversation_items WHERE tenant = $1 AND conversation_id = $2
+               ORDER BY 1, 2""",
+            tenant,
+            conversation_id,
+        )
+        if not rows or rows[0][0] != 0:
+            return None
+        return [items_pb2.Item.FromString(row[2]) for row in rows[1:]]
+
+    async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
+        gone = await self.pool.fetchval(
+            """DELETE FROM conversation_items WHERE tenant = $1 AND conversation_id = $2 AND item_id = $3
+               RETURNING 1""",
+            tenant,
+            conversation_id,
+            item_id,
+        )
+        return gone is not None
 
     # -- test aids -----------------------------------------------------------------------
 

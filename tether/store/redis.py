@@ -29,6 +29,11 @@ items it references get `ttl_s` too, refreshed (extended, never shortened) whene
 response references them, so an item always lives at least as long as every live response that
 references it. With ttl_s = 0 referenced items are made persistent.
 
+* `P:{t:T}:c:<conversation id>`: the serialized Conversation proto; `P:{t:T}:ci:<conversation
+  id>`: its items, a list of `<API item id> NUL <serialized Item>` entries in order. Appends and
+  item deletion are Lua scripts (all-or-nothing, and an append to a deleted conversation writes
+  nothing); conversations do not expire.
+
 Deletion: `delete_response` decrements the reference count of each distinct key of the response
 and deletes items that reach zero. A response that *expires* does not decrement its items'
 counts; those items then simply expire on their own TTL once no newer response refreshes them.
@@ -37,12 +42,13 @@ counts; those items then simply expire on their own TTL once no newer response r
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
 import redis.asyncio as aioredis
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
     USAGE_FIELDS,
@@ -184,6 +190,25 @@ end
 return res
 """
 
+# KEYS[1] conversation, KEYS[2] its item list; ARGV: entries. -> 0 (no conversation) | 1
+_CONV_APPEND_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if #ARGV > 0 then redis.call('RPUSH', KEYS[2], unpack(ARGV)) end
+return 1
+"""
+
+# KEYS[1] conversation item list; ARGV[1] "<item id>\0". -> 1 deleted | 0 not found
+_CONV_DELETE_ITEM_LUA = """
+local n = string.len(ARGV[1])
+for _, entry in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if string.sub(entry, 1, n) == ARGV[1] then
+    redis.call('LREM', KEYS[1], 1, entry)
+    return 1
+  end
+end
+return 0
+"""
+
 # KEYS[1] idempotency set, KEYS[2] stream; ARGV[1] member, then field, value, ...
 _USAGE_LUA = """
 if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -225,6 +250,12 @@ class RedisStore:
     def item_key(self, tenant: str, key: str) -> str:
         return self.item_prefix(tenant) + key
 
+    def conversation_key(self, tenant: str, conversation_id: str) -> str:
+        return f"{self._tenant_tag(tenant)}:c:{conversation_id}"
+
+    def conversation_items_key(self, tenant: str, conversation_id: str) -> str:
+        return f"{self._tenant_tag(tenant)}:ci:{conversation_id}"
+
     @property
     def usage_stream_key(self) -> str:
         return f"{self.prefix}:{{usage}}:stream"
@@ -253,6 +284,8 @@ class RedisStore:
                 "delete": _DELETE_LUA,
                 "page": _PAGE_LUA,
                 "usage": _USAGE_LUA,
+                "conv_append": _CONV_APPEND_LUA,
+                "conv_delete_item": _CONV_DELETE_ITEM_LUA,
             }
             registered = {}
             for name, source in scripts.items():
@@ -376,6 +409,45 @@ class RedisStore:
             last = batch[-1][0]
             start = "(" + (last.decode() if isinstance(last, bytes) else last)
         return records
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
+        await self.client.set(self.conversation_key(tenant, conversation.id), conversation.SerializeToString())
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
+        data = await self.client.get(self.conversation_key(tenant, conversation_id))
+        return None if data is None else service_pb2.Conversation.FromString(data)
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
+        conv = self.conversation_key(tenant, conversation_id)
+        async with self.client.pipeline(transaction=True) as pipe:
+            gone, _ = await pipe.delete(conv).delete(self.conversation_items_key(tenant, conversation_id)).execute()
+        return int(gone) == 1
+
+    async def append_conversation_items(
+        self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]
+    ) -> bool:
+        entries = [item_api_id(i).encode() + b"\0" + i.SerializeToString() for i in items]
+        keys = [self.conversation_key(tenant, conversation_id), self.conversation_items_key(tenant, conversation_id)]
+        return int(await self._scripts["conv_append"](keys=keys, args=entries, client=self.client)) == 1
+
+    async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.exists(self.conversation_key(tenant, conversation_id))
+            pipe.lrange(self.conversation_items_key(tenant, conversation_id), 0, -1)
+            exists, entries = await pipe.execute()
+        if not exists:
+            return None
+        return [items_pb2.Item.FromString(entry.split(b"\0", 1)[1]) for entry in entries]
+
+    async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
+        res = await self._scripts["conv_delete_item"](
+            keys=[self.conversation_items_key(tenant, conversation_id)],
+            args=[item_id.encode() + b"\0"],
+            client=self.client,
+        )
+        return int(res) == 1
 
     # -- test aids -----------------------------------------------------------------------
 

@@ -48,11 +48,11 @@ import asyncio
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from tether.responses.v1 import items_pb2, response_pb2
+from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import MissingItemError, check_page_args, item_api_id, usage_to_row
 from .base import Hydrated, ItemPage, KeyedItem, ResponseRecord, UsageRecord
@@ -107,6 +107,25 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("ALTER TABLE responses ADD COLUMN replica TEXT NOT NULL DEFAULT ''",)),
+    (
+        3,
+        (
+            """CREATE TABLE conversations (
+                tenant       TEXT NOT NULL,
+                id           TEXT NOT NULL,
+                conversation BLOB NOT NULL,
+                PRIMARY KEY (tenant, id)
+            )""",
+            """CREATE TABLE conversation_items (
+                tenant          TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                position        INTEGER NOT NULL,
+                item_id         TEXT NOT NULL,
+                item            BLOB NOT NULL,
+                PRIMARY KEY (tenant, conversation_id, position)
+            ) WITHOUT ROWID""",
+        ),
+    ),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -401,6 +420,81 @@ class SqliteStore:
             return [UsageRecord(*row) for row in rows]
 
         return await self._run(read)
+
+    # -- conversations -------------------------------------------------------------------
+
+    async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
+        def upsert(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                """INSERT INTO conversations (tenant, id, conversation) VALUES (?, ?, ?)
+                   ON CONFLICT (tenant, id) DO UPDATE SET conversation = excluded.conversation""",
+                (tenant, conversation.id, conversation.SerializeToString()),
+            )
+
+        await self._run(self._write, upsert)
+
+    async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
+        def read() -> service_pb2.Conversation | None:
+            row = self._db.execute(
+                "SELECT conversation FROM conversations WHERE tenant = ? AND id = ?", (tenant, conversation_id)
+            ).fetchone()
+            return None if row is None else service_pb2.Conversation.FromString(row[0])
+
+        return await self._run(read)
+
+    async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute("DELETE FROM conversations WHERE tenant = ? AND id = ?", (tenant, conversation_id))
+            conn.execute(
+                "DELETE FROM conversation_items WHERE tenant = ? AND conversation_id = ?", (tenant, conversation_id)
+            )
+            return cur.rowcount > 0
+
+        return await self._run(self._write, delete)
+
+    async def append_conversation_items(
+        self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]
+    ) -> bool:
+        def append(conn: sqlite3.Connection) -> bool:
+            key = (tenant, conversation_id)
+            if conn.execute("SELECT 1 FROM conversations WHERE tenant = ? AND id = ?", key).fetchone() is None:
+                return False
+            start = conn.execute(
+                "SELECT coalesce(max(position), -1) + 1 FROM conversation_items WHERE tenant = ? AND conversation_id = ?",
+                key,
+            ).fetchone()[0]
+            conn.executemany(
+                "INSERT INTO conversation_items (tenant, conversation_id, position, item_id, item) VALUES (?, ?, ?, ?, ?)",
+                [(*key, start + n, item_api_id(i), i.SerializeToString()) for n, i in enumerate(items)],
+            )
+            return True
+
+        return await self._run(self._write, append)
+
+    async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
+        def read() -> list[items_pb2.Item] | None:
+            rows = self._db.execute(
+                """SELECT 0, NULL FROM conversations WHERE tenant = :t AND id = :c
+                   UNION ALL
+                   SELECT * FROM (SELECT 1, item FROM conversation_items
+                                   WHERE tenant = :t AND conversation_id = :c ORDER BY position)""",
+                {"t": tenant, "c": conversation_id},
+            ).fetchall()
+            if not rows or rows[0][0] != 0:
+                return None
+            return [items_pb2.Item.FromString(data) for _, data in rows[1:]]
+
+        return await self._run(read)
+
+    async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "DELETE FROM conversation_items WHERE tenant = ? AND conversation_id = ? AND item_id = ?",
+                (tenant, conversation_id, item_id),
+            )
+            return cur.rowcount > 0
+
+        return await self._run(self._write, delete)
 
     # -- test aids -----------------------------------------------------------------------
 

@@ -485,5 +485,7 @@ async def _raw_session(call: Any, data: bytes, sentinel: bytes) -> str:
         return "stream-ended:OK"
     except grpc.aio.AioRpcError as exc:
         return f"status:{exc.code().name}"
+    except asyncio.InvalidStateError:  # the server ended the RPC (a malformed message) before the sentinel went out
+        return f"status:{(await call.code()).name}"
 
 

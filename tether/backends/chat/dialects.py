@@ -53,6 +53,10 @@ class Dialect:
     # request that forces a call is sent as the one named function when exactly one tool is
     # offered, and refused (400) otherwise: the server would answer with plain text.
     tool_choice_required: bool = True
+    # `tool_choice: {"type": "allowed_tools", ...}` is understood (OpenAI): `allowed_tools`
+    # constrains the choice and the tool list goes out whole (its prompt prefix stays the same, so
+    # it stays cached). When False, the tool list is narrowed to the allowed tools instead.
+    allowed_tools_choice: bool = False
     # The server's tokenizer endpoint (path from the server root, POST {"input": text} ->
     # {"count": n}): output a stream did not count is counted there, with the model's own tokenizer.
     tokenize_path: str | None = None
@@ -72,7 +76,7 @@ class Dialect:
 DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
-        Dialect("openai", "OpenAI and any server not listed here"),
+        Dialect("openai", "OpenAI and any server not listed here", allowed_tools_choice=True),
         Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier"})),
         Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier"})),
         Dialect(

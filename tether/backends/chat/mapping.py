@@ -120,6 +120,46 @@ def _reasoning_text(r: items_pb2.ReasoningItem) -> str:
     return "\n".join(r.content) if r.content else "\n".join(r.summary)
 
 
+# Responses item types Tether does not model (they travel whole in `Item.other`) that are tool
+# calls and their outputs: carried into the chat history as function calls and tool messages, so
+# the model sees a custom tool's (Codex's `apply_patch`) or a shell's calls and results.
+_OTHER_CALLS = {"custom_tool_call", "local_shell_call", "shell_call"}
+_OTHER_OUTPUTS = {"custom_tool_call_output", "local_shell_call_output", "shell_call_output"}
+
+
+def _other_json(item: items_pb2.Item, types: set[str]) -> dict[str, Any] | None:
+    if item.WhichOneof("item") != "other" or item.other.type not in types:
+        return None
+    try:
+        obj = orjson.loads(item.other.json)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _other_call(item: items_pb2.Item) -> tuple[str, str, str] | None:
+    """(call_id, name, arguments JSON) of a custom tool call (`{"input": ...}`) or a shell call
+    (its `action`, under the name `shell` / `local_shell`)."""
+    obj = _other_json(item, _OTHER_CALLS)
+    if obj is None:
+        return None
+    call_id = str(obj.get("call_id") or obj.get("id") or "")
+    if item.other.type == "custom_tool_call":
+        return call_id, str(obj.get("name", "")), orjson.dumps({"input": obj.get("input", "")}).decode()
+    name = item.other.type.removesuffix("_call")
+    return call_id, name, orjson.dumps(obj.get("action", {})).decode()
+
+
+def _other_output(item: items_pb2.Item) -> tuple[str, str] | None:
+    """(call_id, text) of a custom tool's or a shell's output."""
+    obj = _other_json(item, _OTHER_OUTPUTS)
+    if obj is None:
+        return None
+    output = obj.get("output", "")
+    text = output if isinstance(output, str) else orjson.dumps(output).decode()
+    return str(obj.get("call_id") or obj.get("id") or ""), text
+
+
 def to_chat_messages(
     instructions: str | None, items: Sequence[items_pb2.Item], opts: MappingOptions
 ) -> list[dict[str, Any]]:
@@ -161,21 +201,25 @@ def to_chat_messages(
                 reasoning.clear()
                 open_assistant = None
             msgs.append(msg)
-        elif arm == "function_call":
-            fc = item.function_call
-            call = {
-                "id": fc.call_id,
-                "type": "function",
-                "function": {"name": fc.name, "arguments": fc.arguments or "{}"},
-            }
+        elif arm == "function_call" or _other_call(item) is not None:
+            if arm == "function_call":
+                fc = item.function_call
+                call_id, name, arguments = fc.call_id, fc.name, fc.arguments or "{}"
+            else:
+                call_id, name, arguments = _other_call(item)  # type: ignore[misc]
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             if open_assistant is None:
                 open_assistant = {"role": "assistant", "content": opts.dialect.tool_calls_content}
                 msgs.append(open_assistant)
             attach_reasoning(open_assistant)
             open_assistant.setdefault("tool_calls", []).append(call)
-        elif arm == "function_call_output":
-            out = item.function_call_output
-            msgs.append({"role": "tool", "tool_call_id": out.call_id, "content": _tool_output_text(out)})
+        elif arm == "function_call_output" or _other_output(item) is not None:
+            if arm == "function_call_output":
+                out = item.function_call_output
+                call_id, text = out.call_id, _tool_output_text(out)
+            else:
+                call_id, text = _other_output(item)  # type: ignore[misc]
+            msgs.append({"role": "tool", "tool_call_id": call_id, "content": text})
             open_assistant = None
             reasoning.clear()
         elif arm == "reasoning":
@@ -240,7 +284,8 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
 def _tool_choice(
     choice: request_pb2.ToolChoice | None, tools: list[dict[str, Any]], dialect: Dialect
 ) -> tuple[Any | None, list[dict[str, Any]]]:
-    """The upstream tool_choice (None: omit) and the tool list (allowed_tools narrows it)."""
+    """The upstream tool_choice (None: omit) and the tool list (allowed_tools constrains the choice
+    where the dialect takes it, else narrows the list)."""
     if choice is None:
         return None, tools
     arm = choice.WhichOneof("choice")
@@ -263,7 +308,11 @@ def _tool_choice(
             allowed = {t.get("name") for t in obj.get("tools") or [] if isinstance(t, dict)}
             narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
             mode = obj.get("mode", "auto")
-            return _forced(mode if mode in ("auto", "required") else "auto", narrowed, dialect), narrowed
+            mode = mode if mode in ("auto", "required") else "auto"
+            if dialect.allowed_tools_choice:  # a constraint on the choice; the list stays whole
+                names = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in narrowed]
+                return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": names}}, tools
+            return _forced(mode, narrowed, dialect), narrowed
         log.debug("dropping tool_choice %s", obj.get("type"))
     return None, tools
 

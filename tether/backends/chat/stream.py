@@ -18,6 +18,7 @@ from tether.backends.base import (
     Chunk,
     Finish,
     ReasoningDelta,
+    RefusalDelta,
     TextDelta,
     Timing,
     ToolCallDelta,
@@ -124,6 +125,9 @@ class StreamParser:
             c = delta.get("content")
             if c:
                 out.append(TextDelta(c))
+            refusal = delta.get("refusal")
+            if refusal:
+                out.append(RefusalDelta(refusal))
             tcs = delta.get("tool_calls")
             if tcs:
                 for pos, tc in enumerate(tcs):

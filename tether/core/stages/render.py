@@ -11,6 +11,7 @@ vocabulary in its wheel and runs offline.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from functools import lru_cache
 
 import bpe_openai
@@ -58,6 +59,49 @@ def encode(text: str) -> array:
         out.extend(enc.encode_ordinary(text[start:end]))
         start = end
     return out
+
+
+class TokenCache:
+    """Token ids of recently tokenised texts, per tenant, LRU-bounded in bytes (0 disables it).
+
+    Why: a stateless client (HTTP full resend) sends its whole history on every turn, and
+    tokenising it again was most of the server's CPU for such a turn; the connection-scoped cache
+    cannot help a request that opens no connection. Entries are keyed by (tenant, text) so one
+    tenant's timing never reveals what another sent. Texts under `min_chars` are tokenised
+    directly: cheap, and not worth an entry. The arrays are shared: callers never modify them."""
+
+    def __init__(self, max_bytes: int, min_chars: int = 256) -> None:
+        self.max_bytes = max_bytes
+        self.min_chars = min_chars
+        self.nbytes = 0
+        self.hits = 0
+        self._entries: OrderedDict[tuple[str, str], array] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def encode(self, tenant: str, text: str) -> array:
+        if self.max_bytes <= 0 or len(text) < self.min_chars:
+            return encode(text)
+        key = (tenant, text)
+        tokens = self._entries.get(key)
+        if tokens is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return tokens
+        tokens = encode(text)
+        size = _entry_bytes(text, tokens)
+        if size <= self.max_bytes:
+            self._entries[key] = tokens
+            self.nbytes += size
+            while self.nbytes > self.max_bytes:
+                (_, old_text), old = self._entries.popitem(last=False)
+                self.nbytes -= _entry_bytes(old_text, old)
+        return tokens
+
+
+def _entry_bytes(text: str, tokens: array) -> int:
+    return len(text) + tokens.itemsize * len(tokens) + 128  # the text is held as the key
 
 
 def render_item(item: items_pb2.Item) -> str:

@@ -8,11 +8,14 @@ that is still open in the conversation it continues, or one made earlier in the 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 import orjson
 
 from tether import errors
+from tether.compaction_codec import is_tether_payload
 from tether.config import Limits
+from tether.core.stages import fields
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
 
@@ -38,8 +41,11 @@ def check_stream_id(stream_id: str) -> None:
         )
 
 
-def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
+def validate_params(
+    params: request_pb2.ResponseCreateParams, limits: Limits, accept_unknown: Iterable[str] = ()
+) -> None:
     """Request-level checks (everything but the items' call bookkeeping)."""
+    fields.check_declared(params, accept_unknown)
     if not params.model:
         raise TetherError(errors.MISSING_REQUIRED_PARAMETER, "Missing required parameter: 'model'.", param="model")
     if params.HasField("background") and params.background:
@@ -59,15 +65,13 @@ def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) ->
         raise TetherError(errors.INVALID_REQUEST, "'temperature' must be between 0 and 2.", param="temperature")
     if params.HasField("top_p") and not 0.0 <= params.top_p <= 1.0:
         raise TetherError(errors.INVALID_REQUEST, "'top_p' must be between 0 and 1.", param="top_p")
-    if len(params.metadata) > limits.max_metadata_pairs:
+    check_metadata(params.metadata, limits)
+    if params.conversation and params.previous_response_id:
         raise TetherError(
-            errors.INVALID_REQUEST, f"'metadata' may hold at most {limits.max_metadata_pairs} pairs.", param="metadata"
+            errors.INVALID_REQUEST,
+            "Mutually exclusive parameters: send only one of 'previous_response_id' or 'conversation'.",
+            param="conversation",
         )
-    for key, value in params.metadata.items():
-        if len(key) > 64 or len(value) > 512:
-            raise TetherError(
-                errors.INVALID_REQUEST, "metadata keys are at most 64 and values 512 characters.", param="metadata"
-            )
     if len(params.input) > limits.max_input_items:
         raise TetherError(
             errors.TOO_MANY_ITEMS, f"'input' has {len(params.input)} items; the limit is {limits.max_input_items}.",
@@ -89,6 +93,19 @@ def validate_params(params: request_pb2.ResponseCreateParams, limits: Limits) ->
             raise TetherError(
                 errors.INVALID_REQUEST, "compact_threshold must be at least 1000.",
                 param=f"context_management[{i}].compact_threshold",
+            )
+
+
+def check_metadata(metadata: Mapping[str, str], limits: Limits) -> None:
+    """`metadata` of a create or a conversation: at most `max_metadata_pairs`, short keys and values."""
+    if len(metadata) > limits.max_metadata_pairs:
+        raise TetherError(
+            errors.INVALID_REQUEST, f"'metadata' may hold at most {limits.max_metadata_pairs} pairs.", param="metadata"
+        )
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise TetherError(
+                errors.INVALID_REQUEST, "metadata keys are at most 64 and values 512 characters.", param="metadata"
             )
 
 
@@ -205,6 +222,13 @@ def validate_items(
                     param=f"{where}.call_id",
                 )
             pending.discard(call_id)
+        elif arm == "compaction" and not is_tether_payload(item.compaction.encrypted_content):
+            raise TetherError(
+                errors.INVALID_ITEM,
+                f"{where} is a compaction item this server did not make: its encrypted_content cannot be read. "
+                "Send the items it replaced instead.",
+                param=f"{where}.encrypted_content",
+            )
         elif arm == "item_reference":
             raise TetherError(
                 errors.UNSUPPORTED, "item_reference inputs are not supported; send the item itself.", param=where

@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from tether.responses.v1 import items_pb2 as _items_pb2
 from tether.responses.v1 import response_pb2 as _response_pb2
 import builtins as _builtins
@@ -525,16 +527,20 @@ class ErrorEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ERROR_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """The `event_id` of the client event this error answers (WebSocket frames may carry one)."""
     @_builtins.property
     def error(self) -> Global___Error: ...
     def __init__(
         self,
         *,
         error: Global___Error | None = ...,
+        event_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "event_id", b"event_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -623,24 +629,31 @@ class SteerFailedEvent(_message.Message):
 
     STEER_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
-    INPUT_JSON_FIELD_NUMBER: _builtins.int
-    input_json: _builtins.str
-    """The steer's input, returned to the client (JSON text)."""
+    INPUT_FIELD_NUMBER: _builtins.int
+    INPUT_TEXT_FIELD_NUMBER: _builtins.int
+    input_text: _builtins.str
     @_builtins.property
     def steer(self) -> Global___SteerRef: ...
     @_builtins.property
     def error(self) -> Global___Error: ...
+    @_builtins.property
+    def input(self) -> _containers.RepeatedCompositeFieldContainer[_items_pb2.Item]:
+        """The steer's input, returned to the client (it still owns it): items, or the plain string."""
+
     def __init__(
         self,
         *,
         steer: Global___SteerRef | None = ...,
         error: Global___Error | None = ...,
-        input_json: _builtins.str = ...,
+        input: _abc.Iterable[_items_pb2.Item] | None = ...,
+        input_text: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "steer", b"steer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_input_text", b"_input_text", "error", b"error", "input_text", b"input_text", "steer", b"steer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "input_json", b"input_json", "steer", b"steer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_input_text", b"_input_text", "error", b"error", "input", b"input", "input_text", b"input_text", "steer", b"steer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__input_text: _TypeAlias = _typing.Literal["input_text"]  # noqa: Y015
+    _WhichOneofArgType__input_text: _TypeAlias = _typing.Literal["_input_text", b"_input_text"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__input_text) -> _WhichOneofReturnType__input_text | None: ...
 
 Global___SteerFailedEvent: _TypeAlias = SteerFailedEvent  # noqa: Y015

@@ -76,6 +76,7 @@ class ResponseCreateParams(_message.Message):
     TRUNCATION_FIELD_NUMBER: _builtins.int
     SERVICE_TIER_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    CONVERSATION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     instructions: _builtins.str
     input_text: _builtins.str
@@ -103,6 +104,11 @@ class ResponseCreateParams(_message.Message):
     service_tier: _builtins.str
     extra_json: _builtins.str
     """Unknown top-level fields (`client_metadata`, `prompt_cache_options`, ...), JSON object text."""
+    conversation: _builtins.str
+    """The conversation (`conv_...`) this response belongs to: its items are prepended to `input`,
+    and this turn's input and output are appended to it. Exclusive with previous_response_id.
+    JSON: a string or `{"id": ...}`.
+    """
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[_items_pb2.Item]:
         """`input` as a list of items."""
@@ -152,10 +158,11 @@ class ResponseCreateParams(_message.Message):
         truncation: _builtins.str = ...,
         service_tier: _builtins.str = ...,
         extra_json: _builtins.str = ...,
+        conversation: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_p", b"_top_p", "background", b"background", "generate", b"generate", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "reasoning", b"reasoning", "store", b"store", "stream", b"stream", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "conversation", b"conversation", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__background: _TypeAlias = _typing.Literal["background"]  # noqa: Y015
     _WhichOneofArgType__background: _TypeAlias = _typing.Literal["_background", b"_background"]  # noqa: Y015

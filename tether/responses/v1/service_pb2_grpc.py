@@ -81,6 +81,46 @@ class ResponsesServiceStub:
                 request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.CreateConversation = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/CreateConversation',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationResponse.FromString,
+                _registered_method=True)
+        self.GetConversation = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/GetConversation',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationResponse.FromString,
+                _registered_method=True)
+        self.UpdateConversation = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/UpdateConversation',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationResponse.FromString,
+                _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/DeleteConversation',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationResponse.FromString,
+                _registered_method=True)
+        self.ListConversationItems = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/ListConversationItems',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsResponse.FromString,
+                _registered_method=True)
+        self.CreateConversationItems = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/CreateConversationItems',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsResponse.FromString,
+                _registered_method=True)
+        self.GetConversationItem = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/GetConversationItem',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemResponse.FromString,
+                _registered_method=True)
+        self.DeleteConversationItem = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/DeleteConversationItem',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemResponse.FromString,
+                _registered_method=True)
 
 
 class ResponsesServiceServicer:
@@ -149,6 +189,62 @@ class ResponsesServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateConversation(self, request, context):
+        """`POST /v1/conversations`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConversation(self, request, context):
+        """`GET /v1/conversations/{id}`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateConversation(self, request, context):
+        """`POST /v1/conversations/{id}`: replace the metadata.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversation(self, request, context):
+        """`DELETE /v1/conversations/{id}`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConversationItems(self, request, context):
+        """`GET /v1/conversations/{id}/items`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateConversationItems(self, request, context):
+        """`POST /v1/conversations/{id}/items`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConversationItem(self, request, context):
+        """`GET /v1/conversations/{id}/items/{item_id}`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversationItem(self, request, context):
+        """`DELETE /v1/conversations/{id}/items/{item_id}`: returns the conversation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ResponsesServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +287,46 @@ def add_ResponsesServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.ListModelsRequest.FromString,
                     response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'CreateConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateConversation,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationResponse.SerializeToString,
+            ),
+            'GetConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversation,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationResponse.SerializeToString,
+            ),
+            'UpdateConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConversation,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationResponse.SerializeToString,
+            ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationResponse.SerializeToString,
+            ),
+            'ListConversationItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConversationItems,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsResponse.SerializeToString,
+            ),
+            'CreateConversationItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateConversationItems,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsResponse.SerializeToString,
+            ),
+            'GetConversationItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversationItem,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemResponse.SerializeToString,
+            ),
+            'DeleteConversationItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversationItem,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,6 +552,222 @@ class ResponsesService:
             '/tether.responses.v1.ResponsesService/ListModels',
             tether_dot_responses_dot_v1_dot_service__pb2.ListModelsRequest.SerializeToString,
             tether_dot_responses_dot_v1_dot_service__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/CreateConversation',
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/GetConversation',
+            tether_dot_responses_dot_v1_dot_service__pb2.GetConversationRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.GetConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/UpdateConversation',
+            tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.UpdateConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/DeleteConversation',
+            tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConversationItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/ListConversationItems',
+            tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.ListConversationItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateConversationItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/CreateConversationItems',
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateConversationItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversationItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/GetConversationItem',
+            tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.GetConversationItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversationItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/DeleteConversationItem',
+            tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.DeleteConversationItemResponse.FromString,
             options,
             channel_credentials,
             insecure,

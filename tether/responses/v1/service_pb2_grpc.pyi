@@ -39,6 +39,22 @@ class ResponsesServiceStub:
     """`POST /v1/responses/compact`."""
     ListModels: _aio.UnaryUnaryMultiCallable[_service_pb2.ListModelsRequest, _service_pb2.ListModelsResponse]
     """`GET /v1/models`."""
+    CreateConversation: _aio.UnaryUnaryMultiCallable[_service_pb2.CreateConversationRequest, _service_pb2.CreateConversationResponse]
+    """`POST /v1/conversations`."""
+    GetConversation: _aio.UnaryUnaryMultiCallable[_service_pb2.GetConversationRequest, _service_pb2.GetConversationResponse]
+    """`GET /v1/conversations/{id}`."""
+    UpdateConversation: _aio.UnaryUnaryMultiCallable[_service_pb2.UpdateConversationRequest, _service_pb2.UpdateConversationResponse]
+    """`POST /v1/conversations/{id}`: replace the metadata."""
+    DeleteConversation: _aio.UnaryUnaryMultiCallable[_service_pb2.DeleteConversationRequest, _service_pb2.DeleteConversationResponse]
+    """`DELETE /v1/conversations/{id}`."""
+    ListConversationItems: _aio.UnaryUnaryMultiCallable[_service_pb2.ListConversationItemsRequest, _service_pb2.ListConversationItemsResponse]
+    """`GET /v1/conversations/{id}/items`."""
+    CreateConversationItems: _aio.UnaryUnaryMultiCallable[_service_pb2.CreateConversationItemsRequest, _service_pb2.CreateConversationItemsResponse]
+    """`POST /v1/conversations/{id}/items`."""
+    GetConversationItem: _aio.UnaryUnaryMultiCallable[_service_pb2.GetConversationItemRequest, _service_pb2.GetConversationItemResponse]
+    """`GET /v1/conversations/{id}/items/{item_id}`."""
+    DeleteConversationItem: _aio.UnaryUnaryMultiCallable[_service_pb2.DeleteConversationItemRequest, _service_pb2.DeleteConversationItemResponse]
+    """`DELETE /v1/conversations/{id}/items/{item_id}`: returns the conversation."""
 
 class ResponsesServiceServicer(metaclass=_abc_1.ABCMeta):
     """The Responses API over gRPC.
@@ -113,5 +129,69 @@ class ResponsesServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _aio.ServicerContext[_service_pb2.ListModelsRequest, _abc.Awaitable[_service_pb2.ListModelsResponse]],
     ) -> _abc.Awaitable[_service_pb2.ListModelsResponse]:
         """`GET /v1/models`."""
+
+    @_abc_1.abstractmethod
+    def CreateConversation(
+        self,
+        request: _service_pb2.CreateConversationRequest,
+        context: _aio.ServicerContext[_service_pb2.CreateConversationRequest, _abc.Awaitable[_service_pb2.CreateConversationResponse]],
+    ) -> _abc.Awaitable[_service_pb2.CreateConversationResponse]:
+        """`POST /v1/conversations`."""
+
+    @_abc_1.abstractmethod
+    def GetConversation(
+        self,
+        request: _service_pb2.GetConversationRequest,
+        context: _aio.ServicerContext[_service_pb2.GetConversationRequest, _abc.Awaitable[_service_pb2.GetConversationResponse]],
+    ) -> _abc.Awaitable[_service_pb2.GetConversationResponse]:
+        """`GET /v1/conversations/{id}`."""
+
+    @_abc_1.abstractmethod
+    def UpdateConversation(
+        self,
+        request: _service_pb2.UpdateConversationRequest,
+        context: _aio.ServicerContext[_service_pb2.UpdateConversationRequest, _abc.Awaitable[_service_pb2.UpdateConversationResponse]],
+    ) -> _abc.Awaitable[_service_pb2.UpdateConversationResponse]:
+        """`POST /v1/conversations/{id}`: replace the metadata."""
+
+    @_abc_1.abstractmethod
+    def DeleteConversation(
+        self,
+        request: _service_pb2.DeleteConversationRequest,
+        context: _aio.ServicerContext[_service_pb2.DeleteConversationRequest, _abc.Awaitable[_service_pb2.DeleteConversationResponse]],
+    ) -> _abc.Awaitable[_service_pb2.DeleteConversationResponse]:
+        """`DELETE /v1/conversations/{id}`."""
+
+    @_abc_1.abstractmethod
+    def ListConversationItems(
+        self,
+        request: _service_pb2.ListConversationItemsRequest,
+        context: _aio.ServicerContext[_service_pb2.ListConversationItemsRequest, _abc.Awaitable[_service_pb2.ListConversationItemsResponse]],
+    ) -> _abc.Awaitable[_service_pb2.ListConversationItemsResponse]:
+        """`GET /v1/conversations/{id}/items`."""
+
+    @_abc_1.abstractmethod
+    def CreateConversationItems(
+        self,
+        request: _service_pb2.CreateConversationItemsRequest,
+        context: _aio.ServicerContext[_service_pb2.CreateConversationItemsRequest, _abc.Awaitable[_service_pb2.CreateConversationItemsResponse]],
+    ) -> _abc.Awaitable[_service_pb2.CreateConversationItemsResponse]:
+        """`POST /v1/conversations/{id}/items`."""
+
+    @_abc_1.abstractmethod
+    def GetConversationItem(
+        self,
+        request: _service_pb2.GetConversationItemRequest,
+        context: _aio.ServicerContext[_service_pb2.GetConversationItemRequest, _abc.Awaitable[_service_pb2.GetConversationItemResponse]],
+    ) -> _abc.Awaitable[_service_pb2.GetConversationItemResponse]:
+        """`GET /v1/conversations/{id}/items/{item_id}`."""
+
+    @_abc_1.abstractmethod
+    def DeleteConversationItem(
+        self,
+        request: _service_pb2.DeleteConversationItemRequest,
+        context: _aio.ServicerContext[_service_pb2.DeleteConversationItemRequest, _abc.Awaitable[_service_pb2.DeleteConversationItemResponse]],
+    ) -> _abc.Awaitable[_service_pb2.DeleteConversationItemResponse]:
+        """`DELETE /v1/conversations/{id}/items/{item_id}`: returns the conversation."""
 
 def add_ResponsesServiceServicer_to_server(servicer: ResponsesServiceServicer, server: _aio.Server) -> None: ...

@@ -1,0 +1,197 @@
+"""Conversations (`/v1/conversations`): durable item lists that creates continue.
+
+The one implementation behind every transport: the engine answers the eight conversation RPCs
+through `Conversations.call`, the gRPC servicer registers one handler per name in `RPCS`, and the
+remote adapter forwards by the same names, so HTTP, gRPC and a bridge in front of a remote
+engine all share it.
+
+A create with `conversation` (validated exclusive with `previous_response_id`) reads the
+conversation's items once (`context`) and uses them as the chain it continues; when the turn ends
+(completed or incomplete) its new input and its output are appended (`append`) before the
+terminal event goes out, so the client's next create sees them on any transport or replica.
+Every call is tenant-scoped: another tenant's conversation ids behave like ids that do not exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from tether import errors, ids
+from tether.config import Limits
+from tether.core.stages import validate
+from tether.core.turn import assign_ids
+from tether.errors import TetherError
+from tether.responses.v1 import items_pb2, service_pb2
+from tether.store._common import item_api_id, page
+from tether.store.base import Store
+
+log = logging.getLogger("tether.conversations")
+
+MAX_ITEMS_PER_CALL = 20  # OpenAI's bound for items on create and on items/create
+
+# The gRPC service methods this module answers (each takes and returns that RPC's messages).
+RPCS = (
+    "CreateConversation",
+    "GetConversation",
+    "UpdateConversation",
+    "DeleteConversation",
+    "ListConversationItems",
+    "CreateConversationItems",
+    "GetConversationItem",
+    "DeleteConversationItem",
+)
+
+
+def list_args(limit: int, order: str) -> tuple[int, str]:
+    """`limit` (1..100, 0 = 20) and `order` (asc|desc, "" = desc) of a list endpoint."""
+    limit = limit or 20
+    if not 1 <= limit <= 100:
+        raise TetherError(errors.INVALID_REQUEST, "'limit' must be between 1 and 100.", param="limit")
+    order = order or "desc"
+    if order not in ("asc", "desc"):
+        raise TetherError(errors.INVALID_REQUEST, "'order' must be asc or desc.", param="order")
+    return limit, order
+
+
+def not_found(conversation_id: str, param: str = "conversation_id") -> TetherError:
+    return TetherError(
+        errors.CONVERSATION_NOT_FOUND, f"Conversation with id '{conversation_id}' not found.", param=param, status=404
+    )
+
+
+class Conversations:
+    def __init__(self, store: Store, limits: Limits) -> None:
+        self.store = store
+        self.limits = limits
+
+    async def call(self, tenant: str, method: str, request):  # noqa: ANN001, ANN201 - typed by RPCS
+        """Answer one conversation RPC by name (see `RPCS`)."""
+        return await getattr(self, method)(tenant, request)
+
+    # -- for turns --------------------------------------------------------------------------------
+
+    async def context(self, tenant: str, conversation_id: str) -> list[items_pb2.Item]:
+        """Every item of the conversation, oldest first (404 `conversation_not_found` when none)."""
+        items = await self.store.conversation_items(tenant, conversation_id)
+        if items is None:
+            raise not_found(conversation_id, param="conversation")
+        return items
+
+    async def append(self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]) -> None:
+        """A finished turn's input and output; a conversation deleted meanwhile takes nothing."""
+        if not await self.store.append_conversation_items(tenant, conversation_id, [output_item(i) for i in items]):
+            log.info("conversation %s was deleted during a turn; its items were not kept", conversation_id)
+
+    # -- the RPCs ---------------------------------------------------------------------------------
+
+    def _checked_items(
+        self, items: Sequence[items_pb2.Item], before: Sequence[items_pb2.Item]
+    ) -> list[items_pb2.Item]:
+        """Validated copies of items to add, with ids (an output must answer a call made before)."""
+        if len(items) > MAX_ITEMS_PER_CALL:
+            raise TetherError(
+                errors.TOO_MANY_ITEMS, f"At most {MAX_ITEMS_PER_CALL} items may be added at once.", param="items"
+            )
+        calls = frozenset(i.function_call.call_id for i in before if i.WhichOneof("item") == "function_call")
+        validate.validate_items(items, calls, self.limits, param="items")
+        return [output_item(item) for item in items]
+
+    async def _get(self, tenant: str, conversation_id: str) -> service_pb2.Conversation:
+        conversation = await self.store.get_conversation(tenant, conversation_id)
+        if conversation is None:
+            raise not_found(conversation_id)
+        return conversation
+
+    async def CreateConversation(self, tenant: str, request: service_pb2.CreateConversationRequest):
+        validate.check_metadata(request.metadata, self.limits)
+        items = self._checked_items(request.items, ())
+        conversation = service_pb2.Conversation(
+            id=ids.new_id("conv"), created_at=int(time.time()), metadata=request.metadata
+        )
+        await self.store.put_conversation(tenant, conversation)
+        if items:
+            await self.store.append_conversation_items(tenant, conversation.id, items)
+        return service_pb2.CreateConversationResponse(conversation=conversation)
+
+    async def GetConversation(self, tenant: str, request: service_pb2.GetConversationRequest):
+        return service_pb2.GetConversationResponse(conversation=await self._get(tenant, request.conversation_id))
+
+    async def UpdateConversation(self, tenant: str, request: service_pb2.UpdateConversationRequest):
+        validate.check_metadata(request.metadata, self.limits)
+        conversation = await self._get(tenant, request.conversation_id)
+        conversation.metadata.clear()
+        conversation.metadata.update(request.metadata)
+        await self.store.put_conversation(tenant, conversation)
+        return service_pb2.UpdateConversationResponse(conversation=conversation)
+
+    async def DeleteConversation(self, tenant: str, request: service_pb2.DeleteConversationRequest):
+        if not await self.store.delete_conversation(tenant, request.conversation_id):
+            raise not_found(request.conversation_id)
+        return service_pb2.DeleteConversationResponse(id=request.conversation_id, deleted=True)
+
+    async def ListConversationItems(self, tenant: str, request: service_pb2.ListConversationItemsRequest):
+        limit, order = list_args(request.limit, request.order)
+        items = await self.store.conversation_items(tenant, request.conversation_id)
+        if items is None:
+            raise not_found(request.conversation_id)
+        chosen, has_more = page([(item_api_id(i), i) for i in items], request.after or None, limit, order)
+        return _page(chosen, has_more)
+
+    async def CreateConversationItems(self, tenant: str, request: service_pb2.CreateConversationItemsRequest):
+        before = await self.store.conversation_items(tenant, request.conversation_id)
+        if before is None:
+            raise not_found(request.conversation_id)
+        items = self._checked_items(request.items, before)
+        if not await self.store.append_conversation_items(tenant, request.conversation_id, items):
+            raise not_found(request.conversation_id)
+        return service_pb2.CreateConversationItemsResponse(page=_page(items, False))
+
+    async def GetConversationItem(self, tenant: str, request: service_pb2.GetConversationItemRequest):
+        items = await self.store.conversation_items(tenant, request.conversation_id)
+        if items is None:
+            raise not_found(request.conversation_id)
+        for item in items:
+            if item_api_id(item) == request.item_id:
+                return service_pb2.GetConversationItemResponse(item=item)
+        raise _item_not_found(request.item_id)
+
+    async def DeleteConversationItem(self, tenant: str, request: service_pb2.DeleteConversationItemRequest):
+        conversation = await self._get(tenant, request.conversation_id)
+        if not await self.store.delete_conversation_item(tenant, request.conversation_id, request.item_id):
+            raise _item_not_found(request.item_id)
+        return service_pb2.DeleteConversationItemResponse(conversation=conversation)
+
+
+def output_item(item: items_pb2.Item) -> items_pb2.Item:
+    """An input item as an output item (what `/v1/responses/compact` returns and a conversation holds): with an `id`, a
+    `status`, and a message's plain-string content as a content part (`output_text` for the
+    assistant, `input_text` otherwise)."""
+    out = items_pb2.Item()
+    out.CopyFrom(item)
+    assign_ids([out])
+    arm = out.WhichOneof("item")
+    if arm in ("message", "function_call", "function_call_output") and not getattr(out, arm).status:
+        getattr(out, arm).status = "completed"
+    if arm == "message" and out.message.HasField("content_text"):
+        text = out.message.content_text
+        out.message.ClearField("content_text")
+        part = out.message.content.add()
+        if out.message.role == "assistant":
+            part.output_text.text = text
+        else:
+            part.input_text.text = text
+    return out
+
+
+def _page(items: Sequence[items_pb2.Item], has_more: bool) -> service_pb2.ListConversationItemsResponse:
+    out = service_pb2.ListConversationItemsResponse(has_more=has_more)
+    out.data.extend(items)
+    if items:
+        out.first_id, out.last_id = item_api_id(items[0]), item_api_id(items[-1])
+    return out
+
+
+def _item_not_found(item_id: str) -> TetherError:
+    return TetherError(errors.ITEM_NOT_FOUND, f"Item with id '{item_id}' not found.", param="item_id", status=404)
