@@ -200,6 +200,10 @@ class BackendPool:
         server, so what one refuses every one would."""
         await self.replicas[0].backend.prepare(request)
 
+    def reads_input_tokens(self, request: BackendRequest) -> bool:
+        """As its replicas do (they all run the same server)."""
+        return any(r.backend.reads_input_tokens(request) for r in self.replicas)
+
     async def discover(self) -> Sequence[str]:
         """Every model id any replica lists (a replica that cannot say lists nothing)."""
         listed = await asyncio.gather(*(r.backend.discover() for r in self.replicas))

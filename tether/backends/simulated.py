@@ -455,6 +455,8 @@ class SimulatedBackend(BackendBase):
         step a request is would cost a walk of its whole context, so every step is checked. A
         request whose script cannot be had reads it (its error is raised by `stream`, as a failed
         response)."""
+        if self.physics is not None:  # its prefix cache caps the cached count by the input's
+            return True
         try:
             script = self._script_for(request)
         except TetherError:
@@ -659,8 +661,14 @@ class SimulatedBackend(BackendBase):
         reasoning = min(plan.reasoning_units, n)
         yield Finish(
             reason=finish,
+            # The model has no tokenizer of its own: it echoes Tether's count, which is 0 when
+            # Tether tokenises while the model streams and the stream never had to wait (then it
+            # reports none, and Tether's own count is used).
             usage=Usage(
-                input_tokens=request.input_tokens, cached_tokens=cached, output_tokens=n, reasoning_tokens=reasoning
+                input_tokens=request.input_tokens or None,
+                cached_tokens=cached,
+                output_tokens=n,
+                reasoning_tokens=reasoning,
             ),
             timing=Timing(prompt_time=start - t0, completion_time=end - start, total_time=end - t0),
         )
