@@ -12,6 +12,7 @@ from tests.support.configs import make_config
 from tether.core import prototype
 from tether.core.engine import Engine
 from tether.protocol.json_codec import event_to_json
+from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
 from tether.responses.v1 import items_pb2, service_pb2
 
 SCRIPT = {
@@ -33,7 +34,7 @@ def _create(include_proto: bool = True, **fields) -> service_pb2.SessionRequest:
     c.input_text = fields.pop("input_text", "fix the handler")
     c.include.append("tether:server_timing")
     if include_proto:
-        c.include.append(prototype.APPEND_INCLUDE)
+        c.include.append(PROTOTYPE_APPEND_INCLUDE)
     for name in ("read_file", "run_tests", "edit_file"):
         c.tools.add().function.name = name
     for key, value in fields.items():

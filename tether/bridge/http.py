@@ -35,6 +35,7 @@ from tether.errors import INVALID_REQUEST, INVALID_TYPE, SERVER_ERROR, TetherErr
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
+from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, service_pb2
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -43,7 +44,6 @@ SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-_TERMINAL_ARMS = ("completed", "failed", "incomplete")
 
 
 class ClientGone(Exception):
@@ -342,7 +342,7 @@ async def _final_response(
 
     async for ev in all_events():
         arm = ev.WhichOneof("event")
-        if arm in _TERMINAL_ARMS:
+        if arm in TERMINAL_ARMS:
             response = getattr(ev, arm).response
             return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
         if arm == "error":

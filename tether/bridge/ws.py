@@ -32,13 +32,13 @@ from tether.core.outbox import Delta
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing
 from tether.protocol import json_codec
+from tether.protocol.wire import TERMINAL_ARMS
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 _LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 # Best effort for frames that did not decode (bad JSON, too deep, too large): the lane they name.
 _LANE_IN_TEXT = re.compile(r'"stream_id"\s*:\s*"([A-Za-z0-9_.-]{1,256})"')
-_TERMINAL_ARMS = frozenset(("completed", "failed", "incomplete"))
 
 
 async def deny(
@@ -148,7 +148,7 @@ class WsConnection:
                 arm = "delta" if type(ev) is Delta else ev.WhichOneof("event")
                 if arm == "created":
                     in_flight.add(ev.created.response.id)
-                elif arm in _TERMINAL_ARMS:
+                elif arm in TERMINAL_ARMS:
                     in_flight.discard(getattr(ev, arm).response.id)
                 elif arm == "error":
                     last_error = ev.error.error.code

@@ -31,6 +31,7 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.turn import user_message
 from tether.errors import TetherError
 from tether.metrics import Metrics
+from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
@@ -38,7 +39,6 @@ from tether.store.factory import open_store
 
 log = logging.getLogger("tether.engine")
 
-_TERMINAL = {"completed", "failed", "incomplete"}
 SUMMARY_INSTRUCTIONS = (
     "Summarize the conversation so far for your own later use: the task, decisions made, files and "
     "facts learned, tool results that still matter, and what remains to do. Be concise and complete."
@@ -236,7 +236,7 @@ class Engine:
                         yield event
                         continue
                     arm = event.WhichOneof("event")
-                    ended = arm in _TERMINAL or (arm == "error" and not event.response_id)
+                    ended = arm in TERMINAL_ARMS or (arm == "error" and not event.response_id)
                     yield event
                     if ended:
                         return

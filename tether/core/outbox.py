@@ -31,6 +31,7 @@ import asyncio
 import time
 from collections import deque
 
+from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
 
 # Delta arms and the field that holds their text.
@@ -43,7 +44,6 @@ DELTA_ARMS = frozenset(
         "reasoning_summary_text_delta",
     }
 )
-_TERMINAL_ARMS = frozenset({"completed", "failed", "incomplete"})
 
 
 class OutboxClosed(Exception):
@@ -206,7 +206,7 @@ class Outbox:
             rid = entry.response_id
             if rid:  # request- or connection-scoped errors keep their sequence number (0)
                 entry.sequence_number = seq = seqs.get(rid, 0)
-                if type(entry) is not Delta and entry.WhichOneof("event") in _TERMINAL_ARMS:  # type: ignore[union-attr]
+                if type(entry) is not Delta and entry.WhichOneof("event") in TERMINAL_ARMS:  # type: ignore[union-attr]
                     seqs.pop(rid, None)
                 else:
                     seqs[rid] = seq + 1

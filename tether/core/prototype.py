@@ -58,12 +58,12 @@ from tether.core.stages import render, validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
 from tether.errors import TetherError
+from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
 if TYPE_CHECKING:
     from tether.core.session import Lane, Session
 
-APPEND_INCLUDE = "tether:prototype_append"
 AWAITING_EVENT = "response.awaiting_input"
 APPEND_WAIT_STAGE = "append_wait"
 
@@ -72,7 +72,7 @@ _WAITING: weakref.WeakKeyDictionary[Session, set[PrototypeTurn]] = weakref.WeakK
 
 
 def requested(params: request_pb2.ResponseCreateParams) -> bool:
-    return APPEND_INCLUDE in params.include
+    return PROTOTYPE_APPEND_INCLUDE in params.include
 
 
 def turn_for(session: Session, params: request_pb2.ResponseCreateParams, lane: Lane) -> Turn:

@@ -36,6 +36,7 @@ from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
 from tether.observability import tracing
+from tether.protocol.wire import SERVER_TIMING_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
 from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.turn")
 
-SERVER_TIMING_INCLUDE = "tether:server_timing"
 REASONING_INCLUDE = "reasoning.encrypted_content"
 # The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
 STEERED = "steered"

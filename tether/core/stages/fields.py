@@ -31,6 +31,7 @@ import orjson
 
 from tether import errors
 from tether.errors import TetherError
+from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE, SERVER_TIMING_INCLUDE
 from tether.responses.v1 import request_pb2
 
 
@@ -111,8 +112,8 @@ INCLUDES: dict[str, Field] = {
     "web_search_call.action.sources": Field(A, "Tether runs no hosted tools: these items never appear."),
     "code_interpreter_call.outputs": Field(A, "Tether runs no hosted tools: these items never appear."),
     "computer_call_output.output.image_url": Field(A, "Tether runs no hosted tools: these items never appear."),
-    "tether:server_timing": Field(H, "Tether extension: per-stage timing in `server_timing`."),
-    "tether:prototype_append": Field(H, "Tether extension ([server] prototype_append): the create stays open."),
+    SERVER_TIMING_INCLUDE: Field(H, "Tether extension: per-stage timing in `server_timing`."),
+    PROTOTYPE_APPEND_INCLUDE: Field(H, "Tether extension ([server] prototype_append): the create stays open."),
 }
 
 del H, B, E, A, R
