@@ -165,3 +165,14 @@ async def test_output_a_stream_did_not_count_is_counted_by_the_models_tokenizer(
     server.push(fk.completion(content="one two", usage_mode="none"))
     finish = (await call(server, "vllm", "hi"))[-1]  # no tokenizer endpoint declared: Tether counts later
     assert finish.usage is None
+
+
+async def test_verbosity_is_sent_where_the_dialect_takes_it_and_refused_elsewhere(server):
+    await call(server, "openai", "x", verbosity="low")
+    assert server.last_body["verbosity"] == "low"
+    await call(server, "openai", "x")
+    assert "verbosity" not in server.last_body
+    for dialect in sorted(set(DIALECTS) - {"openai"}):
+        with pytest.raises(TetherError) as ei:
+            await call(server, dialect, "x", verbosity="high")
+        assert (ei.value.status, ei.value.param) == (400, "text.verbosity"), dialect

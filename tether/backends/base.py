@@ -47,8 +47,8 @@ class BackendRequest:
     top_p: float | None = None
     reasoning_effort: str | None = None
     text_format: request_pb2.TextFormat | None = None
-    # `text.verbosity` (low | medium | high) for dialects that take it (issue 14; the adapters'
-    # mapping belongs to the chat-completions dialect table).
+    # `text.verbosity` (low | medium | high): sent as Chat Completions' `verbosity` where the
+    # dialect takes it (OpenAI); a 400 naming `text.verbosity` where it does not.
     verbosity: str | None = None
     user: str | None = None
     prompt_cache_key: str | None = None

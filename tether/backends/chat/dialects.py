@@ -77,14 +77,14 @@ DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
         Dialect("openai", "OpenAI and any server not listed here", allowed_tools_choice=True),
-        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier"})),
-        Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier"})),
+        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier", "verbosity"})),
+        Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier", "verbosity"})),
         Dialect(
             "llamacpp",
             "llama.cpp `llama-server` (--jinja)",
             max_tokens_field="max_tokens",
             tool_calls_content="",
-            rejected_fields=frozenset({"service_tier", "prompt_cache_key"}),
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "verbosity"}),
         ),
         Dialect(
             "llama-cpp-python",
@@ -97,7 +97,7 @@ DIALECTS: dict[str, Dialect] = {
             reasoning_controls="none",
             tool_choice_required=False,
             rejected_fields=frozenset(
-                {"service_tier", "prompt_cache_key", "reasoning_effort", "parallel_tool_calls"}
+                {"service_tier", "prompt_cache_key", "reasoning_effort", "parallel_tool_calls", "verbosity"}
             ),
         ),
         Dialect(
@@ -107,14 +107,14 @@ DIALECTS: dict[str, Dialect] = {
             tool_calls_content="",
             reasoning_deltas=("reasoning", "reasoning_content"),
             tool_choice_required=False,
-            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "parallel_tool_calls"}),
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "parallel_tool_calls", "verbosity"}),
         ),
         Dialect(
             "lmstudio",
             "LM Studio",
             max_tokens_field="max_tokens",
             tool_calls_content="",
-            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "reasoning_effort"}),
+            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "reasoning_effort", "verbosity"}),
             reasoning_controls="none",
         ),
         Dialect(
@@ -125,6 +125,7 @@ DIALECTS: dict[str, Dialect] = {
             reasoning_controls="cerebras",
             schema_subset="cerebras",
             service_tiers=("auto", "default", "flex", "priority"),
+            rejected_fields=frozenset({"verbosity"}),
         ),
     )
 }

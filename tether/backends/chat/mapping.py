@@ -33,7 +33,12 @@ COMPACTION_PREFIX = "Summary of the earlier conversation:\n\n"
 # for a dialect that rejects them. Any other rejected field the request needs is refused (400).
 ADVISORY_FIELDS = frozenset({"user", "prompt_cache_key", "parallel_tool_calls"})
 # The Responses parameter behind each upstream field (for the 400's `param`).
-_PARAM_OF = {"reasoning_effort": "reasoning.effort", "response_format": "text.format", "service_tier": "service_tier"}
+_PARAM_OF = {
+    "reasoning_effort": "reasoning.effort",
+    "response_format": "text.format",
+    "service_tier": "service_tier",
+    "verbosity": "text.verbosity",
+}
 _DEFAULT_TIERS = ("", "auto", "default")
 
 
@@ -371,6 +376,8 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
     fmt = _response_format(request.text_format, opts)
     if fmt is not None:
         body["response_format"] = fmt
+    if request.verbosity:
+        body["verbosity"] = request.verbosity
     if request.user:
         body["user"] = request.user
     if request.prompt_cache_key:

@@ -74,7 +74,7 @@ CREATE_FIELDS: dict[str, Field] = {
     "top_p": Field(B, "Passed to the backend (0..1)."),
     "reasoning": Field(B, "`effort` passed to the backend; with `summary` set the backend's reasoning "
                        "streams as the item's summary (`response.reasoning_summary_*`)."),
-    "text": Field(B, "`format` and `verbosity` passed to the backend (`BackendRequest.verbosity`)."),
+    "text": Field(B, "`format` passed to the backend; `verbosity` sent on the `openai` dialect, 400 on dialects without it."),
     "metadata": Field(E, "Up to `Limits.max_metadata_pairs` pairs, stored and echoed."),
     "context_management": Field(H, "`compaction` with `compact_threshold`: server-side compaction."),
     "prompt_cache_key": Field(B, "Passed to the backend as its cache key."),
