@@ -16,6 +16,7 @@ Request-scoped problems become in-band `error` events; the session stays usable.
 from __future__ import annotations
 
 import asyncio
+import enum
 import hashlib
 import logging
 import time
@@ -68,6 +69,31 @@ class Lane:
         return self.pending_steers.pop(previous_response_id, []) if previous_response_id else []
 
 
+class SessionState(enum.Enum):
+    """Where a connection is in its life. OPEN takes client events; DRAINING (the server ends it:
+    lifetime, idle, shutdown) refuses new creates while its running turns finish within a grace;
+    CLOSED has freed everything. The only ways: OPEN -> DRAINING -> CLOSED and OPEN -> CLOSED
+    (`next_state`); a session never opens again."""
+
+    OPEN = "open"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    SessionState.OPEN: {SessionState.DRAINING, SessionState.CLOSED},
+    SessionState.DRAINING: {SessionState.CLOSED},
+    SessionState.CLOSED: {SessionState.CLOSED},  # closing twice (client gone and server end racing) is a no-op
+}
+
+
+def next_state(current: SessionState, wanted: SessionState) -> SessionState:
+    """The one transition function of `SessionState`: `wanted`, or ValueError for a way back."""
+    if wanted not in _TRANSITIONS[current]:
+        raise ValueError(f"session cannot go from {current.value} to {wanted.value}")
+    return wanted
+
+
 class Session:
     def __init__(self, engine: Engine, tenant: str, transport: str) -> None:
         self.engine = engine
@@ -92,15 +118,14 @@ class Session:
         self._finishing: dict[str, asyncio.Future] = {}
         self._created = time.monotonic()
         self._last_activity = self._created
-        self._expiring = False
-        self._closed = False
+        self.state = SessionState.OPEN
         self._close_task: asyncio.Future | None = None
         self._watchdog = asyncio.create_task(self._watch(), name=f"tether-watch-{self.id}")
 
     # -- transport-facing API (SessionHandle) -----------------------------------------------------
 
     async def send(self, request: service_pb2.SessionRequest) -> None:
-        if self._closed:
+        if self.state is SessionState.CLOSED:
             raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
         self._last_activity = time.monotonic()
         arm = request.WhichOneof("event")
@@ -135,13 +160,13 @@ class Session:
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
         if self._close_task is None:
-            if self._closed:  # ended by the server (end()) already
+            if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return
             self._close_task = asyncio.ensure_future(self._close())
         await asyncio.shield(self._close_task)
 
     async def _close(self) -> None:
-        self._closed = True
+        self.state = next_state(self.state, SessionState.CLOSED)
         self._watchdog.cancel()
         tasks = [lane.worker for lane in self._lanes.values() if lane.worker]
         for task in tasks:
@@ -232,7 +257,7 @@ class Session:
         except TetherError as exc:  # no valid lane to echo
             await self.emit_error(exc, event_id=event_id)
             return
-        if self._expiring:
+        if self.state is not SessionState.OPEN:
             await self.emit_error(self._lifetime_error(), stream_id=stream_id, event_id=event_id)
             return
         lane = self._lanes.get(stream_id)
@@ -280,7 +305,7 @@ class Session:
                     with tracing.turn_span(turn):
                         await turn.run()
                 except asyncio.CancelledError:
-                    if not turn.cancel_requested or self._closed:
+                    if not turn.cancel_requested or self.state is SessionState.CLOSED:
                         raise
                     task.uncancel()  # the client cancelled this response only; the lane goes on
                 except OutboxClosed:
@@ -445,9 +470,9 @@ class Session:
     async def end(self, reason: TetherError, *, grace: float) -> None:
         """End the connection on the server's initiative (lifetime, idle, shutdown): stop taking
         creates, let active turns finish within `grace`, send `reason` as the last event."""
-        if self._closed or self._expiring:
+        if self.state is not SessionState.OPEN:
             return
-        self._expiring = True
+        self.state = next_state(self.state, SessionState.DRAINING)
         for lane in self._lanes.values():
             lane.queue.clear()
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
@@ -476,7 +501,7 @@ class Session:
         ev.error.error.CopyFrom(reason.to_proto())
         self.outbox.put_nowait_final(ev)
         self.outbox.close()
-        self._closed = True
+        self.state = next_state(self.state, SessionState.CLOSED)
         if asyncio.current_task() is not self._watchdog:
             self._watchdog.cancel()
         self.cache.clear()
