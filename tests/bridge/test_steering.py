@@ -140,3 +140,13 @@ async def test_prewarm_is_a_warm_up(make_stack: Any) -> None:
                                "previous_response_id": events[-1]["response"]["id"]})  # fmt: skip
         done = (await recv_until(conn, lambda e: e["type"] == "response.completed"))[-1]
         assert done["response"]["output"] and done["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_websocket_steer_with_items_that_are_not_input_items_is_an_error(make_stack: Any) -> None:
+    async with make_stack() as stack, stack.ws() as conn:
+        bad = [{"role": "user", "content": "ok"}, {"k": {"k": [[1e-320]]}}]
+        await send_json(conn, {"type": "response.steer", "event_id": "ev1", "previous_response_id": "resp_gone", "input": bad})
+        error = await recv_json(conn)
+    strict_all([error])
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_item"
+    assert error["error"]["param"] == "input[1]" and error["event_id"] == "ev1"

@@ -133,7 +133,7 @@ class Session:
         if arm == "create":
             await self._enqueue(request.create, event_id)
         elif arm == "steer":
-            await self._steer(request.steer)
+            await self._steer(request.steer, event_id)
         elif arm == "append":
             if self.engine.config.server.prototype_append and prototype.deliver_append(self, request.append):
                 return
@@ -361,12 +361,19 @@ class Session:
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
-    async def _steer(self, steer: service_pb2.SteerRequest) -> None:
+    async def _steer(self, steer: service_pb2.SteerRequest, event_id: str = "") -> None:
         """`response.steer` (ws-mode contract 2.2): accepted for an active response of this
         connection. A response still generating is interrupted (it ends `incomplete`, reason
         `steered`) and its successor starts with the steer input; otherwise the successor starts
         when it ends, or the input waits for the tool output it stopped for. A refused steer
         returns its input in `response.steer.failed`."""
+        unknown = next((i for i, item in enumerate(steer.input) if item.WhichOneof("item") == "other"), None)
+        if unknown is not None:  # not an input item at all: the event is malformed, not refused
+            await self.emit_error(
+                TetherError(errors.INVALID_ITEM, "Steer input must be input items.", param=f"input[{unknown}]"),
+                event_id=event_id,
+            )
+            return
         target = steer.previous_response_id
         steer_id = ids.new_id("steer")
         turn = self._turns.get(target)
