@@ -97,6 +97,19 @@ async def test_grpc_refuses(stack: Stack, grpc_port: int) -> None:
         session.call.cancel()
 
 
+@pytest.mark.parametrize("extra_json", ['{"prompt": ', "[1, 2]"])
+async def test_grpc_extra_json_that_is_not_an_object_is_a_400(stack: Stack, grpc_port: int, extra_json: str) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        session = RawSession(channel, KEY_A)
+        req = json_codec.client_event_from_json({"type": "response.create", "model": "sim-model", "input": "hi"})
+        req.create.extra_json = extra_json
+        await session.send(req)
+        ev = await session.until_terminal()
+        assert ev.WhichOneof("event") == "error"
+        assert (ev.error.error.code, ev.error.error.param) == ("invalid_request", "extra_json")
+        session.call.cancel()
+
+
 async def test_declared_client_fields_still_work(stack: Stack) -> None:
     """Codex's and the SDKs' fields with an ACCEPTED treatment change nothing and pass."""
     extra = {

@@ -127,7 +127,12 @@ def check_declared(params: request_pb2.ResponseCreateParams, accept_unknown: Ite
     """Refuse what Tether would otherwise ignore: rejected fields (400 `unsupported_parameter`),
     fields with no treatment (400 `unknown_parameter`) and `include` values of either kind."""
     if params.extra_json:
-        extra = orjson.loads(params.extra_json)
+        try:  # JSON clients cannot get this wrong (the codec writes it); a gRPC client can
+            extra = orjson.loads(params.extra_json)
+        except orjson.JSONDecodeError:
+            extra = None
+        if not isinstance(extra, dict):
+            raise TetherError(errors.INVALID_REQUEST, "extra_json must be a JSON object.", param="extra_json")
         for key, value in extra.items():
             field = CREATE_FIELDS.get(key)
             if field is None:
