@@ -124,12 +124,6 @@ class Metrics:
         self.memory_reclaimed_bytes.inc(released_bytes)
         self.memory_reclaim_seconds.inc(seconds)
 
-    def turn_started(self) -> None:
-        self.active_responses.inc()
-
-    def turn_ended(self) -> None:
-        self.active_responses.dec()
-
     @contextmanager
     def active_turn(self) -> Iterator[None]:
         """Counts a turn in `tether_active_responses` while the block runs (however it ends)."""

@@ -168,21 +168,18 @@ class Turn:
             return
         self.response_id = prepared.response.id
         self.session.register_turn(self)
-        active = self.engine.metrics.active_responses
-        active.inc()
-        try:
-            await self._emit_response("created", prepared.response)
-            await self._emit_response("in_progress", prepared.response)
-            if warm_up_only(self.params):
-                await self._finish(prepared, [], "completed", None, None)
-            else:
-                await self._generate(prepared)
-        except asyncio.CancelledError:
-            # The client went away: no terminal event, but the turn ended and is counted as such.
-            self.engine.metrics.turn_abandoned(self.session.transport)
-            raise
-        finally:
-            active.dec()
+        with self.engine.metrics.active_turn():
+            try:
+                await self._emit_response("created", prepared.response)
+                await self._emit_response("in_progress", prepared.response)
+                if warm_up_only(self.params):
+                    await self._finish(prepared, [], "completed", None, None)
+                else:
+                    await self._generate(prepared)
+            except asyncio.CancelledError:
+                # The client went away: no terminal event, but the turn ended and is counted as such.
+                self.engine.metrics.turn_abandoned(self.session.transport)
+                raise
 
     async def _prepare(self) -> Prepared:
         params, session, limits = self.params, self.session, self.engine.config.limits
