@@ -176,3 +176,15 @@ async def test_verbosity_is_sent_where_the_dialect_takes_it_and_refused_elsewher
         with pytest.raises(TetherError) as ei:
             await call(server, dialect, "x", verbosity="high")
         assert (ei.value.status, ei.value.param) == (400, "text.verbosity"), dialect
+
+
+async def test_tool_options_of_the_backend_are_honoured(server):
+    tools = [function_tool("f")]
+    await call(server, "openai", "x", tools=tools, options={"parallel_tool_calls": False})
+    assert server.last_body["parallel_tool_calls"] is False
+    await call(server, "openai", "x", tools=tools)
+    assert "parallel_tool_calls" not in server.last_body
+    with pytest.raises(TetherError) as ei:
+        await call(server, "openai", "x", tools=tools, options={"tools": False})
+    assert (ei.value.status, ei.value.param) == (400, "tools")
+    await call(server, "openai", "x", options={"tools": False})  # no tools: nothing to refuse

@@ -211,6 +211,8 @@ class ChatCompletionsBackend:
         c = self.config
         return MappingOptions(
             dialect=dialect,
+            tools=c.tools,
+            parallel_tool_calls=c.parallel_tool_calls,
             images=c.images,
             hosted_tools=c.hosted_tools,
             reasoning=c.reasoning,

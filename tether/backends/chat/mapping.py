@@ -45,6 +45,8 @@ _DEFAULT_TIERS = ("", "auto", "default")
 @dataclass(frozen=True)
 class MappingOptions:
     dialect: Dialect
+    tools: bool = True  # the backend takes function tools (False: a request with tools is a 400)
+    parallel_tool_calls: bool = True  # False: calls are always asked for one at a time
     images: bool = False
     hosted_tools: bool = False
     reasoning: bool = False  # the backend may send a reasoning effort (config capability)
@@ -358,12 +360,14 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
         "messages": to_chat_messages(request.instructions, request.items, opts),
     }
     tools = to_chat_tools(request.tools, opts)
+    if tools and not opts.tools:
+        raise _invalid("this backend does not take tools (backend option tools = false)", "tools", errors.UNSUPPORTED)
     if tools:
         choice, tools = _tool_choice(request.tool_choice, tools, dialect)
         body["tools"] = tools
         if choice is not None:
             body["tool_choice"] = choice
-        if not request.parallel_tool_calls:
+        if not (request.parallel_tool_calls and opts.parallel_tool_calls):
             body["parallel_tool_calls"] = False
     limit = request.max_output_tokens or opts.default_max_output_tokens
     if limit:
