@@ -133,11 +133,11 @@ def _variables(text: str) -> dict[str, str | dict]:
         if not isinstance(value, dict) or value.get("type") not in _PART_TYPES:
             raise _variable_error(
                 name,
-                f"Variable {name!r} must be a string or an input_text, input_image or "
+                f"prompt.variables.{name} must be a string or an input_text, input_image or "
                 "input_file content part.",
             )
         if value["type"] == "input_text" and not isinstance(value.get("text"), str):
-            raise _variable_error(name, f"Variable {name!r}: an input_text part needs a string 'text'.")
+            raise _variable_error(name, f"prompt.variables.{name}: an input_text part needs a string 'text'.")
     return out
 
 
@@ -151,7 +151,7 @@ def _substitute(text: str, variables: Mapping[str, str | dict]) -> str:
             return value["text"]
         raise _variable_error(
             name,
-            f"Variable {name!r} is an {value['type']} part; it can only be the whole "
+            f"prompt.variables.{name} is an {value['type']} part; it can only be the whole "
             "content of a template message, not part of a text.",
         )
 
