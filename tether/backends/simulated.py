@@ -20,6 +20,11 @@ What it says is decided per turn, in this order:
    one call to the first function tool (arguments built from its JSON schema), else a text answer
    of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
+Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
+ones (`token_logprob`): the token itself first among its `top_logprobs`, then vocabulary words,
+each less likely. A `tool_choice` object other than `function` / `allowed_tools` is a 400 naming
+`tool_choice`, as on every Chat Completions dialect.
+
 An unscripted text answer says what it is, so a newcomer's first call explains itself: that it
 comes from the simulated model, what it received (items, the last user message's start, tools,
 input tokens) and how to configure a real backend; it is cut, or padded with marked deterministic

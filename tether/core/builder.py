@@ -15,6 +15,9 @@ Two request options shape the output here, so every transport gets them alike:
   its `content`; Tether does not summarise separately;
 - `seal_reasoning` (`include` has `reasoning.encrypted_content`): called on each finished
   reasoning item before it is emitted, to set its `encrypted_content`.
+Text chunks that carry log probabilities (the request asked for them) put them on their delta
+(merged deltas concatenate their lists, in order) and on the message's `output_text.done` and
+`output_text` part.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ H, B, E, A, R = Treatment.HONOURED, Treatment.BACKEND, Treatment.ECHOED, Treatme
 
 CREATE_FIELDS: dict[str, Field] = {
     "model": Field(H, "Routed to a backend by `[models]`; unknown names are 404 `model_not_found`."),
-    "input": Field(H, "The new items, validated and appended to the chain; every item type is carried."),
+    "input": Field(H, "The new items, validated and appended to the chain; every item type is carried into "
+                   "the model's context or refused with a 400 naming `input[i]` (see the items table)."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
     "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output; "
@@ -67,7 +68,9 @@ CREATE_FIELDS: dict[str, Field] = {
     "store": Field(H, "false: state lives in connection memory only; true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
     "tools": Field(B, "Function tools go to the backend; other tool types are carried to the adapter."),
-    "tool_choice": Field(B, "Mode, function, or another object form, passed to the backend."),
+    "tool_choice": Field(B, "Modes, `function` (a name not in `tools` is a 400) and `allowed_tools` are mapped; "
+                         "`custom`, `mcp` and hosted-tool types are a 400 naming `tool_choice` on every dialect "
+                         "(`Dialect.tool_choice_types`; see the tool_choice table)."),
     "parallel_tool_calls": Field(B, "Passed to the backend."),
     "max_output_tokens": Field(B, "Passed to the backend; bounded by `Limits.max_output_tokens`."),
     "max_tool_calls": Field(H, "Bounds the function calls of one response: at the cap the backend stream "
