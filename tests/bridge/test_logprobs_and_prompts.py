@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+import httpx
 import openai
 import orjson
 import pytest
@@ -200,3 +201,18 @@ def test_prompt_config_is_checked_at_load() -> None:
     ]:
         with pytest.raises(ValueError, match=where.replace("[", r"\[")):
             from_dict({"prompts": bad})
+
+
+async def test_input_token_count_and_compaction_apply_the_template(stack: Stack) -> None:
+    _with_prompts(stack)
+    headers = {"Authorization": f"Bearer {KEY_A}"}
+    body = {"model": "sim-model", "input": "x"}
+    prompt = {"id": "support", "variables": {"company": "Acme " * 50, "context": "c", "attachment": "a"}}
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=30) as http:
+        plain = (await http.post("/responses/input_tokens", json=body)).json()["input_tokens"]
+        templated = (await http.post("/responses/input_tokens", json={**body, "prompt": prompt})).json()
+        assert templated["input_tokens"] > plain + 50  # the template's instructions and messages count
+        bad = await http.post("/responses/input_tokens", json={**body, "prompt": {"id": "nope"}})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt.id")
+        bad = await http.post("/responses/compact", json={**body, "prompt": {"id": "nope"}})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt.id")
