@@ -17,7 +17,7 @@ from tether.protocol import json_codec
 
 from ..support.grpc_client import RawSession
 from .conftest import Stack
-from .helpers import KEY_A, check_sse_events, recv_response, send_json
+from .helpers import KEY_A, check_sse_events, recv_response, recv_until, send_json
 
 LOGPROBS = "message.output_text.logprobs"
 PROMPTS = {
@@ -216,3 +216,20 @@ async def test_input_token_count_and_compaction_apply_the_template(stack: Stack)
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt.id")
         bad = await http.post("/responses/compact", json={**body, "prompt": {"id": "nope"}})
         assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt.id")
+
+
+async def test_a_steered_responses_successor_does_not_apply_the_template_twice(make_stack: Any) -> None:
+    slow = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 400}
+    async with make_stack(backend=slow) as stack, stack.ws() as conn:
+        _with_prompts(stack)
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "write a lot", "store": False,
+                               "prompt": {"id": "triage", "variables": {"queues": "bugs"}}})  # fmt: skip
+        first = await recv_until(conn, lambda e: e["type"] == "response.output_text.delta")
+        target = first[0]["response"]["id"]
+        await send_json(conn, {"type": "response.steer", "previous_response_id": target, "input": "go left"})
+        events = await recv_until(conn, lambda e: e["type"] == "response.completed", 30)
+    steered = next(e for e in events if e["type"] == "response.incomplete")["response"]
+    successor = events[-1]["response"]
+    assert steered["prompt"]["id"] == "triage" and steered["instructions"] == "Sort it into bugs."
+    assert successor["previous_response_id"] == target
+    assert successor["instructions"] == "Sort it into bugs." and successor["prompt"] is None
