@@ -721,7 +721,8 @@ def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
     if kind == "function":
         return "required", frozenset({str(obj.get("name", ""))})
     if kind == "allowed_tools":
-        names = frozenset(str(t.get("name")) for t in obj.get("tools") or [] if isinstance(t, dict))
+        listed = obj.get("tools")
+        names = frozenset(str(t.get("name")) for t in listed if isinstance(t, dict)) if isinstance(listed, list) else frozenset()
         return ("required" if obj.get("mode") == "required" else "auto"), names
     raise TetherError(
         errors.UNSUPPORTED,

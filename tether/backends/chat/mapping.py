@@ -382,7 +382,8 @@ def _tool_choice(
     if kind == "function":
         return _named(str(obj.get("name", "")), tools, dialect), tools
     # allowed_tools
-    allowed = {t.get("name") for t in obj.get("tools") or [] if isinstance(t, dict)}
+    listed = obj.get("tools")
+    allowed = {t.get("name") for t in listed if isinstance(t, dict)} if isinstance(listed, list) else set()
     narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
     mode = obj.get("mode", "auto")
     mode = mode if mode in ("auto", "required") else "auto"
