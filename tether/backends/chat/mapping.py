@@ -349,7 +349,7 @@ def _unmapped_choice(kind: str, dialect: Dialect) -> TetherError:
     )
 
 
-def _named(name: str, tools: list[dict[str, Any]], dialect: Dialect) -> dict[str, Any]:
+def _named(name: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     if not any(t.get("function", {}).get("name") == name for t in tools):
         raise _invalid(f"tool_choice names the function {name!r}, which is not in 'tools'", "tool_choice")
     return {"type": "function", "function": {"name": name}}
@@ -370,17 +370,22 @@ def _tool_choice(
             return None, tools
         return _forced(choice.mode, tools, dialect), tools
     if arm == "function_name":
-        return _named(choice.function_name, tools, dialect), tools
+        return _named(choice.function_name, tools), tools
     if arm != "other_json":
         return None, tools
-    obj = orjson.loads(choice.other_json)  # validated as an object with a string `type`
+    try:
+        obj = orjson.loads(choice.other_json)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):  # the validate stage refuses this first; a direct caller may not
+        raise _invalid("tool_choice must be a mode or an object with a 'type'", "tool_choice")
     kind = obj.get("type")
     if kind not in dialect.tool_choice_types:
         if opts.hosted_tools and kind not in ("custom", "mcp", "function", "allowed_tools"):
             return obj, tools  # forwarded with the hosted tools themselves
         raise _unmapped_choice(str(kind), dialect)
     if kind == "function":
-        return _named(str(obj.get("name", "")), tools, dialect), tools
+        return _named(str(obj.get("name", "")), tools), tools
     # allowed_tools
     listed = obj.get("tools")
     allowed = {t.get("name") for t in listed if isinstance(t, dict)} if isinstance(listed, list) else set()
