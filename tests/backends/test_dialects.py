@@ -216,6 +216,10 @@ async def test_logprobs_are_asked_for_and_carried_on_text_deltas(server):
     chunks = await call(server, "openai", "x")
     assert "logprobs" not in server.last_body
     assert all(c.logprobs is None for c in chunks if isinstance(c, TextDelta))
+    for dialect in sorted(set(DIALECTS) - {"ollama", "lmstudio"}):  # every dialect that takes them
+        chunks = await call(server, dialect, "x", logprobs=1)
+        assert (server.last_body["logprobs"], server.last_body["top_logprobs"]) == (True, 1), dialect
+        assert all(c.logprobs for c in chunks if isinstance(c, TextDelta)), dialect
 
 
 async def test_logprobs_are_refused_where_the_dialect_has_none(server):
