@@ -1,8 +1,9 @@
 """Validation: structure, sizes and call_id bookkeeping of a create, O(new input).
 
 Request-level checks look at the params only; item checks look only at the new items, using the
-open function calls carried on the parent chain node (a function_call_output must answer a call
-that is still open in the conversation it continues, or one made earlier in the same input).
+open tool calls carried on the parent chain node (a function_call_output or custom_tool_call_output
+must answer a call that is still open in the conversation it continues, or one made earlier in the
+same input).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tether.compaction_codec import is_tether_payload
 from tether.config import Limits
 from tether.core.stages import fields
 from tether.errors import TetherError
+from tether.protocol.calls import CUSTOM_CALL, CUSTOM_OUTPUT
 from tether.responses.v1 import items_pb2, request_pb2
 
 STREAM_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
@@ -166,9 +168,50 @@ def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
         _enum(params.service_tier, _SERVICE_TIERS, "service_tier")
 
 
+def _custom_tool(tool: request_pb2.Tool) -> dict | None:
+    """A `custom` (freeform) tool's JSON object, else None."""
+    if tool.WhichOneof("tool") != "other" or tool.other.type != "custom":
+        return None
+    obj = orjson.loads(tool.other.json)
+    return obj if isinstance(obj, dict) else None
+
+
+def _check_custom_tool(obj: dict, i: int, names: set[str]) -> None:
+    """name like a function's, unique among the tools; `format` text or a lark/regex grammar."""
+    name = obj.get("name")
+    if not isinstance(name, str) or not _FUNCTION_NAME_RE.match(name):
+        raise TetherError(errors.INVALID_REQUEST, f"Invalid custom tool name {name!r}.", param=f"tools[{i}].name")
+    if name in names:
+        raise TetherError(errors.INVALID_REQUEST, f"Duplicate tool name {name!r}.", param=f"tools[{i}].name")
+    names.add(name)
+    fmt = obj.get("format")
+    if fmt is None:
+        return
+    ok = isinstance(fmt, dict) and (
+        fmt.get("type") == "text"
+        or (
+            fmt.get("type") == "grammar"
+            and fmt.get("syntax") in ("lark", "regex")
+            and isinstance(fmt.get("definition"), str)
+        )
+    )
+    if not ok:
+        raise TetherError(
+            errors.INVALID_REQUEST,
+            "A custom tool's 'format' is {\"type\": \"text\"} or {\"type\": \"grammar\", \"syntax\": \"lark\" | "
+            "\"regex\", \"definition\": ...}.",
+            param=f"tools[{i}].format",
+        )
+
+
 def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
-    names = set()
+    names: set[str] = set()
+    custom: set[str] = set()
     for i, tool in enumerate(params.tools):
+        obj = _custom_tool(tool)
+        if obj is not None:
+            _check_custom_tool(obj, i, names)
+            custom.add(obj["name"])
         if tool.WhichOneof("tool") != "function":
             continue  # hosted/unknown tool types are carried, not validated
         fn = tool.function
@@ -187,6 +230,23 @@ def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
                     errors.INVALID_REQUEST, "Tool parameters must be a JSON Schema object.",
                     param=f"tools[{i}].parameters",
                 )
+    _check_custom_choice(params.tool_choice, custom)
+
+
+def _check_custom_choice(choice: request_pb2.ToolChoice, custom: set[str]) -> None:
+    """`tool_choice: {"type": "custom", "name"}` names a custom tool in `tools` (on every backend)."""
+    if choice.WhichOneof("choice") != "other_json":
+        return
+    try:
+        obj = orjson.loads(choice.other_json)
+    except orjson.JSONDecodeError:
+        return  # refused by _check_enums
+    if isinstance(obj, dict) and obj.get("type") == "custom" and obj.get("name") not in custom:
+        raise TetherError(
+            errors.INVALID_REQUEST,
+            f"tool_choice names the custom tool {obj.get('name')!r}, which is not a custom tool in 'tools'.",
+            param="tool_choice",
+        )
 
 
 def validate_items(
@@ -227,6 +287,8 @@ def validate_items(
                     param=f"{where}.call_id",
                 )
             pending.discard(call_id)
+        elif arm == "other" and item.other.type in (CUSTOM_CALL, CUSTOM_OUTPUT):
+            _check_custom_item(item.other, where, pending)
         elif arm == "compaction" and not is_tether_payload(item.compaction.encrypted_content):
             raise TetherError(
                 errors.INVALID_ITEM,
@@ -238,3 +300,30 @@ def validate_items(
             raise TetherError(
                 errors.UNSUPPORTED, "item_reference inputs are not supported; send the item itself.", param=where
             )
+
+
+def _check_custom_item(other: items_pb2.OtherItem, where: str, pending: set[str]) -> None:
+    """A custom tool call (`call_id`, `name`, `input` string) opens a call; its output answers one."""
+    try:
+        obj = orjson.loads(other.json)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise TetherError(errors.INVALID_ITEM, f"{where} must be a JSON object.", param=where)
+    call_id = obj.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise TetherError(errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id")
+    if other.type == CUSTOM_CALL:
+        if not isinstance(obj.get("name"), str) or not obj["name"] or not isinstance(obj.get("input"), str):
+            raise TetherError(
+                errors.INVALID_ITEM, f"{where} needs a 'name' and an 'input' string.", param=where
+            )
+        pending.add(call_id)
+        return
+    if call_id not in pending:
+        raise TetherError(
+            errors.UNKNOWN_CALL_ID,
+            f"No tool call found for custom tool call output with call_id {call_id}.",
+            param=f"{where}.call_id",
+        )
+    pending.discard(call_id)
