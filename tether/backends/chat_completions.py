@@ -39,7 +39,7 @@ from tether.backends.base import (
     Usage,
 )
 from tether.backends.chat.dialects import Dialect, detect, dialect_named
-from tether.backends.chat.mapping import MappingOptions, forces_tool_call, to_chat_request
+from tether.backends.chat.mapping import MappingOptions, emulated_custom_tools, forces_tool_call, to_chat_request
 from tether.backends.chat.sse import SSEDecoder
 from tether.backends.chat.stream import StreamParser
 from tether.backends.chat.upstream_errors import (
@@ -263,7 +263,9 @@ class ChatCompletionsBackend:
                 async with self._client.stream("POST", url, content=payload) as resp:
                     self._note_ratelimit(resp.headers)
                     if resp.status_code < 400:
-                        async with contextlib.aclosing(self._read(resp, forces_tool_call(body))) as chunks:
+                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
+                        reader = self._read(resp, forces_tool_call(body), emulated)
+                        async with contextlib.aclosing(reader) as chunks:
                             async for chunk in chunks:
                                 yield chunk
                         return
@@ -297,12 +299,13 @@ class ChatCompletionsBackend:
             self._count_retry(attempt, delay, reason)
             await asyncio.sleep(delay)
 
-    async def _read(self, resp: httpx.Response, forced: bool) -> AsyncIterator[Chunk]:
+    async def _read(self, resp: httpx.Response, forced: bool, emulated: frozenset[str]) -> AsyncIterator[Chunk]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
-        obliged a tool call, and an answer without one fails rather than passing as completed."""
+        obliged a tool call, and an answer without one fails rather than passing as completed.
+        `emulated`: the functions that stand for custom tools (their calls are custom calls)."""
         assert self.dialect is not None
-        parser = StreamParser(self.dialect.reasoning_deltas)
+        parser = StreamParser(self.dialect.reasoning_deltas, emulated)
         if resp.headers.get("content-type", "").startswith("application/json"):
             # One chat.completion object (stream_upstream = false, or the server ignored stream=true).
             try:
@@ -317,7 +320,7 @@ class ChatCompletionsBackend:
                 raise BackendError(errors.BACKEND_ERROR, "upstream sent invalid JSON") from None
             if not isinstance(obj, dict) or obj.get("error"):
                 raise StreamParser.stream_error(obj if isinstance(obj, dict) else {"error": str(obj)})
-            for chunk in parser.chunk(obj):
+            for chunk in parser.chunk(obj) + parser.calls_done():
                 yield chunk
             yield await self._finish(parser, forced, [])
             return
@@ -357,6 +360,9 @@ class ChatCompletionsBackend:
             if not parser.done:
                 where = "after partial output" if seen else "before any output (its log says why)"
                 raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
+            for chunk in parser.calls_done():
+                _note_generated(chunk, generated)
+                yield chunk
             yield await self._finish(parser, forced, generated)
             # Read to the end of the body so the connection goes back to the pool (normally instant).
             try:

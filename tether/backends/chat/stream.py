@@ -1,8 +1,12 @@
 """Upstream `chat.completion.chunk` objects (or one `chat.completion`) -> base chunks.
 
 `StreamParser.feed(event, data)` per SSE event; `done` turns true at `[DONE]`; `finish()` builds
-the closing `Finish`. Usage is taken field by field: what the server reports is kept, what it
-leaves out stays None, so the turn can count the rest itself (and say so).
+the closing `Finish`. Custom tool calls arrive natively (`tool_calls[i].type == "custom"`,
+`custom: {name, input}`) or, on a dialect that emulates custom tools, as calls of the emulating
+function (`emulated` names it): its `{"input": ...}` arguments are held until the stream ends and
+`calls_done()` gives the input as one custom-call fragment (arguments without a string `input`
+are passed on as the input text, unchanged). Usage is taken field by field: what the server
+reports is kept, what it leaves out stays None, so the turn can count the rest itself (and say so).
 """
 
 from __future__ import annotations
@@ -94,8 +98,10 @@ class StreamParser:
     """Upstream chat.completion.chunk objects -> base chunks. Call `feed` per SSE event; `done`
     turns true at `[DONE]`; `finish()` builds the closing `Finish`."""
 
-    def __init__(self, reasoning_fields: Sequence[str] = ("reasoning",)) -> None:
+    def __init__(self, reasoning_fields: Sequence[str] = ("reasoning",), emulated: frozenset[str] = frozenset()) -> None:
         self.reasoning_fields = tuple(reasoning_fields)
+        self.emulated = emulated  # names of the functions that emulate custom tools
+        self._held: dict[int, list[str]] = {}  # our index -> an emulated call's argument fragments
         self.done = False
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
@@ -170,7 +176,8 @@ class StreamParser:
         return out
 
     def _tool_delta(self, tc: Mapping[str, Any], default_index: int | None) -> ToolCallDelta | None:
-        fn = tc.get("function") or {}
+        native = tc.get("type") == "custom" or "custom" in tc
+        fn = (tc.get("custom") if native else tc.get("function")) or {}
         cid = tc.get("id")
         key = tc.get("index", default_index)
         if key is None:
@@ -178,16 +185,39 @@ class StreamParser:
             if key is None:
                 key = ("id", None)
         self._last_key = key
-        args = fn.get("arguments") or ""
+        args = fn.get("input" if native else "arguments") or ""
         if not isinstance(args, str):
             args = orjson.dumps(args).decode()
         ours = self._calls.get(key)
         if ours is None:
             ours = self._calls[key] = len(self._calls)
-            return ToolCallDelta(ours, args, cid or ids.call_id(), fn.get("name") or "")
+            name = fn.get("name") or ""
+            if not native and name in self.emulated:
+                self._held[ours] = [args]
+                return ToolCallDelta(ours, "", cid or ids.call_id(), name, custom=True)
+            return ToolCallDelta(ours, args, cid or ids.call_id(), name, custom=native)
+        if ours in self._held:
+            self._held[ours].append(args)
+            return None
         if not args:
             return None
         return ToolCallDelta(ours, args)
+
+    def calls_done(self) -> list[Chunk]:
+        """The inputs of the emulated custom tool calls (each call's `input`, as one fragment)."""
+        out: list[Chunk] = []
+        for index, pieces in self._held.items():
+            text = "".join(pieces)
+            try:
+                obj = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                obj = None
+            value = obj.get("input") if isinstance(obj, dict) else None
+            text = value if isinstance(value, str) else text
+            if text:
+                out.append(ToolCallDelta(index, text))
+        self._held.clear()
+        return out
 
     @property
     def calls(self) -> int:
