@@ -38,7 +38,8 @@ from tether.auth import Authenticator, _bearer
 from tether.errors import (
     INVALID_API_KEY,
     INVALID_REQUEST,
-    SERVER_ERROR,
+    SERVER_SHUTTING_DOWN,
+    UPSTREAM_UNAVAILABLE,
     TetherError,
 )
 from tether.protocol.wire import CHANNEL_OPTIONS, error_from_rpc, open_channel
@@ -59,7 +60,7 @@ def _cancelling() -> bool:
 
 
 def _closed_error() -> TetherError:
-    return TetherError(INVALID_REQUEST, "The session is closed.", status=400)
+    return TetherError(INVALID_REQUEST, "The session is closed.")
 
 
 class ForwardingAuthenticator(Authenticator):
@@ -77,7 +78,7 @@ class ForwardingAuthenticator(Authenticator):
         token = _bearer(authorization)
         if token is None:
             raise TetherError(
-                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'.", status=401
+                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'."
             )
         return token
 
@@ -116,7 +117,8 @@ class RemoteSession:
                 if not ended_with_error:
                     err = error_from_rpc(exc)
                     if exc.code() == grpc.StatusCode.CANCELLED:  # cancelled by the server going away
-                        err = TetherError(err.code if err.status >= 500 else SERVER_ERROR, message_gone(exc), status=503)
+                        code = SERVER_SHUTTING_DOWN if err.code == SERVER_SHUTTING_DOWN else UPSTREAM_UNAVAILABLE
+                        err = TetherError(code, message_gone(exc))
                     yield [_error_event(err)]
                 return
             except asyncio.CancelledError:
