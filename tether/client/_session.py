@@ -408,8 +408,14 @@ class Connector:
 
     async def open(self) -> ClientSession:
         session = self._session = self._make()
+        if not self._verify:
+            # Nothing on the wire yet: the first create opens the stream and meets any refusal.
+            # (Opening it here would race the server's refusal of a bad key, which may end the
+            # call before or after `wait_for_connection` returns: the refusal would surface
+            # from connect() some runs and from the first create in others.)
+            return session
         try:
-            return await session.open(verify=self._verify)
+            return await session.open()
         except BaseException:
             await session.aclose()
             raise
@@ -440,7 +446,9 @@ def connect(
     ...     print(await stream.text())
 
     With `verify` (default) the server's reachability and the API key are checked at once
-    (retrying UNAVAILABLE with backoff), so a wrong address or key fails here."""
+    (retrying UNAVAILABLE with backoff) and the session stream is opened, so a wrong address or
+    key fails here. With `verify=False` nothing is sent until the first create, which then
+    reports a wrong address or key."""
     def make() -> ClientSession:
         return ClientSession(
             target, api_key=api_key, tls_ca=tls_ca, tls=tls, retry=retry, metadata=metadata, timeout_s=timeout_s
