@@ -1039,10 +1039,6 @@ def response_from_json(d: dict) -> response_pb2.Response:
     return r
 
 
-def _usage_json(u: response_pb2.Usage) -> dict:
-    return _USAGE.encode(u, {})
-
-
 # ---------------------------------------------------------------------------------------------
 # Server events.
 # ---------------------------------------------------------------------------------------------

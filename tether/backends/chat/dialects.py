@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from tether import errors
 from tether.errors import TetherError
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
 
 @dataclass(frozen=True)
 class ReasoningControls:
