@@ -26,7 +26,9 @@ PATCH = '*** Begin Patch\n*** Add File: a.py\n+print("hi")\n*** End Patch'
 EMULATING = sorted(name for name, d in DIALECTS.items() if not d.custom_tools)
 HISTORY = (
     user("fix it"),
-    item_from_json({"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"}),
+    item_from_json(
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"}
+    ),
     item_from_json({"type": "custom_tool_call_output", "call_id": "c1", "output": "Done!"}),
 )
 
@@ -61,7 +63,15 @@ def _calls(chunks) -> list[tuple[str, str, bool]]:
 
 def test_only_openai_takes_custom_tools_natively():
     assert [name for name, d in DIALECTS.items() if d.custom_tools] == ["openai"]
-    assert set(EMULATING) >= {"vllm", "sglang", "llamacpp", "llama-cpp-python", "ollama", "lmstudio", "cerebras"}
+    assert set(EMULATING) >= {
+        "vllm",
+        "sglang",
+        "llamacpp",
+        "llama-cpp-python",
+        "ollama",
+        "lmstudio",
+        "cerebras",
+    }
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -115,7 +125,9 @@ async def test_emulating_dialect_sends_a_function_and_reads_its_input_back(serve
     assert "lark" in params["properties"]["input"]["description"]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
     (prior,) = body["messages"][1]["tool_calls"]
-    assert prior["type"] == "function" and orjson.loads(prior["function"]["arguments"]) == {"input": "*** Begin Patch"}
+    assert prior["type"] == "function" and orjson.loads(prior["function"]["arguments"]) == {
+        "input": "*** Begin Patch"
+    }
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": "Done!"}
     assert _calls(chunks) == [("apply_patch", PATCH, True)]  # the input, not the JSON around it
 
@@ -143,12 +155,16 @@ KEY = "sk-t"
 def _config(upstream: fk.FakeChatServer, dialect: str) -> TetherConfig:
     cfg = TetherConfig()
     cfg.store = "memory://"
-    cfg.backends = {"up": BackendSpec(kind="openai", options={"base_url": upstream.base_url, "dialect": dialect})}
+    cfg.backends = {
+        "up": BackendSpec(kind="openai", options={"base_url": upstream.base_url, "dialect": dialect})
+    }
     cfg.models = {"m": Route(backend="up", upstream_model="m")}
     return loopback(cfg)
 
 
-@pytest.mark.parametrize(("dialect", "arguments"), [("openai", PATCH), ("vllm", orjson.dumps({"input": PATCH}).decode())])
+@pytest.mark.parametrize(
+    ("dialect", "arguments"), [("openai", PATCH), ("vllm", orjson.dumps({"input": PATCH}).decode())]
+)
 async def test_sdk_loop_through_the_server(dialect, arguments):
     with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60) as upstream:
         upstream.push(fk.tool_calls(fk.Call("apply_patch", arguments, "call_p", custom=dialect == "openai")),
@@ -156,12 +172,19 @@ async def test_sdk_loop_through_the_server(dialect, arguments):
         async with served(_config(upstream, dialect), {KEY: "t"}) as s, \
                 AsyncOpenAI(base_url=s.base_url, api_key=KEY, max_retries=0) as client:  # fmt: skip
             events = []
-            stream = await client.responses.create(model="m", input="fix it", tools=[APPLY_PATCH], stream=True)
+            stream = await client.responses.create(
+                model="m", input="fix it", tools=[APPLY_PATCH], stream=True
+            )
             async for ev in stream:
                 events.append(ev)
             r1 = events[-1].response
             (item,) = r1.output
-            assert (item.type, item.name, item.input, item.call_id) == ("custom_tool_call", "apply_patch", PATCH, "call_p")
+            assert (item.type, item.name, item.input, item.call_id) == (
+                "custom_tool_call",
+                "apply_patch",
+                PATCH,
+                "call_p",
+            )
             deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
             assert deltas == PATCH
             r2 = await client.responses.create(
@@ -172,7 +195,13 @@ async def test_sdk_loop_through_the_server(dialect, arguments):
         sent = upstream.last_body["messages"]
         (back,) = sent[-2]["tool_calls"]
         if dialect == "openai":
-            assert back == {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}
+            assert back == {
+                "id": "call_p",
+                "type": "custom",
+                "custom": {"name": "apply_patch", "input": PATCH},
+            }
         else:
-            assert back["type"] == "function" and orjson.loads(back["function"]["arguments"]) == {"input": PATCH}
+            assert back["type"] == "function" and orjson.loads(back["function"]["arguments"]) == {
+                "input": PATCH
+            }
         assert sent[-1] == {"role": "tool", "tool_call_id": "call_p", "content": "Done!"}

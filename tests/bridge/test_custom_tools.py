@@ -90,12 +90,18 @@ async def test_stateless_resend_with_call_and_output_in_the_input(client: AsyncO
 
 async def test_websocket_two_turn_loop(stack: Stack) -> None:
     async with stack.ws() as ws:
-        await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "fix it", "tools": [APPLY_PATCH]})
+        await send_json(
+            ws, {"type": "response.create", "model": "sim-model", "input": "fix it", "tools": [APPLY_PATCH]}
+        )
         events = await recv_response(ws)  # strict SDK types and the oracle
         final = events[-1]["response"]
         assert final["status"] == "completed"
         (call,) = final["output"]
-        assert (call["type"], call["name"], call["input"]) == ("custom_tool_call", "apply_patch", CUSTOM_INPUT)
+        assert (call["type"], call["name"], call["input"]) == (
+            "custom_tool_call",
+            "apply_patch",
+            CUSTOM_INPUT,
+        )
         assert any(e["type"] == "response.custom_tool_call_input.delta" for e in events)
         await send_json(ws, {"type": "response.create", "model": "sim-model", "previous_response_id": final["id"],
                              "input": [_output(call["call_id"])], "tools": [APPLY_PATCH]})  # fmt: skip
@@ -110,7 +116,12 @@ async def test_grpc_two_turn_loop(stack: Stack, authenticator: Any) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             session = RawSession(channel, KEY_A)
             try:
-                body = {"type": "response.create", "model": "sim-model", "input": "fix it", "tools": [APPLY_PATCH]}
+                body = {
+                    "type": "response.create",
+                    "model": "sim-model",
+                    "input": "fix it",
+                    "tools": [APPLY_PATCH],
+                }
                 await session.send(json_codec.client_event_from_json(body))
                 ev = await session.until_terminal()
                 assert ev.WhichOneof("event") == "completed"
@@ -122,7 +133,11 @@ async def test_grpc_two_turn_loop(stack: Stack, authenticator: Any) -> None:
                 (done,) = [e.custom_tool_call_input_done for e in session.events
                            if e.WhichOneof("event") == "custom_tool_call_input_done"]  # fmt: skip
                 assert done.input == obj["input"] == CUSTOM_INPUT and done.item_id == obj["id"]
-                follow = {**body, "previous_response_id": ev.completed.response.id, "input": [_output(obj["call_id"])]}
+                follow = {
+                    **body,
+                    "previous_response_id": ev.completed.response.id,
+                    "input": [_output(obj["call_id"])],
+                }
                 await session.send(json_codec.client_event_from_json(follow))
                 ev = await session.until_terminal()
                 assert ev.WhichOneof("event") == "completed"
@@ -147,8 +162,10 @@ async def test_tool_choice_custom_forces_that_tool(client: AsyncOpenAI) -> None:
     ("extra", "param"),
     [
         ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "custom", "name": "apply_patch"}}, "tool_choice"),
-        ({"tools": [{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "peg", "definition": "x"}}]},
-         "tools[0].format"),
+        (
+            {"tools": [{**APPLY_PATCH, "format": {"type": "grammar", "syntax": "peg", "definition": "x"}}]},
+            "tools[0].format",
+        ),
         ({"tools": [APPLY_PATCH, {**APPLY_PATCH, "description": "again"}]}, "tools[1].name"),
         ({"input": [_output("call_nowhere")]}, "input[0].call_id"),
         ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch"}]}, "input[0]"),
@@ -156,7 +173,9 @@ async def test_tool_choice_custom_forces_that_tool(client: AsyncOpenAI) -> None:
 )
 async def test_bad_custom_tool_requests_are_400(client: AsyncOpenAI, extra: dict, param: str) -> None:
     with pytest.raises(BadRequestError) as ei:
-        await client.responses.create(**{"model": "sim-model", "input": "hi", "tools": [APPLY_PATCH], **extra})
+        await client.responses.create(
+            **{"model": "sim-model", "input": "hi", "tools": [APPLY_PATCH], **extra}
+        )
     assert ei.value.status_code == 400 and ei.value.body["param"] == param
 
 

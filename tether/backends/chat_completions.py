@@ -38,7 +38,12 @@ from tether.backends.base import (
     Usage,
 )
 from tether.backends.chat.dialects import Dialect, detect, dialect_named
-from tether.backends.chat.mapping import MappingOptions, emulated_custom_tools, forces_tool_call, to_chat_request
+from tether.backends.chat.mapping import (
+    MappingOptions,
+    emulated_custom_tools,
+    forces_tool_call,
+    to_chat_request,
+)
 from tether.backends.chat.sse import SSEDecoder
 from tether.backends.chat.stream import StreamParser
 from tether.backends.chat.upstream_errors import (

@@ -728,8 +728,8 @@ def _tool_name(tool: request_pb2.Tool) -> tuple[str, bool]:
 
 def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
     """`tool_choice` as (mode, the tool names it allows or None for all): a named function or
-    custom tool forces that one, `allowed_tools` narrows the choice; other object types (custom, mcp, hosted
-    tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
+    custom tool forces that one, `allowed_tools` narrows the choice; other object types (mcp,
+    hosted tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
     choice = request.tool_choice
     arm = choice.WhichOneof("choice") if choice is not None else None
     if arm == "mode":

@@ -35,8 +35,8 @@ from tether.core.stages.route import Resolved
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import Turn, user_message
 from tether.errors import TetherError
-from tether.protocol.calls import call_of
 from tether.observability import tracing
+from tether.protocol.calls import call_of
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
 if TYPE_CHECKING:

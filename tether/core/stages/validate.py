@@ -198,8 +198,8 @@ def _check_custom_tool(obj: dict, i: int, names: set[str]) -> None:
     if not ok:
         raise TetherError(
             errors.INVALID_REQUEST,
-            "A custom tool's 'format' is {\"type\": \"text\"} or {\"type\": \"grammar\", \"syntax\": \"lark\" | "
-            "\"regex\", \"definition\": ...}.",
+            f"Invalid 'tools[{i}].format': a custom tool's format is {{\"type\": \"text\"}} or "
+            "{\"type\": \"grammar\", \"syntax\": \"lark\" | \"regex\", \"definition\": ...}.",
             param=f"tools[{i}].format",
         )
 
