@@ -24,6 +24,7 @@ class Call:
     call_id: str
     name: str
     output_type: str  # the item type that answers it
+    text: str  # what the model generated: a function's arguments, a custom tool's input
 
 
 def _other_fields(item: items_pb2.Item, kind: str) -> dict | None:
@@ -40,11 +41,14 @@ def call_of(item: items_pb2.Item) -> Call | None:
     """The tool call `item` makes (a function call or a custom tool call), else None."""
     arm = item.WhichOneof("item")
     if arm == "function_call":
-        return Call(item.function_call.call_id, item.function_call.name, "function_call_output")
+        fc = item.function_call
+        return Call(fc.call_id, fc.name, "function_call_output", fc.arguments)
     obj = _other_fields(item, CUSTOM_CALL)
     if obj is None:
         return None
-    return Call(str(obj.get("call_id") or ""), str(obj.get("name") or ""), CUSTOM_OUTPUT)
+    text = obj.get("input")
+    return Call(str(obj.get("call_id") or ""), str(obj.get("name") or ""), CUSTOM_OUTPUT,
+                text if isinstance(text, str) else "")  # fmt: skip
 
 
 def answered_call_id(item: items_pb2.Item) -> str | None:
