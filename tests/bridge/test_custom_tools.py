@@ -21,7 +21,7 @@ from tether.service.grpc_server import start_grpc_server
 
 from ..support.grpc_client import RawSession
 from ..support.stacks import Stack
-from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, recv_response, send_json
+from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, recv_response, recv_until, send_json
 
 APPLY_PATCH = {
     "type": "custom",
@@ -190,3 +190,25 @@ async def test_max_tool_calls_counts_custom_calls(make_stack: Any, tmp_path: Pat
         assert r.output[0].input == "*** Begin Patch 1"
         r = await client.responses.create(model="sim-model", input="go", tools=tools)
         assert [o.type for o in r.output] == ["custom_tool_call", "function_call", "custom_tool_call"]
+
+
+async def test_websocket_steer_waits_for_the_custom_tool_output(make_stack: Any, tmp_path: Path) -> None:
+    step = {"tool_calls": [{"name": "apply_patch", "input": "*** Begin Patch " * 20}], "tokens_per_s": 40}
+    async with make_stack(backend={**_script(tmp_path, [step]), "ttft_ms": 0}) as stack, stack.ws() as ws:
+        body = {"type": "response.create", "model": "sim-model", "input": "fix it", "tools": [APPLY_PATCH]}
+        await send_json(ws, body)
+        first = await recv_until(ws, lambda e: e["type"] == "response.custom_tool_call_input.delta")
+        target = first[0]["response"]["id"]
+        await send_json(
+            ws, {"type": "response.steer", "previous_response_id": target, "input": "and add tests"}
+        )
+        events = await recv_until(ws, lambda e: e["type"] == "response.steer.pending", 30)
+        types = [e["type"] for e in events]
+        assert "response.incomplete" not in types  # a response making a call finishes it
+        call = events[types.index("response.completed")]["response"]["output"][0]
+        assert events[-1]["required_input"] == [
+            {"type": "custom_tool_call_output", "call_id": call["call_id"], "name": "apply_patch"}
+        ]
+        await send_json(ws, {**body, "previous_response_id": target, "input": [_output(call["call_id"])]})
+        done = (await recv_until(ws, lambda e: e["type"] == "response.completed", 30))[-1]
+        assert done["response"]["output"][0]["type"] == "message"
