@@ -6,6 +6,8 @@ gRPC; `tool_choice: {"type": "custom"}`, `max_tool_calls` and the 400s for what 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from openai import AsyncOpenAI, BadRequestError
 
 from tether.backends.simulated import CUSTOM_INPUT
 from tether.protocol import json_codec
+from tether.responses.v1 import items_pb2, request_pb2
 from tether.service.grpc_server import start_grpc_server
 
 from ..support.grpc_client import RawSession
@@ -36,6 +39,21 @@ def _script(tmp_path: Path, steps: list[dict], after: dict | None = None) -> dic
     path = tmp_path / "script.json"
     path.write_text(json.dumps({"steps": steps, "after": after or {"text": "Patched."}}))
     return {"script": str(path)}
+
+
+@asynccontextmanager
+async def _grpc(stack: Stack, authenticator: Any) -> AsyncIterator[RawSession]:
+    """A raw gRPC session stream on the stack's engine."""
+    server = await start_grpc_server(stack.engine, stack.config, authenticator)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            session = RawSession(channel, KEY_A)
+            try:
+                yield session
+            finally:
+                session.call.cancel()
+    finally:
+        await server.stop(0)
 
 
 def _output(call_id: str, text: str = "Done!") -> dict:
@@ -111,41 +129,24 @@ async def test_websocket_two_turn_loop(stack: Stack) -> None:
 
 
 async def test_grpc_two_turn_loop(stack: Stack, authenticator: Any) -> None:
-    server = await start_grpc_server(stack.engine, stack.config, authenticator)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            session = RawSession(channel, KEY_A)
-            try:
-                body = {
-                    "type": "response.create",
-                    "model": "sim-model",
-                    "input": "fix it",
-                    "tools": [APPLY_PATCH],
-                }
-                await session.send(json_codec.client_event_from_json(body))
-                ev = await session.until_terminal()
-                assert ev.WhichOneof("event") == "completed"
-                (call,) = ev.completed.response.output
-                assert call.WhichOneof("item") == "other" and call.other.type == "custom_tool_call"
-                obj = orjson.loads(call.other.json)
-                arms = [e.WhichOneof("event") for e in session.events]
-                assert "custom_tool_call_input_delta" in arms
-                (done,) = [e.custom_tool_call_input_done for e in session.events
-                           if e.WhichOneof("event") == "custom_tool_call_input_done"]  # fmt: skip
-                assert done.input == obj["input"] == CUSTOM_INPUT and done.item_id == obj["id"]
-                follow = {
-                    **body,
-                    "previous_response_id": ev.completed.response.id,
-                    "input": [_output(obj["call_id"])],
-                }
-                await session.send(json_codec.client_event_from_json(follow))
-                ev = await session.until_terminal()
-                assert ev.WhichOneof("event") == "completed"
-                assert ev.completed.response.output[0].WhichOneof("item") == "message"
-            finally:
-                session.call.cancel()
-    finally:
-        await server.stop(0)
+    async with _grpc(stack, authenticator) as session:
+        body = {"type": "response.create", "model": "sim-model", "input": "fix it", "tools": [APPLY_PATCH]}
+        await session.send(json_codec.client_event_from_json(body))
+        ev = await session.until_terminal()
+        assert ev.WhichOneof("event") == "completed"
+        (call,) = ev.completed.response.output
+        assert call.WhichOneof("item") == "other" and call.other.type == "custom_tool_call"
+        obj = orjson.loads(call.other.json)
+        arms = [e.WhichOneof("event") for e in session.events]
+        assert "custom_tool_call_input_delta" in arms
+        (done,) = [e.custom_tool_call_input_done for e in session.events
+                   if e.WhichOneof("event") == "custom_tool_call_input_done"]  # fmt: skip
+        assert done.input == obj["input"] == CUSTOM_INPUT and done.item_id == obj["id"]
+        follow = {**body, "previous_response_id": ev.completed.response.id, "input": [_output(obj["call_id"])]}
+        await session.send(json_codec.client_event_from_json(follow))
+        ev = await session.until_terminal()
+        assert ev.WhichOneof("event") == "completed"
+        assert ev.completed.response.output[0].WhichOneof("item") == "message"
 
 
 async def test_tool_choice_custom_forces_that_tool(client: AsyncOpenAI) -> None:
@@ -212,3 +213,12 @@ async def test_websocket_steer_waits_for_the_custom_tool_output(make_stack: Any,
         await send_json(ws, {**body, "previous_response_id": target, "input": [_output(call["call_id"])]})
         done = (await recv_until(ws, lambda e: e["type"] == "response.completed", 30))[-1]
         assert done["response"]["output"][0]["type"] == "message"
+
+
+async def test_grpc_custom_tool_that_is_not_a_json_object_is_a_400(stack: Stack, authenticator: Any) -> None:
+    async with _grpc(stack, authenticator) as session:
+        tool = request_pb2.Tool(other=items_pb2.OtherJson(type="custom", json="not json"))
+        await session.create(model="sim-model", input="hi", tools=[tool])
+        ev = await session.until_terminal()
+        assert ev.WhichOneof("event") == "error"
+        assert (ev.error.error.code, ev.error.error.param) == ("invalid_request", "tools[0]")

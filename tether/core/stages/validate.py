@@ -168,12 +168,17 @@ def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
         _enum(params.service_tier, _SERVICE_TIERS, "service_tier")
 
 
-def _custom_tool(tool: request_pb2.Tool) -> dict | None:
-    """A `custom` (freeform) tool's JSON object, else None."""
+def _custom_tool(tool: request_pb2.Tool, i: int) -> dict | None:
+    """A `custom` (freeform) tool's JSON object (400 when it is not one), else None."""
     if tool.WhichOneof("tool") != "other" or tool.other.type != "custom":
         return None
-    obj = orjson.loads(tool.other.json)
-    return obj if isinstance(obj, dict) else None
+    try:
+        obj = orjson.loads(tool.other.json)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise TetherError(errors.INVALID_REQUEST, f"'tools[{i}]' must be a JSON object.", param=f"tools[{i}]")
+    return obj
 
 
 def _check_custom_tool(obj: dict, i: int, names: set[str]) -> None:
@@ -208,7 +213,7 @@ def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
     names: set[str] = set()
     custom: set[str] = set()
     for i, tool in enumerate(params.tools):
-        obj = _custom_tool(tool)
+        obj = _custom_tool(tool, i)
         if obj is not None:
             _check_custom_tool(obj, i, names)
             custom.add(obj["name"])
