@@ -464,7 +464,7 @@ def _tool_choice(
         return _named(str(obj.get("name", "")), tools, kind), tools
     # allowed_tools
     listed = obj.get("tools")
-    allowed = {t.get("name") for t in listed if isinstance(t, dict)} if isinstance(listed, list) else set()
+    allowed = {t.get("name") for t in listed if isinstance(t, dict)} - {None} if isinstance(listed, list) else set()
     narrowed = [t for t in tools if _tool_name(t) in allowed]
     mode = obj.get("mode", "auto")
     mode = mode if mode in ("auto", "required") else "auto"
