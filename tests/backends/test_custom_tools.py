@@ -6,6 +6,8 @@ whole loop behind the server, driven by the openai SDK."""
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from openai import AsyncOpenAI
@@ -15,6 +17,7 @@ from tests.fakes.items import other_tool, request, user
 from tests.support.served import loopback, served
 from tether.backends.base import Finish, ToolCallDelta
 from tether.backends.chat.dialects import DIALECTS
+from tether.backends.chat.stream import EmulatedInput
 from tether.backends.registry import build_backend
 from tether.config import BackendSpec, Route, TetherConfig
 from tether.protocol.json_codec import item_from_json
@@ -130,6 +133,35 @@ async def test_emulating_dialect_sends_a_function_and_reads_its_input_back(serve
     }
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": "Done!"}
     assert _calls(chunks) == [("apply_patch", PATCH, True)]  # the input, not the JSON around it
+
+
+async def test_emulated_input_streams_as_its_arguments_arrive(server):
+    server.push(fk.tool_calls(fk.Call("apply_patch", orjson.dumps({"input": PATCH}).decode(), "call_p")))
+    chunks = await call(server, "vllm", "x", tools=[other_tool(APPLY_PATCH)])
+    pieces = [c.arguments for c in chunks if isinstance(c, ToolCallDelta) and c.arguments]
+    assert len(pieces) >= 3 and "".join(pieces) == PATCH  # the upstream sent it in 3 fragments
+
+
+@pytest.mark.parametrize("text", [PATCH, 'quotes " and \\ backslashes', "emoji \U0001f600 and \u00e9", ""])
+def test_emulated_input_decodes_whatever_the_fragment_boundaries(text):
+    ascii_escaped = json.dumps({"input": text})  # \u escapes, a surrogate pair for the emoji
+    for raw in (orjson.dumps({"input": text}).decode(), orjson.dumps({"input": text}, option=orjson.OPT_INDENT_2).decode(),
+                ascii_escaped):  # fmt: skip
+        for i in range(len(raw) + 1):
+            for j in range(i, len(raw) + 1, 3):
+                held = EmulatedInput()
+                streamed = held.feed(raw[:i]) + held.feed(raw[i:j]) + held.feed(raw[j:])
+                assert streamed + held.end() == text, (raw, i, j)
+
+
+def test_emulated_input_of_another_shape_is_the_arguments_text():
+    held = EmulatedInput()
+    assert held.feed('{"path": "a.py", ') + held.feed('"input": "x"}') == ""
+    assert held.end() == "x"  # an object with the input later: read at the end
+    held = EmulatedInput()
+    assert held.feed("*** Begin Patch") == "" and held.end() == "*** Begin Patch"
+    held = EmulatedInput()
+    assert held.feed('{"input": "cut sh') == "cut sh" and held.end() == ""  # cut by the output cap
 
 
 async def test_emulated_reply_without_a_json_input_passes_its_text_on(server):
