@@ -142,7 +142,11 @@ async def test_grpc_two_turn_loop(stack: Stack, authenticator: Any) -> None:
         (done,) = [e.custom_tool_call_input_done for e in session.events
                    if e.WhichOneof("event") == "custom_tool_call_input_done"]  # fmt: skip
         assert done.input == obj["input"] == CUSTOM_INPUT and done.item_id == obj["id"]
-        follow = {**body, "previous_response_id": ev.completed.response.id, "input": [_output(obj["call_id"])]}
+        follow = {
+            **body,
+            "previous_response_id": ev.completed.response.id,
+            "input": [_output(obj["call_id"])],
+        }
         await session.send(json_codec.client_event_from_json(follow))
         ev = await session.until_terminal()
         assert ev.WhichOneof("event") == "completed"

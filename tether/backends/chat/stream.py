@@ -173,7 +173,9 @@ class StreamParser:
     """Upstream chat.completion.chunk objects -> base chunks. Call `feed` per SSE event; `done`
     turns true at `[DONE]`; `finish()` builds the closing `Finish`."""
 
-    def __init__(self, reasoning_fields: Sequence[str] = ("reasoning",), emulated: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, reasoning_fields: Sequence[str] = ("reasoning",), emulated: frozenset[str] = frozenset()
+    ) -> None:
         self.reasoning_fields = tuple(reasoning_fields)
         self.emulated = emulated  # names of the functions that emulate custom tools
         self._held: dict[int, EmulatedInput] = {}  # our index -> an emulated custom tool call
@@ -279,7 +281,9 @@ class StreamParser:
 
     def calls_done(self) -> list[Chunk]:
         """The rest of each emulated custom tool call's input, once its arguments are complete."""
-        out: list[Chunk] = [ToolCallDelta(index, rest) for index, held in self._held.items() if (rest := held.end())]
+        out: list[Chunk] = [
+            ToolCallDelta(index, rest) for index, held in self._held.items() if (rest := held.end())
+        ]
         self._held.clear()
         return out
 
