@@ -226,3 +226,19 @@ async def test_grpc_custom_tool_that_is_not_a_json_object_is_a_400(stack: Stack,
         ev = await session.until_terminal()
         assert ev.WhichOneof("event") == "error"
         assert (ev.error.error.code, ev.error.error.param) == ("invalid_request", "tools[0]")
+
+
+async def test_truncation_auto_drops_a_custom_output_with_its_call(make_stack: Any) -> None:
+    history = [
+        {"type": "custom_tool_call", "call_id": "call_big", "name": "apply_patch", "input": "words " * 560},
+        _output("call_big", "ok"),
+        {"role": "user", "content": "question " + "words " * 40},
+        {"role": "user", "content": "the last question"},
+    ]
+    async with make_stack(max_input_tokens=600) as stack, stack.client() as client:
+        r = await client.responses.create(
+            model="sim-model", input=history, tools=[APPLY_PATCH], truncation="auto", store=True
+        )
+        assert r.status == "completed" and 0 < r.usage.input_tokens <= 600
+        kept = await client.responses.input_items.list(r.id, order="asc", limit=100)
+    assert [i.type for i in kept.data] == ["message", "message"]  # not an output whose call went
