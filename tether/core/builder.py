@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import groupby
 
 from tether import ids
 from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
@@ -77,25 +76,33 @@ class OutputBuilder:
         return self._next_index
 
     def feed(self, chunks: list[Chunk]) -> list[Emitted]:
-        """The events of a run of chunks (what one backend wake-up delivered), in order. The run
-        is taken a stretch of one chunk type at a time: a stretch of text chunks is one list of
-        strings appended to the open item and to one delta (no work per chunk but reading its text)."""
+        """The events of a run of chunks (what one backend wake-up delivered), in order."""
         events: list[Emitted] = []
-        for kind, stretch in groupby(chunks, type):
+        tail: Delta | None = None  # the text delta this run is appending to (the common case)
+        for chunk in chunks:
+            kind = type(chunk)
             if kind is TextDelta:
-                self._text_delta([c.text for c in stretch], events)
-            elif kind is ToolCallDelta:
-                for chunk in stretch:
-                    self._tool_delta(chunk, events)
-            elif kind is ReasoningDelta:
-                self._reasoning_delta([c.text for c in stretch], events)
+                if tail is not None:
+                    piece = chunk.text
+                    self._text.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)
+                    tail.size += len(piece)
+                    continue
+                self._text_delta(chunk.text, events)
+                last = events[-1]
+                tail = last if type(last) is Delta and self._reasoning is None else None
+                continue
+            tail = None
+            if kind is ReasoningDelta:
+                self._reasoning_delta(chunk.text, events)
             elif kind is RefusalDelta:
-                self._text_delta([c.text for c in stretch], events, refusal=True)
+                self._text_delta(chunk.text, events, refusal=True)
+            elif kind is ToolCallDelta:
+                self._tool_delta(chunk, events)
             elif kind is Finish:
-                for chunk in stretch:
-                    self.finish = chunk
+                self.finish = chunk
             else:
-                raise TypeError(f"unknown chunk {next(stretch)!r}")
+                raise TypeError(f"unknown chunk {chunk!r}")
         return events
 
     def close_all(self, status: str = "completed") -> list[Event]:
@@ -119,7 +126,7 @@ class OutputBuilder:
         ev.output_item_added.item.CopyFrom(item)
         return open_item, ev
 
-    def _text_delta(self, texts: list[str], events: list[Emitted], *, refusal: bool = False) -> None:
+    def _text_delta(self, text: str, events: list[Emitted], *, refusal: bool = False) -> None:
         """Output text, or a refusal: each in an assistant message of its own kind (a switch
         between the two closes the open message and starts another)."""
         kind = "refusal" if refusal else "message"
@@ -140,10 +147,10 @@ class OutputBuilder:
             part.content_part_added.content_index = 0
             (part.content_part_added.part.refusal if refusal else part.content_part_added.part.output_text).SetInParent()
             events += [added, part]
-        self._text.pieces += texts
-        _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, texts)
+        self._text.pieces.append(text)
+        _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, text)
 
-    def _reasoning_delta(self, texts: list[str], events: list[Emitted]) -> None:
+    def _reasoning_delta(self, text: str, events: list[Emitted]) -> None:
         if self._reasoning is None:
             item_id = ids.reasoning_id()
             item = items_pb2.Item()
@@ -156,9 +163,9 @@ class OutputBuilder:
                 p = part.reasoning_summary_part_added
                 p.item_id, p.output_index, p.summary_index = item_id, self._reasoning.index, 0
                 events.append(part)
-        self._reasoning.pieces += texts
+        self._reasoning.pieces.append(text)
         arm = "reasoning_summary_text_delta" if self.reasoning_summary else "reasoning_text_delta"
-        _delta(events, arm, self._reasoning, texts)
+        _delta(events, arm, self._reasoning, text)
 
     def _tool_delta(self, chunk: ToolCallDelta, events: list[Emitted]) -> None:
         call = self._calls.get(chunk.index)
@@ -182,7 +189,7 @@ class OutputBuilder:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            _delta(events, "function_call_arguments_delta", call, [chunk.arguments])
+            _delta(events, "function_call_arguments_delta", call, chunk.arguments)
 
     def _close_one(self, open_item: _OpenItem) -> list[Event]:
         self._open.pop(open_item.index, None)
@@ -262,15 +269,12 @@ class OutputBuilder:
         return index, [added, done]
 
 
-def _delta(events: list[Emitted], arm: str, item: _OpenItem, texts: list[str]) -> None:
-    """Append `texts` to the events as a delta of `item`: merged into the last event when that is
+def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> None:
+    """Append `text` to the events as a delta of `item`: merged into the last event when that is
     already a delta of the same item (consecutive chunks of one wake-up make one event)."""
     if events:
         last = events[-1]
         if type(last) is Delta and last.item_id == item.item_id:
-            last.extend(texts)
+            last.append(text)
             return
-    delta = Delta(arm, item.item_id, item.index, texts[0])
-    if len(texts) > 1:
-        delta.extend(texts[1:])
-    events.append(delta)
+    events.append(Delta(arm, item.item_id, item.index, text))

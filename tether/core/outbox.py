@@ -90,10 +90,6 @@ class Delta:
         self.pieces.append(text)
         self.size += len(text)
 
-    def extend(self, texts: list[str]) -> None:
-        self.pieces += texts
-        self.size += sum(map(len, texts))
-
     def continues(self, other: Delta) -> bool:
         """Whether `other` is more text for the same content (so it may be merged into this one)."""
         return (
