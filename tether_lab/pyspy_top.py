@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-_PATH = re.compile(r" \((?:/[^)]*/)?([^/):]+)(?::\d+)?\)")
+_PATH = re.compile(r" \((?:[^()]*/)?([^/():]+)(?::\d+)?\)")
 
 
 def frame_name(frame: str) -> str:

@@ -14,6 +14,7 @@ RAW = [
 
 def test_frames_merge_per_function_and_the_filters_pick_the_run():
     assert frame_name("feed (/x/tether/core/builder.py:80)") == "feed (builder.py)"
+    assert frame_name("Handle._run (asyncio/events.py:80)") == "Handle._run (events.py)"
     text = top(RAW, "run (", [], 5)
     lines = text.splitlines()
     assert lines[0] == "9 samples"
