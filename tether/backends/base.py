@@ -58,6 +58,10 @@ class BackendRequest:
     # `text.verbosity` (low | medium | high): sent as Chat Completions' `verbosity` where the
     # dialect takes it (OpenAI); a 400 naming `text.verbosity` where it does not.
     verbosity: str | None = None
+    # Output text log probabilities were asked for (`include` message.output_text.logprobs or
+    # `top_logprobs`): None when not, else the alternatives per token (0..20). A backend that
+    # cannot produce them refuses the request (400 naming the parameter) in `prepare`.
+    logprobs: int | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str = ""  # as the client named it ("" = not set)
@@ -77,6 +81,9 @@ class BackendRequest:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The tokens' log probabilities, when the request asked for them (`BackendRequest.logprobs`):
+    # `{"token", "bytes", "logprob", "top_logprobs": [{"token", "bytes", "logprob"}]}` each.
+    logprobs: list[dict] | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,11 @@ What it says is decided per turn, in this order:
    one call to the first function tool (arguments built from its JSON schema), else a text answer
    of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
+Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
+ones (`token_logprob`): the token itself first among its `top_logprobs`, then vocabulary words,
+each less likely. A `tool_choice` object other than `function` / `allowed_tools` is a 400 naming
+`tool_choice`, as on every Chat Completions dialect.
+
 An unscripted text answer says what it is, so a newcomer's first call explains itself: that it
 comes from the simulated model, what it received (items, the last user message's start, tools,
 input tokens) and how to configure a real backend; it is cut, or padded with marked deterministic
@@ -523,22 +528,21 @@ class SimulatedBackend(BackendBase):
             "to tether.toml and route model names to it under [models] (README, Configuration)."
         )
 
+    async def prepare(self, request: BackendRequest) -> None:
+        _choice(request)  # an unmapped tool_choice type is a 400 before response.created
+
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:
         if not self.config.call_tools:
             return None
         fns = [t.function for t in request.tools if t.WhichOneof("tool") == "function"]
-        if not fns:
-            return None
-        choice = request.tool_choice
-        mode = choice.WhichOneof("choice") if choice is not None else None
-        if mode == "mode" and choice.mode == "none":
+        mode, named = _choice(request)
+        if named is not None:
+            fns = [f for f in fns if f.name in named]
+        if not fns or mode == "none":
             return None
         target = fns[0]
-        if mode == "function_name":
-            target = next((f for f in fns if f.name == choice.function_name), fns[0])
-        forced = mode == "function_name" or (mode == "mode" and choice.mode == "required")
         answered = any(i.WhichOneof("item") == "function_call_output" for i in request.items)
-        if answered and not forced:
+        if answered and mode != "required":
             return None
         try:
             schema = orjson.loads(target.parameters_json) if target.parameters_json else {}
@@ -603,6 +607,11 @@ class SimulatedBackend(BackendBase):
         """Each wake-up's due tokens as one run (`stream()`, inherited, yields them one by one)."""
         plan = self.plan(request)
         units = plan.units
+        if request.logprobs is not None:
+            units = [
+                TextDelta(u.text, [token_logprob(u.text, request.logprobs)]) if type(u) is TextDelta else u
+                for u in units
+            ]
         finish = plan.finish
         limit = request.max_output_tokens
         if limit is not None and limit >= 0 and len(units) > limit:
@@ -678,6 +687,55 @@ class SimulatedBackend(BackendBase):
         )]
 
 
+def _logprob_of(token: str, rank: int) -> float:
+    """A deterministic log probability for `token` at `rank` (0: the chosen token, the likeliest)."""
+    spread = int.from_bytes(hashlib.blake2s(token.encode(), digest_size=2).digest(), "big") / 65536.0
+    return -round(0.05 + spread + rank * 1.5, 4)
+
+
+def token_logprob(token: str, top: int) -> dict[str, Any]:
+    """The simulated model's log probability of a token it emits, with `top` alternatives: the
+    token itself first, then words of the vocabulary, each less likely than the one before."""
+    alternatives = [token] + [w for w in _VOCAB if w != token.strip()][: max(0, top - 1)]
+    return {
+        "token": token,
+        "bytes": list(token.encode()),
+        "logprob": _logprob_of(token, 0),
+        "top_logprobs": [
+            {"token": t, "bytes": list(t.encode()), "logprob": _logprob_of(token, rank)}
+            for rank, t in enumerate(alternatives[:top])
+        ],
+    }
+
+
+def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
+    """`tool_choice` as (mode, the function names it allows or None for all): a named function
+    forces that one, `allowed_tools` narrows the choice; other object types (custom, mcp, hosted
+    tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
+    choice = request.tool_choice
+    arm = choice.WhichOneof("choice") if choice is not None else None
+    if arm == "mode":
+        return choice.mode, None  # type: ignore[union-attr]
+    if arm == "function_name":
+        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]
+    if arm != "other_json":
+        return "auto", None
+    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]
+    kind = obj.get("type")
+    if kind == "function":
+        return "required", frozenset({str(obj.get("name", ""))})
+    if kind == "allowed_tools":
+        listed = obj.get("tools")
+        names = frozenset(str(t.get("name")) for t in listed if isinstance(t, dict)) if isinstance(listed, list) else frozenset()
+        return ("required" if obj.get("mode") == "required" else "auto"), names
+    raise TetherError(
+        errors.UNSUPPORTED,
+        f"tool_choice of type {kind!r} cannot be honoured by the simulated backend: it calls function tools only",
+        param="tool_choice",
+        status=400,
+    )
+
+
 def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     """Merge units[i:stop] of the same kind (and tool call) into one chunk; return it and the next index."""
     first = units[i]
@@ -687,6 +745,9 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
         while j < stop and type(units[j]) is type(first):
             parts.append(units[j].text)  # type: ignore[union-attr]
             j += 1
+        if type(first) is TextDelta and first.logprobs is not None:
+            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]
+            return TextDelta("".join(parts), logprobs), j
         return type(first)("".join(parts)), j
     if isinstance(first, ToolCallDelta):
         parts = [first.arguments]

@@ -354,6 +354,7 @@ class Session:
         del successor.input[:]
         successor.ClearField("input_text")
         successor.ClearField("generate")
+        successor.ClearField("prompt")  # expanded already: into instructions, and input now in the chain
         successor.previous_response_id = turn.response_id
         for _, items in turn.steers:
             successor.input.extend(items)

@@ -30,7 +30,7 @@ from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
 from tether.core.postinference import PostJob
-from tether.core.stages import render, validate
+from tether.core.stages import fields, render, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
@@ -186,6 +186,7 @@ class Turn:
         clock = self.clock
         with clock.stage("validate"):
             validate.validate_params(params, limits, self.engine.config.server.accept_unknown_parameters)
+            self.engine.config.prompts.apply(params)  # `prompt`: the template into instructions and input
         with clock.stage("resolve"):
             if params.conversation:
                 parent, from_cache = None, False
@@ -295,6 +296,9 @@ class Turn:
             r.max_tool_calls = p.max_tool_calls
         if p.conversation:
             r.conversation.id = p.conversation
+        if p.HasField("prompt"):
+            r.prompt.CopyFrom(p.prompt)
+        r.top_logprobs = p.top_logprobs
         r.tools.extend(p.tools)
         if p.HasField("tool_choice"):
             r.tool_choice.CopyFrom(p.tool_choice)
@@ -328,6 +332,7 @@ class Turn:
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
             text_format=p.text.format if p.text.HasField("format") else None,
             verbosity=p.text.verbosity if p.text.HasField("verbosity") else None,
+            logprobs=fields.requested_logprobs(p),
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
             service_tier=p.service_tier,

@@ -24,8 +24,8 @@ Faithfulness rules (a client's JSON object must come back unchanged, dict-equal)
   `output_text` parts always carry `annotations` and `logprobs` (the SDK requires them), message
   `content` and reasoning `summary` are always written, other required keys read as their proto
   default when missing; the create body's `"type": "response.create"` is dropped (any other
-  `type` value is an unknown key); keys of *events* that the proto does not model (e.g. non-empty
-  `logprobs`, `obfuscation`) are dropped by `event_from_json`, and so are unknown keys inside
+  `type` value is an unknown key); keys of *events* that the proto does not model (e.g.
+  `obfuscation`) are dropped by `event_from_json`, and so are unknown keys inside
   `usage`, `error` and `incomplete_details` of a Response.
 
 Errors: wrong JSON types raise `TetherError(INVALID_TYPE, param=<dotted path>)`; unparsable or
@@ -850,6 +850,14 @@ _CONTEXT_MANAGEMENT = _Codec(
     request_pb2.ContextManagement, _Scalar("type"), _Scalar("compact_threshold", OPTIONAL), skip=()
 )
 
+_PROMPT = _Codec(
+    request_pb2.Prompt,
+    _Scalar("id"),
+    _Scalar("version", OPTIONAL),
+    _Json("variables", "variables_json", dict, NONEMPTY),
+    skip=(),
+)
+
 _PARAMS = _Codec(
     request_pb2.ResponseCreateParams,
     _Custom("type", _ignore_create_type, lambda m, o: None),
@@ -885,6 +893,8 @@ _PARAMS = _Codec(
     _Scalar("background", OPTIONAL),
     _Scalar("stream", OPTIONAL),
     _Custom("conversation", _conversation_dec, _conversation_enc),
+    _Scalar("top_logprobs", OPTIONAL),
+    _Sub("prompt", _PROMPT),
     skip=(),
 )
 
@@ -941,7 +951,6 @@ def _response_tool_choice_enc(r: response_pb2.Response, out: dict) -> None:
 
 
 _RESPONSE_NULL_KEYS = (
-    "prompt",
     "prompt_cache_retention",
     "prompt_cache_options",
     "prompt_cache_diagnostics",
@@ -1012,9 +1021,10 @@ _RESPONSE = _Codec(
         ),
     ),
     _Sub("conversation", _Codec(response_pb2.ConversationRef, _Scalar("id")), NULLABLE),
-    # Documented keys Tether has no value for: their defaults (log probabilities and penalties are
-    # not produced or applied; prompts, images, moderation and access programs are refused).
-    _Const("top_logprobs", 0),
+    _Scalar("top_logprobs"),
+    _Sub("prompt", _PROMPT, NULLABLE),
+    # Documented keys Tether has no value for: their defaults (penalties are not applied; images,
+    # moderation and access programs are refused).
     _Const("presence_penalty", 0.0),
     _Const("frequency_penalty", 0.0),
     *(_Const(k, None) for k in _RESPONSE_NULL_KEYS),
@@ -1075,7 +1085,7 @@ def _text_event(cls: Any, text_key: str, *, logprobs: bool) -> _Codec:
         _Scalar(text_key, attr=attr),
     ]
     if logprobs:
-        fields.append(_Const("logprobs", []))
+        fields.append(_Json("logprobs", "logprobs_json", list))
     return _Codec(cls, *fields)
 
 
