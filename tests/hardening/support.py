@@ -33,7 +33,7 @@ from tests.bridge.helpers import (
 from tests.support.configs import instant_config
 from tests.support.grpc_client import RawSession
 from tether.auth import Authenticator
-from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.base import BackendBase, BackendRequest, Finish, TextDelta, Usage
 from tether.backends.registry import register_backend
 from tether.bridge import start_bridge
 from tether.config import BackendSpec, Route, TetherConfig
@@ -238,7 +238,6 @@ class Firehose(BackendBase):
     def __init__(self, name: str, config: FirehoseConfig | None = None) -> None:
         self.name = name
         self.config = config or FirehoseConfig()
-        self.capabilities = Capabilities()
         Firehose.pulled[name] = 0
         Firehose.open_streams[name] = 0
 

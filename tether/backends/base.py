@@ -27,19 +27,6 @@ from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What an adapter supports; the pipeline rejects requests that need more (clear 400)."""
-
-    tools: bool = True
-    parallel_tool_calls: bool = True
-    reasoning: bool = False
-    json_schema: bool = False
-    images: bool = False
-    # Hosted tool types (web_search, namespace, ...) are dropped, not forwarded, when False.
-    hosted_tools: bool = False
-
-
 @dataclass
 class BackendRequest:
     """One model call. `items` is the complete effective context, oldest first."""
@@ -150,7 +137,7 @@ class BackendError(TetherError):
         code: str,
         message: str,
         *,
-        status: int = 502,
+        status: int | None = None,
         retry_after: float | None = None,
         retryable: bool = False,
     ) -> None:
@@ -163,7 +150,6 @@ class Backend(Protocol):
 
     kind: ClassVar[str]  # registry key: "simulated", "cerebras", "openai"
     name: str  # the configured instance name
-    capabilities: Capabilities
 
     async def prepare(self, request: BackendRequest) -> None:
         """Check `request` against what this backend can do, before `response.created`: raise a

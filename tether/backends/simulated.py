@@ -67,7 +67,6 @@ from tether.backends.base import (
     BackendBase,
     BackendError,
     BackendRequest,
-    Capabilities,
     Chunk,
     Finish,
     ReasoningDelta,
@@ -265,12 +264,12 @@ def lab_script(model: str) -> Script:
     name, _, speed = model[len(LAB_MODEL_PREFIX) :].partition("@")
     if name not in workloads.available():
         known = ", ".join(workloads.available())
-        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.", status=400)
+        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.")
     try:
         profile = workloads.SpeedProfile.parse(speed or "1000")
     except ValueError:
         raise BackendError(
-            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max].", status=400
+            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max]."
         ) from None
     script = parse_script(workloads.load(name).simulated_script(profile), model)
     if len(_LAB_SCRIPTS) < 64:
@@ -437,9 +436,6 @@ class SimulatedBackend(BackendBase):
                 kv_cache_tokens=c.kv_cache_tokens,
                 decode_slowdown=c.decode_slowdown,
             )
-        self.capabilities = Capabilities(
-            tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True,
-        )
 
     # planning ---------------------------------------------------------------------------------
 
@@ -452,7 +448,7 @@ class SimulatedBackend(BackendBase):
         try:
             return _cached_script(path)
         except (OSError, ValueError) as exc:
-            raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
+            raise TetherError(errors.INVALID_REQUEST, str(exc), param="script") from exc
 
     def reads_input_tokens(self, request: BackendRequest) -> bool:
         """The default text answer states the input token count; a script whose every step
@@ -667,7 +663,7 @@ class SimulatedBackend(BackendBase):
             raise BackendError(
                 str(e.get("code", errors.BACKEND_ERROR)),
                 str(e["message"]),
-                status=int(e.get("status", 502)),
+                status=int(e["status"]) if "status" in e else None,  # the simulated upstream's word
                 retry_after=e.get("retry_after"),
                 retryable=bool(e.get("retryable", False)),
             )

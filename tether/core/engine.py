@@ -101,7 +101,7 @@ class Engine:
     async def shutdown(self, grace: float) -> None:
         """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
         self._stopping = True
-        reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.", status=503)
+        reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
         await self.post.flush()
 
@@ -117,12 +117,11 @@ class Engine:
 
     async def open_session(self, tenant: str, *, transport: str) -> Session:
         if self._stopping:
-            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503)
+            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
         if self._per_tenant[tenant] >= self.config.limits.max_connections_per_key:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
                 f"Too many open connections for this API key (limit {self.config.limits.max_connections_per_key}).",
-                status=429,
             )
         session = Session(self, tenant, transport)
         self.sessions.add(session)
@@ -356,5 +355,5 @@ def _item_id(item: items_pb2.Item) -> str:
 
 def _not_found(response_id: str) -> TetherError:
     return TetherError(
-        errors.RESPONSE_NOT_FOUND, f"No response found with id '{response_id}'.", param="response_id", status=404
+        errors.RESPONSE_NOT_FOUND, f"No response found with id '{response_id}'.", param="response_id"
     )

@@ -182,7 +182,6 @@ class PrototypeTurn(Turn):
                     error = TetherError(
                         errors.IDLE_TIMEOUT,
                         f"No response.append with the tool outputs within {self.append_timeout_s:g} s.",
-                        status=408,
                     )
                     break
                 for item in appended:
@@ -197,7 +196,7 @@ class PrototypeTurn(Turn):
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self.cancel_requested = False
-            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
+            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.")
         finally:
             self._stop_waiting()
         prepared.input_tokens = input_tokens

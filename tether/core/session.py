@@ -126,7 +126,7 @@ class Session:
 
     async def send(self, request: service_pb2.SessionRequest) -> None:
         if self.state is SessionState.CLOSED:
-            raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
+            raise TetherError(errors.INVALID_REQUEST, "The session is closed.")
         self._last_activity = time.monotonic()
         arm = request.WhichOneof("event")
         event_id = request.event_id  # echoed on the error events this client event causes
@@ -280,7 +280,7 @@ class Session:
                 TetherError(
                     errors.QUEUE_FULL,
                     f"Too many queued responses on this stream (limit {self.limits.max_queued_responses}).",
-                    param="stream_id" if stream_id else None, status=429,
+                    param="stream_id" if stream_id else None,
                 ),
                 stream_id=stream_id,
                 event_id=event_id,
@@ -313,7 +313,7 @@ class Session:
                 except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
                     log.exception("turn crashed")
                     await self.emit_error(
-                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request.", status=500),
+                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
                         stream_id=turn.stream_id,
                     )
                 finally:
@@ -435,7 +435,7 @@ class Session:
         turn = self._turns.get(response_id)
         if turn is None:
             await self.emit_error(
-                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404),
+                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id"),
                 event_id=event_id,
             )
             return
@@ -454,7 +454,6 @@ class Session:
         return TetherError(
             errors.CONNECTION_LIMIT_REACHED,
             LIFETIME_MESSAGE.format(minutes=f"{minutes:g}"),
-            status=400,
         )
 
     async def _watch(self) -> None:
@@ -468,7 +467,7 @@ class Session:
             idle_at = self._last_activity + limits.idle_timeout_s
             if self.idle and now >= idle_at:
                 await self.end(
-                    TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing.", status=408),
+                    TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing."),
                     grace=0,
                 )
                 return

@@ -398,7 +398,7 @@ class Turn:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
             log.exception("backend %s failed", prepared.route.backend.name)
-            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.", status=502)
+            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.")
         except asyncio.CancelledError:
             if not self.cancel_requested:
                 raise
@@ -408,7 +408,7 @@ class Turn:
                 await self._end(prepared, builder, Finish(reason=STEERED), None)
                 return
             error = self.cut_reason or TetherError(
-                errors.CANCELLED, "The response was cancelled by the client.", status=499
+                errors.CANCELLED, "The response was cancelled by the client."
             )
         await self._end(prepared, builder, None if error else builder.finish or Finish(), error)
 

@@ -101,13 +101,12 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = DEFAUL
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise TetherError(
-            errors.INVALID_JSON, f"We could not parse the JSON body: {e}.", status=400
+            errors.INVALID_JSON, f"We could not parse the JSON body: {e}."
         ) from None
     if type(obj) in (dict, list) and _nesting_exceeds(data, max_depth):
         raise TetherError(
             errors.INVALID_JSON,
             f"The JSON body is nested deeper than the limit of {max_depth} levels.",
-            status=400,
         )
     return obj
 
@@ -171,7 +170,6 @@ def _type_error(param: str, expected: str, value: Any) -> TetherError:
         errors.INVALID_TYPE,
         f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
         param=param,
-        status=400,
     )
 
 
@@ -184,7 +182,7 @@ def _require_object(value: Any, path: str) -> dict:
         if path:
             raise _type_error(path, "an object", value)
         got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-        raise TetherError(errors.INVALID_TYPE, f"The body must be a JSON object, but got {got}.", status=400)
+        raise TetherError(errors.INVALID_TYPE, f"The body must be a JSON object, but got {got}.")
     return value
 
 
@@ -1051,10 +1049,6 @@ def response_from_json(d: dict) -> response_pb2.Response:
     return r
 
 
-def _usage_json(u: response_pb2.Usage) -> dict:
-    return _USAGE.encode(u, {})
-
-
 # ---------------------------------------------------------------------------------------------
 # Server events.
 # ---------------------------------------------------------------------------------------------
@@ -1321,7 +1315,7 @@ def event_from_json(d: dict) -> events_pb2.ServerEvent:
     _require_object(d, "")
     t = d.get("type")
     if type(t) is not str:
-        raise TetherError(errors.INVALID_REQUEST, "The event has no string 'type'.", param="type", status=400)
+        raise TetherError(errors.INVALID_REQUEST, "The event has no string 'type'.", param="type")
     ev = events_pb2.ServerEvent()
     _ENVELOPE.decode(d, ev, "")
     arm = _EVENT_BY_TYPE.get(t)
@@ -1381,11 +1375,11 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
     t = d.get("type")
     if type(t) is not str:
         raise TetherError(
-            errors.INVALID_REQUEST, "The event must have a string 'type'.", param="type", status=400
+            errors.INVALID_REQUEST, "The event must have a string 'type'.", param="type"
         )
     entry = _CLIENT_EVENTS.get(t)
     if entry is None:
-        raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type", status=400)
+        raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type")
     arm, codec = entry
     req = service_pb2.SessionRequest()
     event_id = d.get("event_id")
@@ -1482,7 +1476,7 @@ def conversation_body_from_json(cls: Any, d: dict) -> Any:
     leftovers = _CONVERSATION_BODIES[cls].decode(_require_object(d, ""), msg, "")
     for key, value in (leftovers or {}).items():
         if value is not None or key not in _CONVERSATION_BODIES[cls].fields:
-            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key, status=400)
+            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key)
     return msg
 
 

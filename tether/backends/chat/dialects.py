@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from tether import errors
 from tether.errors import TetherError
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
 
 @dataclass(frozen=True)
 class ReasoningControls:
@@ -180,7 +178,7 @@ _EFFORT_LEVEL = {"minimal": "low", "low": "low", "medium": "medium", "high": "hi
 
 
 def _refuse(message: str) -> TetherError:
-    return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort", status=400)
+    return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort")
 
 
 def reasoning_controls(dialect: Dialect, model: str, effort: str | None, enabled: bool) -> ReasoningControls:

@@ -64,11 +64,11 @@ def decode_compaction(item: items_pb2.CompactionItem) -> str:
     try:
         return decode_summary(item.encrypted_content)
     except ValueError as exc:
-        raise TetherError(errors.INVALID_ITEM, str(exc), param="input", status=400) from exc
+        raise TetherError(errors.INVALID_ITEM, str(exc), param="input") from exc
 
 
 def _invalid(message: str, param: str, code: str = errors.INVALID_REQUEST) -> TetherError:
-    return TetherError(code, message, param=param, status=400)
+    return TetherError(code, message, param=param)
 
 
 def _message_content(msg: items_pb2.Message, opts: MappingOptions, param: str) -> str | list[dict[str, Any]]:

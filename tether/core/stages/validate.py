@@ -211,7 +211,7 @@ def validate_items(
         where = f"{param}[{i}]"
         if item.ByteSize() > limits.max_item_bytes:
             raise TetherError(
-                errors.REQUEST_TOO_LARGE, f"{where} is larger than {limits.max_item_bytes} bytes.", param=where
+                errors.ITEM_TOO_LARGE, f"{where} is larger than {limits.max_item_bytes} bytes.", param=where
             )
         arm = item.WhichOneof("item")
         if arm is None:
