@@ -7,6 +7,7 @@ that is still open in the conversation it continues, or one made earlier in the 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
@@ -167,26 +168,38 @@ def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
 
 
 def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
+    """Function tools: valid, unique names and JSON Schema object parameters. An agent resends the
+    same tools every turn, so the verdict is memoised on their names and schemas (`_tools_problem`);
+    hosted/unknown tool types are carried, not validated."""
+    key = tuple(
+        (i, tool.function.name, tool.function.parameters_json)
+        for i, tool in enumerate(params.tools)
+        if tool.WhichOneof("tool") == "function"
+    )
+    problem = _tools_problem(key)
+    if problem is not None:
+        message, param = problem
+        raise TetherError(errors.INVALID_REQUEST, message, param=param)
+
+
+@functools.lru_cache(maxsize=64)
+def _tools_problem(tools: tuple[tuple[int, str, str], ...]) -> tuple[str, str] | None:
+    """The first problem of (index, name, parameters JSON) function tools as (message, param)."""
     names = set()
-    for i, tool in enumerate(params.tools):
-        if tool.WhichOneof("tool") != "function":
-            continue  # hosted/unknown tool types are carried, not validated
-        fn = tool.function
-        if not _FUNCTION_NAME_RE.match(fn.name):
-            raise TetherError(errors.INVALID_REQUEST, f"Invalid function name {fn.name!r}.", param=f"tools[{i}].name")
-        if fn.name in names:
-            raise TetherError(errors.INVALID_REQUEST, f"Duplicate tool name {fn.name!r}.", param=f"tools[{i}].name")
-        names.add(fn.name)
-        if fn.parameters_json:
+    for i, name, parameters_json in tools:
+        if not _FUNCTION_NAME_RE.match(name):
+            return f"Invalid function name {name!r}.", f"tools[{i}].name"
+        if name in names:
+            return f"Duplicate tool name {name!r}.", f"tools[{i}].name"
+        names.add(name)
+        if parameters_json:
             try:
-                schema = orjson.loads(fn.parameters_json)
+                schema = orjson.loads(parameters_json)
             except orjson.JSONDecodeError:
                 schema = None
             if not isinstance(schema, dict):
-                raise TetherError(
-                    errors.INVALID_REQUEST, "Tool parameters must be a JSON Schema object.",
-                    param=f"tools[{i}].parameters",
-                )
+                return "Tool parameters must be a JSON Schema object.", f"tools[{i}].parameters"
+    return None
 
 
 def validate_items(
