@@ -31,6 +31,7 @@ from tether.backends.chat.upstream_errors import (
     retry_delay,
     should_retry,
 )
+from tether.backends.chat_completions import ChatCompletionsBackend
 from tether.backends.registry import build_backend
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
@@ -558,3 +559,18 @@ def test_items_that_cannot_be_represented_are_refused_naming_them(obj):
     with pytest.raises(TetherError) as ei:
         to_chat_request(request(user("hi"), item_from_json(obj)), generic())
     assert (ei.value.status, ei.value.param) == (400, "input[1]") and obj["type"] in ei.value.message
+
+
+def test_one_read_of_many_sse_events_is_one_run_and_an_error_in_it_follows_the_chunks_before_it():
+    def frame(delta: dict) -> bytes:
+        return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}]}) + b"\n\n"
+
+    read = frame({"role": "assistant"}) + b"".join(frame({"content": t}) for t in ("a", "b", "c")) + b"data: [DONE]\n\n"
+    parser, generated = StreamParser(), []
+    run, failure = ChatCompletionsBackend._parse(SSEDecoder().feed(read), parser, generated)
+    assert run == [TextDelta("a"), TextDelta("b"), TextDelta("c")] and failure is None
+    assert parser.done and generated == ["a", "b", "c"]
+    broken = frame({"content": "x"}) + b'data: {"error":{"message":"boom"},"status_code":500}\n\n' + frame({"content": "y"})
+    run, failure = ChatCompletionsBackend._parse(SSEDecoder().feed(broken), StreamParser(), [])
+    assert run == [TextDelta("x")]
+    assert isinstance(failure, BackendError) and failure.status == 502

@@ -18,7 +18,7 @@ from tests.fakes.items import (
     user,
 )
 from tether.backends import simulated as sim
-from tether.backends.base import BackendError, Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.backends.base import BackendBase, BackendError, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from tether.backends.registry import build_backend
 from tether.backends.simulated import SimulatedBackend, SimulatedConfig, model_turns
 from tether.errors import TetherError
@@ -296,3 +296,22 @@ async def test_aclose_mid_stream():
     gen = b.stream(request("x"))
     assert isinstance(await gen.__anext__(), TextDelta)
     await gen.aclose()
+
+
+async def test_stream_runs_yields_each_wakeups_due_tokens_as_one_run_and_stream_the_same_chunks():
+    b = backend(output_tokens=50, reasoning_tokens=3)  # tokens_per_s = 0: every token is due at once
+    runs = [run async for run in b.stream_runs(request("x"))]
+    assert [len(run) for run in runs] == [53, 1] and isinstance(runs[1][0], Finish)
+    flat = [c async for c in b.stream(request("x"))]
+    assert [c for run in runs for c in run][:-1] == flat[:-1]  # the Finish differs only in its timing
+    assert flat[-1].usage == runs[1][0].usage and flat[-1].reason == runs[1][0].reason
+    paced = backend(tokens_per_s=4000, output_tokens=400)
+    runs = [run async for run in paced.stream_runs(request("x"))]
+    assert sum(len(run) for run in runs) == 401 and len(runs) < 100  # a run per tick, not per token
+
+
+def test_a_backend_must_implement_stream_or_stream_runs():
+    with pytest.raises(TypeError, match="stream"):
+
+        class Neither(BackendBase):
+            name = "neither"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.configs import make_config
-from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta
+from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, runs_of
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
 from tether.core.engine import Engine
@@ -39,7 +39,7 @@ async def ticking(log: list[str], runs: list[int], *, fail_after: int | None = N
 
 async def test_reader_returns_each_wakeups_ready_chunks_as_one_run():
     log: list[str] = []
-    reader = WakeupReader(ticking(log, [3, 1, 5]))
+    reader = WakeupReader(runs_of(ticking(log, [3, 1, 5])))
     runs = []
     while chunks := await reader.next():
         runs.append([c.text for c in chunks])
@@ -52,7 +52,7 @@ async def test_reader_returns_each_wakeups_ready_chunks_as_one_run():
 
 async def test_reader_closed_with_a_pending_step_cancels_it_and_closes_the_stream():
     log: list[str] = []
-    reader = WakeupReader(ticking(log, [2, 2, 2]))
+    reader = WakeupReader(runs_of(ticking(log, [2, 2, 2])))
     assert len(await reader.next()) == 2  # the next step is started and waiting on its sleep
     await reader.aclose()
     assert log == ["closed"]
@@ -69,7 +69,7 @@ async def test_reader_is_cancellable_while_waiting_and_releases_the_stream():
         finally:
             log.append("closed")
 
-    reader = WakeupReader(slow())
+    reader = WakeupReader(runs_of(slow()))
 
     async def consume():
         try:
@@ -90,7 +90,7 @@ async def test_reader_is_cancellable_while_waiting_and_releases_the_stream():
 
 async def test_reader_raises_the_streams_error_after_the_chunks_before_it():
     log: list[str] = []
-    reader = WakeupReader(ticking(log, [2, 3], fail_after=3))
+    reader = WakeupReader(runs_of(ticking(log, [2, 3], fail_after=3)))
     assert len(await reader.next()) == 2
     try:
         await reader.next()

@@ -4,14 +4,22 @@ A backend turns a fully resolved request (the whole effective context, already v
 tokenised by the pipeline) into a stream of small chunks. The session core alone turns chunks into
 Responses events, so adapters stay ignorant of ids, sequence numbers and transports.
 
-Cancellation: the pipeline consumes `stream()` as an async generator and calls `aclose()` on it
+Runs: most upstreams send one token per chunk, and one network read or timer tick often makes many
+chunks ready at once. The turn reads `stream_runs()`, where each item is such a run (a list), so
+it steps the adapter's generator once per wake-up, not once per token. An adapter implements
+`stream_runs()` where it has the run in hand (the simulated model, the chat-completions SSE loop)
+and gets `stream()` from it, or implements `stream()` alone and gets runs of one chunk
+(`BackendBase` derives either from the other).
+
+Cancellation: the pipeline consumes the stream as an async generator and calls `aclose()` on it
 when the client goes away or cancels; adapters must release the upstream (close the HTTP
 response) in a `finally`/`async with`, so the upstream stops generating.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -167,14 +175,46 @@ class Backend(Protocol):
         """Yield chunks, ending with exactly one `Finish`. Raise `BackendError` on failure."""
         ...
 
+    def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+        """The same chunks as `stream`, as non-empty lists: the chunks one upstream read or
+        timer tick made ready together."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections (called once at server shutdown)."""
         ...
 
 
+async def chunks_of(runs: AsyncGenerator[list[Chunk], None]) -> AsyncGenerator[Chunk, None]:
+    """`stream()` from `stream_runs()`: the runs' chunks one at a time (closing `runs` with it)."""
+    async with contextlib.aclosing(runs):
+        async for run in runs:
+            for chunk in run:
+                yield chunk
+
+
+async def runs_of(chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[list[Chunk], None]:
+    """`stream_runs()` from `stream()`: each chunk as a run of its own (closing `chunks` with it)."""
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
+            yield [chunk]
+
+
 class BackendBase:
     """Defaults for the parts of the contract most adapters need nothing for: every request shape
-    accepted, no model list of its own, nothing to release."""
+    accepted, no model list of its own, nothing to release; `stream` and `stream_runs` each made
+    from the other, so a subclass implements one of them."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.stream is BackendBase.stream and cls.stream_runs is BackendBase.stream_runs:
+            raise TypeError(f"{cls.__name__} must implement stream() or stream_runs()")
+
+    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+        return chunks_of(self.stream_runs(request))  # type: ignore[arg-type]
+
+    def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+        return runs_of(self.stream(request))  # type: ignore[arg-type]
 
     async def prepare(self, request: BackendRequest) -> None:
         return None

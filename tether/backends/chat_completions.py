@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -36,6 +36,7 @@ from tether.backends.base import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    chunks_of,
 )
 from tether.backends.chat.dialects import Dialect, detect, dialect_named
 from tether.backends.chat.mapping import (
@@ -244,7 +245,11 @@ class ChatCompletionsBackend:
             except Exception:  # a metrics hook must never break a call
                 log.exception("on_retry hook failed")
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+        return chunks_of(self.stream_runs(request))
+
+    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+        """One run per network read: the chunks of every SSE event it completed."""
         if request.prepared is None:
             await self.prepare(request)
         body: dict[str, Any] = request.prepared
@@ -260,10 +265,9 @@ class ChatCompletionsBackend:
                     self._note_ratelimit(resp.headers)
                     if resp.status_code < 400:
                         emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
-                        reader = self._read(resp, forces_tool_call(body), emulated)
-                        async with contextlib.aclosing(reader) as chunks:
-                            async for chunk in chunks:
-                                yield chunk
+                        async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
+                            async for run in runs:
+                                yield run
                         return
                     raw = await resp.aread()
                     message, etype, code = parse_error_body(raw)
@@ -294,7 +298,9 @@ class ChatCompletionsBackend:
             self._count_retry(attempt, delay, reason)
             await asyncio.sleep(delay)
 
-    async def _read(self, resp: httpx.Response, forced: bool, emulated: frozenset[str]) -> AsyncIterator[Chunk]:
+    async def _read(
+        self, resp: httpx.Response, forced: bool, emulated: frozenset[str]
+    ) -> AsyncIterator[list[Chunk]]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
         obliged a tool call, and an answer without one fails rather than passing as completed.
@@ -315,9 +321,9 @@ class ChatCompletionsBackend:
                 raise BackendError(errors.BACKEND_ERROR, "upstream sent invalid JSON") from None
             if not isinstance(obj, dict) or obj.get("error"):
                 raise StreamParser.stream_error(obj if isinstance(obj, dict) else {"error": str(obj)})
-            for chunk in parser.chunk(obj) + parser.calls_done():
-                yield chunk
-            yield await self._finish(parser, forced, [])
+            run = parser.chunk(obj) + parser.calls_done()
+            run.append(await self._finish(parser, forced, []))
+            yield run
             return
         decoder = SSEDecoder()
         seen = 0
@@ -325,23 +331,21 @@ class ChatCompletionsBackend:
         async with contextlib.aclosing(resp.aiter_bytes()) as it:
             try:
                 async for data in it:
-                    for event, payload in decoder.feed(data):
-                        for chunk in parser.feed(event, payload):
-                            seen += 1
-                            _note_generated(chunk, generated)
-                            yield chunk
-                        if parser.done:
-                            break
+                    run, failure = self._parse(decoder.feed(data), parser, generated)
+                    if run:
+                        seen += len(run)
+                        yield run
+                    if failure is not None:
+                        raise failure
                     if parser.done:
                         break
                 else:
-                    for event, payload in decoder.flush():
-                        for chunk in parser.feed(event, payload):
-                            seen += 1
-                            _note_generated(chunk, generated)
-                            yield chunk
-                        if parser.done:
-                            break
+                    run, failure = self._parse(decoder.flush(), parser, generated)
+                    if run:
+                        seen += len(run)
+                        yield run
+                    if failure is not None:
+                        raise failure
             except httpx.TimeoutException as exc:
                 raise BackendError(
                     errors.BACKEND_TIMEOUT,
@@ -354,10 +358,11 @@ class ChatCompletionsBackend:
             if not parser.done:
                 where = "after partial output" if seen else "before any output (its log says why)"
                 raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
-            for chunk in parser.calls_done():
+            run = parser.calls_done()
+            for chunk in run:
                 _note_generated(chunk, generated)
-                yield chunk
-            yield await self._finish(parser, forced, generated)
+            run.append(await self._finish(parser, forced, generated))
+            yield run
             # Read to the end of the body so the connection goes back to the pool (normally instant).
             try:
                 async with asyncio.timeout(self.drain_timeout_s):
@@ -365,6 +370,25 @@ class ChatCompletionsBackend:
                         pass
             except (TimeoutError, httpx.HTTPError):
                 pass
+
+    @staticmethod
+    def _parse(
+        events: Iterable[tuple[str | None, bytes]], parser: StreamParser, generated: list[str]
+    ) -> tuple[list[Chunk], BackendError | None]:
+        """The chunks of the SSE events one read completed, up to `[DONE]`, and the error an event
+        carried (raised after the chunks before it went out)."""
+        run: list[Chunk] = []
+        for event, payload in events:
+            try:
+                chunks = parser.feed(event, payload)
+            except BackendError as exc:
+                return run, exc
+            for chunk in chunks:
+                _note_generated(chunk, generated)
+            run += chunks
+            if parser.done:
+                break
+        return run, None
 
     async def _finish(self, parser: StreamParser, forced: bool, generated: list[str]) -> Finish:
         finish = parser.finish()

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from tether.backends.base import Backend, BackendError, BackendRequest, Chunk, Finish
+from tether.backends.base import Backend, BackendError, BackendRequest, Chunk, Finish, chunks_of
 from tether.backends.registry import build_backend, parse_dataclass
 from tether.core.routing import (
     Balancer,
@@ -227,7 +227,10 @@ class BackendPool:
             return {"prompt_cache_key": key}
         return {"id_slot": int(key[:8] or "0", 16) % self.config.slots_per_replica}
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+        return chunks_of(self.stream_runs(request))
+
+    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
         chain = self._chain(request)
         now = time.monotonic()
         order = self.balancer.order(now, affinity=request.affinity, chain=chain, cache_key=request.prompt_cache_key)
@@ -242,7 +245,7 @@ class BackendPool:
             self.balancer.started(state, chain, affinity=request.affinity)
             if self.metrics is not None:
                 self.metrics.replica_started(self.name, state.name)
-            stream = replica.backend.stream(upstream)
+            stream = replica.backend.stream_runs(upstream)
             outcome = "cancelled"  # until the replica answers or fails
             try:
                 try:
@@ -262,8 +265,8 @@ class BackendPool:
                 outcome = "ok"  # served; an error after this point goes to the client, not elsewhere
                 try:
                     yield self._tagged(first, state)
-                    async for chunk in stream:
-                        yield self._tagged(chunk, state)
+                    async for run in stream:
+                        yield self._tagged(run, state)
                 except BackendError:
                     outcome = "error"
                     raise
@@ -276,12 +279,14 @@ class BackendPool:
         assert failure is not None
         raise failure
 
-    def _tagged(self, chunk: Chunk, state: ReplicaState) -> Chunk:
-        if isinstance(chunk, Finish):
-            if chunk.usage is not None and self.metrics is not None:
-                self.metrics.replica_usage(self.name, state.name, chunk.usage)
-            return replace(chunk, replica=state.name)
-        return chunk
+    def _tagged(self, run: list[Chunk], state: ReplicaState) -> list[Chunk]:
+        """The run with its `Finish` (the stream's last chunk) naming the replica."""
+        last = run[-1] if run else None
+        if isinstance(last, Finish):
+            if last.usage is not None and self.metrics is not None:
+                self.metrics.replica_usage(self.name, state.name, last.usage)
+            return [*run[:-1], replace(last, replica=state.name)]
+        return run
 
     def _report_health(self, state: ReplicaState, now: float) -> None:
         if self.metrics is not None:

@@ -613,7 +613,8 @@ class SimulatedBackend(BackendBase):
 
     # emission ---------------------------------------------------------------------------------
 
-    async def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+        """Each wake-up's due tokens as one run (`stream()`, inherited, yields them one by one)."""
         plan = self.plan(request)
         units = plan.units
         if request.logprobs is not None:
@@ -655,13 +656,16 @@ class SimulatedBackend(BackendBase):
                 credit += (now - last) * rate
                 last = now
                 due = n if tps <= 0 else min(n, 1 + int(credit))
-                while emitted < due:
+                if emitted < due:
                     if group == 1:
-                        yield units[emitted]
-                        emitted += 1
+                        run = units[emitted:due]
+                        emitted = due
                     else:
-                        chunk, emitted = _merge(units, emitted, min(due, emitted + group))
-                        yield chunk
+                        run = []
+                        while emitted < due:
+                            chunk, emitted = _merge(units, emitted, min(due, emitted + group))
+                            run.append(chunk)
+                    yield run
                 if emitted < n:
                     await asyncio.sleep(max((emitted - credit) / rate, tick))
         finally:
@@ -678,7 +682,7 @@ class SimulatedBackend(BackendBase):
                 retryable=bool(e.get("retryable", False)),
             )
         reasoning = min(plan.reasoning_units, n)
-        yield Finish(
+        yield [Finish(
             reason=finish,
             # The model has no tokenizer of its own: it echoes Tether's count, which is 0 when
             # Tether tokenises while the model streams and the stream never had to wait (then it
@@ -690,7 +694,7 @@ class SimulatedBackend(BackendBase):
                 reasoning_tokens=reasoning,
             ),
             timing=Timing(prompt_time=start - t0, completion_time=end - start, total_time=end - t0),
-        )
+        )]
 
 
 def _logprob_of(token: str, rank: int) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tether.compaction_codec import effective_context
 from tether.core.stages import render
@@ -47,6 +47,9 @@ class Node:
     open_calls: frozenset[str]  # call_ids of tool calls (function, custom) still waiting for an output
     findings: int  # safety findings in the whole chain
     nbytes: int  # approximate memory of this node's own segments
+    # The chain's items, once asked for (`items()`): a tuple of references, so the next turn's
+    # backend request copies its parent's list instead of walking the whole chain again.
+    memo_items: tuple[items_pb2.Item, ...] | None = field(default=None, repr=False)
 
     @staticmethod
     def extend(parent: Node | None, segments: tuple[Segment, ...], findings: int = 0) -> Node:
@@ -93,7 +96,20 @@ class Node:
         return out
 
     def items(self) -> list[items_pb2.Item]:
-        return [s.item for s in self.all_segments()]
+        """Every item of the chain, oldest first: the nearest ancestor's memo plus the items of the
+        nodes after it (a turn's continuation walks two nodes, not the whole history)."""
+        if self.memo_items is not None:
+            return list(self.memo_items)
+        walked: list[Node] = []
+        node: Node | None = self
+        while node is not None and node.memo_items is None:
+            walked.append(node)
+            node = node.parent
+        items = list(node.memo_items) if node is not None and node.memo_items is not None else []
+        for n in reversed(walked):
+            items += [s.item for s in n.segments]
+        object.__setattr__(self, "memo_items", tuple(items))  # a cache, not state: frozen otherwise
+        return items
 
     def token_ids(self) -> Iterator[int]:
         for seg in self.all_segments():

@@ -349,7 +349,7 @@ class Turn:
         the backend first has to wait. Raises BackendError, or CancelledError when the client goes
         away or cancels (the upstream is closed either way)."""
         self.phase = Phase.GENERATING
-        reader = WakeupReader(backend.stream(request), while_waiting)
+        reader = WakeupReader(backend.stream_runs(request), while_waiting)
         outbox = self.session.outbox
         stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()

@@ -1,19 +1,23 @@
 """Reading a backend stream one wake-up at a time: every chunk it has ready, without waiting.
 
-A backend is an async generator of small chunks, and most upstreams send one token per chunk; a
-wake-up (a network read, a timer tick) often makes many of them ready at once. Handling each
-chunk as it comes costs an await, an event and a queue operation per token. `WakeupReader.next()`
-instead returns the whole run of chunks the stream produces before it next has to wait, so the
-turn builds and queues one event per wake-up whatever the upstream's chunk size.
+A backend streams small chunks, and most upstreams send one token per chunk; a wake-up (a network
+read, a timer tick) often makes many of them ready at once. Handling each chunk as it comes costs
+an await, an event and a queue operation per token. `WakeupReader.next()` instead returns the
+whole run of chunks the stream produces before it next has to wait, so the turn builds and queues
+one event per wake-up whatever the upstream's chunk size.
 
-How it knows, for any async generator and without changing the backend contract: it steps the
-generator's `__anext__()` coroutine by hand (`send(None)`). A step that finishes at once delivered
-a ready chunk; a step that yields is waiting on a future, so the run ends there, and the started
-step is kept and later awaited through `_finish` (which hands the future it yielded to the task,
-exactly what `await` would have done, so timers started inside it keep their deadlines). When the
-reader is closed with a step still pending (the turn was cancelled while writing the run out), the
-step is cancelled the way an awaited one would be, then the generator is closed, so the upstream
-is released exactly as before.
+It reads the backend's `stream_runs()`: an adapter that has a wake-up's chunks in hand yields
+them as one list (one step of its generator per wake-up, not per token); one that yields chunk by
+chunk comes as runs of one, and the reader joins the runs that are ready together.
+
+How it knows what is ready, for any async generator: it steps the generator's `__anext__()`
+coroutine by hand (`send(None)`). A step that finishes at once delivered a ready run; a step that
+yields is waiting on a future, so the wake-up ends there, and the started step is kept and later
+awaited through `_finish` (which hands the future it yielded to the task, exactly what `await`
+would have done, so timers started inside it keep their deadlines). When the reader is closed
+with a step still pending (the turn was cancelled while writing the run out), the step is
+cancelled the way an awaited one would be, then the generator is closed, so the upstream is
+released exactly as before.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def _finish(step: Any, pending: Any, throw: BaseException | None = None) -> Gene
 
 
 class WakeupReader:
-    """`next()` returns the chunks of the stream's next wake-up ([] once it has ended).
+    """`next()` returns the chunks of the stream's next wake-up ([] once it has ended), from a
+    stream of runs (`Backend.stream_runs`).
     `waited` is the time spent inside the backend (waiting, and producing the chunks).
 
     `while_waiting` runs once, the first time the stream has to wait before its first chunk (the
@@ -57,7 +62,7 @@ class WakeupReader:
     time counts as waiting unless the backend was ready before it ended (then it delayed the
     stream, and counts as the caller's)."""
 
-    def __init__(self, stream: AsyncGenerator[Chunk, None], while_waiting: Callable[[], None] | None = None) -> None:
+    def __init__(self, stream: AsyncGenerator[list[Chunk], None], while_waiting: Callable[[], None] | None = None) -> None:
         self._stream = stream
         self._while_waiting = while_waiting
         self._step: Any = None  # a started __anext__() that is waiting
@@ -75,20 +80,20 @@ class WakeupReader:
         t0 = time.perf_counter()
         try:
             if step is not None:  # it was waiting: its chunk is the first of this wake-up
-                chunks.append(await _finish(step, pending))
+                chunks += await _finish(step, pending)
             while True:
                 step = anext()
                 try:
                     pending = step.send(None)
                 except StopIteration as ready:
-                    chunks.append(ready.value)
+                    chunks += ready.value
                     continue
                 if chunks:  # the stream has to wait: this wake-up's run is complete
                     self._step, self._pending = step, pending
                     return chunks
                 if self._while_waiting is not None:
                     self._run_while_waiting(pending)
-                chunks.append(await _finish(step, pending))
+                chunks += await _finish(step, pending)
         except StopAsyncIteration:
             self._ended = True
             return chunks

@@ -8,6 +8,7 @@ same input).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 
@@ -168,88 +169,94 @@ def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
         _enum(params.service_tier, _SERVICE_TIERS, "service_tier")
 
 
-def _custom_tool(tool: request_pb2.Tool, i: int) -> dict | None:
-    """A `custom` (freeform) tool's JSON object (400 when it is not one), else None."""
-    if tool.WhichOneof("tool") != "other" or tool.other.type != "custom":
-        return None
+def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
+    """Function and custom tools: valid, unique names, JSON Schema object parameters (functions),
+    a text or lark/regex grammar `format` (custom tools); a custom `tool_choice` names a custom
+    tool. An agent resends the same tools every turn, so the verdict is memoised on their names,
+    schemas and custom tools' JSON (`_tools_problem`); hosted/unknown tool types are carried, not
+    validated."""
+    key = tuple(
+        (i, "function", tool.function.name, tool.function.parameters_json)
+        if tool.WhichOneof("tool") == "function"
+        else (i, "custom", "", tool.other.json)
+        for i, tool in enumerate(params.tools)
+        if tool.WhichOneof("tool") == "function" or (tool.WhichOneof("tool") == "other" and tool.other.type == "custom")
+    )
+    problem = _tools_problem(key)
+    if problem is not None:
+        message, param = problem
+        raise TetherError(errors.INVALID_REQUEST, message, param=param)
+    _check_custom_choice(params)
+
+
+@functools.lru_cache(maxsize=64)
+def _tools_problem(tools: tuple[tuple[int, str, str, str], ...]) -> tuple[str, str] | None:
+    """The first problem of (index, "function", name, parameters JSON) function tools and
+    (index, "custom", "", tool JSON) custom tools as (message, param)."""
+    names = set()
+    for i, kind, name, payload in tools:
+        if kind == "custom":
+            obj = _json_object(payload)
+            if obj is None:
+                return f"'tools[{i}]' must be a JSON object.", f"tools[{i}]"
+            name = obj.get("name")
+            if not isinstance(name, str) or not _FUNCTION_NAME_RE.match(name):
+                return f"Invalid custom tool name {name!r}.", f"tools[{i}].name"
+            if not _custom_format_ok(obj.get("format")):
+                return (
+                    f"Invalid 'tools[{i}].format': a custom tool's format is {{\"type\": \"text\"}} or "
+                    "{\"type\": \"grammar\", \"syntax\": \"lark\" | \"regex\", \"definition\": ...}.",
+                    f"tools[{i}].format",
+                )
+        elif not _FUNCTION_NAME_RE.match(name):
+            return f"Invalid function name {name!r}.", f"tools[{i}].name"
+        if name in names:
+            return f"Duplicate tool name {name!r}.", f"tools[{i}].name"
+        names.add(name)
+        if kind == "function" and payload and _json_object(payload) is None:
+            return "Tool parameters must be a JSON Schema object.", f"tools[{i}].parameters"
+    return None
+
+
+def _json_object(text: str) -> dict | None:
     try:
-        obj = orjson.loads(tool.other.json)
+        obj = orjson.loads(text)
     except orjson.JSONDecodeError:
-        obj = None
-    if not isinstance(obj, dict):
-        raise TetherError(errors.INVALID_REQUEST, f"'tools[{i}]' must be a JSON object.", param=f"tools[{i}]")
-    return obj
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
-def _check_custom_tool(obj: dict, i: int, names: set[str]) -> None:
-    """name like a function's, unique among the tools; `format` text or a lark/regex grammar."""
-    name = obj.get("name")
-    if not isinstance(name, str) or not _FUNCTION_NAME_RE.match(name):
-        raise TetherError(errors.INVALID_REQUEST, f"Invalid custom tool name {name!r}.", param=f"tools[{i}].name")
-    if name in names:
-        raise TetherError(errors.INVALID_REQUEST, f"Duplicate tool name {name!r}.", param=f"tools[{i}].name")
-    names.add(name)
-    fmt = obj.get("format")
-    if fmt is None:
-        return
-    ok = isinstance(fmt, dict) and (
-        fmt.get("type") == "text"
-        or (
-            fmt.get("type") == "grammar"
-            and fmt.get("syntax") in ("lark", "regex")
-            and isinstance(fmt.get("definition"), str)
+def _custom_format_ok(fmt: object) -> bool:
+    """A custom tool's `format`: absent, `{"type": "text"}` or a lark/regex grammar."""
+    return fmt is None or (
+        isinstance(fmt, dict)
+        and (
+            fmt.get("type") == "text"
+            or (
+                fmt.get("type") == "grammar"
+                and fmt.get("syntax") in ("lark", "regex")
+                and isinstance(fmt.get("definition"), str)
+            )
         )
     )
-    if not ok:
-        raise TetherError(
-            errors.INVALID_REQUEST,
-            f"Invalid 'tools[{i}].format': a custom tool's format is {{\"type\": \"text\"}} or "
-            "{\"type\": \"grammar\", \"syntax\": \"lark\" | \"regex\", \"definition\": ...}.",
-            param=f"tools[{i}].format",
-        )
 
 
-def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
-    names: set[str] = set()
-    custom: set[str] = set()
-    for i, tool in enumerate(params.tools):
-        obj = _custom_tool(tool, i)
-        if obj is not None:
-            _check_custom_tool(obj, i, names)
-            custom.add(obj["name"])
-        if tool.WhichOneof("tool") != "function":
-            continue  # hosted/unknown tool types are carried, not validated
-        fn = tool.function
-        if not _FUNCTION_NAME_RE.match(fn.name):
-            raise TetherError(errors.INVALID_REQUEST, f"Invalid function name {fn.name!r}.", param=f"tools[{i}].name")
-        if fn.name in names:
-            raise TetherError(errors.INVALID_REQUEST, f"Duplicate tool name {fn.name!r}.", param=f"tools[{i}].name")
-        names.add(fn.name)
-        if fn.parameters_json:
-            try:
-                schema = orjson.loads(fn.parameters_json)
-            except orjson.JSONDecodeError:
-                schema = None
-            if not isinstance(schema, dict):
-                raise TetherError(
-                    errors.INVALID_REQUEST, "Tool parameters must be a JSON Schema object.",
-                    param=f"tools[{i}].parameters",
-                )
-    _check_custom_choice(params.tool_choice, custom)
-
-
-def _check_custom_choice(choice: request_pb2.ToolChoice, custom: set[str]) -> None:
+def _check_custom_choice(params: request_pb2.ResponseCreateParams) -> None:
     """`tool_choice: {"type": "custom", "name"}` names a custom tool in `tools` (on every backend)."""
-    if choice.WhichOneof("choice") != "other_json":
+    if params.tool_choice.WhichOneof("choice") != "other_json":
         return
-    try:
-        obj = orjson.loads(choice.other_json)
-    except orjson.JSONDecodeError:
-        return  # refused by _check_enums
-    if isinstance(obj, dict) and obj.get("type") == "custom" and obj.get("name") not in custom:
+    choice = _json_object(params.tool_choice.other_json)
+    if choice is None or choice.get("type") != "custom":
+        return  # not a JSON object: refused by _check_enums
+    custom = {
+        (_json_object(t.other.json) or {}).get("name")
+        for t in params.tools
+        if t.WhichOneof("tool") == "other" and t.other.type == "custom"
+    }
+    if choice.get("name") not in custom:
         raise TetherError(
             errors.INVALID_REQUEST,
-            f"tool_choice names the custom tool {obj.get('name')!r}, which is not a custom tool in 'tools'.",
+            f"tool_choice names the custom tool {choice.get('name')!r}, which is not a custom tool in 'tools'.",
             param="tool_choice",
         )
 
