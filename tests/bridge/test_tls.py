@@ -16,7 +16,7 @@ from websockets.asyncio.client import connect
 from tests.support.configs import instant_config
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
-from tether.core.engine import Engine
+from tether.server import build_engine
 
 from .helpers import KEY_A, recv_response, send_json
 
@@ -41,7 +41,7 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
     cert, key = self_signed(tmp_path)
     config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     bridge = await start_bridge(engine, authenticator, config)
     try:
         assert bridge.tls and bridge.base_url.startswith("https://")
@@ -81,7 +81,7 @@ async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path, authentic
     cert, key = self_signed(tmp_path)
     config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     try:
         bridge = await start_bridge(engine, authenticator, config)
         try:

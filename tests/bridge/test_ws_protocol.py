@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.support.configs import instant_config
 from tests.support.stacks import running_stack
 from tether.bridge import start_bridge
-from tether.core.engine import Engine
+from tether.server import build_engine
 
 from .helpers import (
     WEATHER_TOOL,
@@ -281,7 +281,7 @@ async def test_permessage_deflate_is_negotiated_when_offered(stack: Any) -> None
 async def test_compression_can_be_turned_off(authenticator: Any) -> None:
     config = instant_config()
     config.server.ws_compression = False
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     bridge = await start_bridge(engine, authenticator, config)
     try:
         url = f"ws://127.0.0.1:{bridge.port}/v1/responses"

@@ -11,8 +11,8 @@ from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
 from tether import errors
 from tether.config import TetherConfig
-from tether.core.engine import Engine
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
+from tether.server import build_engine
 from tether.service.grpc_server import start_grpc_server
 
 
@@ -114,7 +114,7 @@ def upstream_config(tmp_path, fake_upstream) -> TetherConfig:
 @pytest.mark.parametrize("store", [False, True])
 async def test_backend_receives_whole_history(upstream_config, fake_upstream, store):
     """By content, not by status: each continuation feeds the whole chain to the backend."""
-    engine = await Engine.start(upstream_config)
+    engine = await build_engine(upstream_config)
     server = await start_grpc_server(engine, upstream_config, _open_auth())
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -297,7 +297,7 @@ async def test_health_and_reflection(grpc_server, channel):
 @pytest.mark.parametrize("durability", ["overlap", "before_terminal"])
 async def test_store_durability_modes_both_persist_every_completed_response(tmp_path, durability):
     config = make_config(f"sqlite:///{tmp_path}/d.db", store_durability=durability)
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     server = await start_grpc_server(engine, config, _open_auth())
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:

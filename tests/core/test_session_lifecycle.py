@@ -14,13 +14,13 @@ from tests.support.validator import validate_events
 from tether import errors
 from tether.auth import Authenticator
 from tether.compaction_codec import decode_payload
-from tether.core.engine import Engine
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
+from tether.server import build_engine
 from tether.service.grpc_server import start_grpc_server
 
 
 async def serve(config):
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     server = await start_grpc_server(engine, config, Authenticator({}))
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
 
@@ -193,7 +193,7 @@ async def test_safety_block_mode_rejects_credentials_and_flag_mode_lets_them_thr
         session = RawSession(channel)
         await session.create(model="m", input=secret, store=False)
         assert (await session.until_terminal()).WhichOneof("event") == "completed"
-        assert b'tether_safety_findings_total{kind="aws_access_key"} 1.0' in engine.metrics.render()
+        assert b'tether_safety_findings_total{kind="aws_access_key"} 1.0' in engine.telemetry.render()
         await session.close()
     finally:
         await stop()

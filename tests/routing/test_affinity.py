@@ -17,6 +17,7 @@ from tether.auth import Authenticator
 from tether.bridge import start_bridge
 from tether.config import TetherConfig, from_dict
 from tether.core.engine import Engine
+from tether.server import build_engine
 
 KEY = "sk-a"
 INSTRUCTIONS = "You are a careful coding agent. " * 40  # a header worth caching
@@ -41,7 +42,7 @@ def sim_pool(policy: str, replicas: int = 3) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def tether(cfg: TetherConfig) -> AsyncIterator[tuple[Engine, AsyncOpenAI]]:
-    engine = await Engine.start(cfg)
+    engine = await build_engine(cfg)
     try:
         bridge = await start_bridge(engine, Authenticator({KEY: "t"}), cfg)
         try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from tether.core.items import user_message
 from tether.core.routing import Balancer, BalancerSettings, Block, Health, Policy, PrefixIndex, prefix_chain
-from tether.core.turn import user_message
 
 
 def balancer(policy: Policy, n: int = 3, **settings) -> Balancer:

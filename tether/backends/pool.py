@@ -26,7 +26,7 @@ A replica's name is its `name`, else its base URL, else `<backend>/<index>`.
 Health: passive (consecutive failures before the first byte eject a replica for `eject_s`, after
 which it is on probation) and, with `health_path`, active (a GET every `health_interval_s`; a
 failure ejects, a success readmits). Metrics: per-replica in-flight calls, calls by outcome,
-routability, and prompt / cached tokens (`tether.metrics`).
+routability, and prompt / cached tokens (`tether.observability.metrics`).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class BackendPool:
         self.config = config
         self.replicas = replicas
         self.balancer = Balancer([r.name for r in replicas], config)
-        self.metrics: Any = None  # tether.metrics.Metrics, bound by the engine
+        self.metrics: Any = None  # tether.observability.metrics.Metrics, bound by the engine
         self._health_task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
 

@@ -178,10 +178,10 @@ class _LiveTurn:
     def __enter__(self) -> _LiveTurn:
         st, turn = self._st, self._turn
         self._start_ns = time.time_ns() - int(turn.clock.elapsed() * 1e9)
-        session, params = turn.session, turn.params
+        ctx, params = turn.ctx, turn.params
         attrs = {
-            "tether.transport": session.transport,
-            "tether.session.id": getattr(session, "id", ""),
+            "tether.transport": ctx.transport,
+            "tether.session.id": ctx.session_id,
             "tether.model": params.model,
             "tether.stream_id": turn.stream_id,
             "tether.store": params.store if params.HasField("store") else True,
@@ -210,7 +210,7 @@ class _LiveTurn:
 
 
 def turn_span(turn: Any) -> Any:
-    """`with turn_span(turn):` around a turn. Reads `turn.clock`, `.session` (transport, id),
+    """`with turn_span(turn):` around a turn. Reads `turn.clock`, `.ctx` (transport, session id),
     `.params`, `.stream_id` and `.response_id`; a shared no-op when tracing is off."""
     st = _state
     if st is None:

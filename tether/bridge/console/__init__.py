@@ -166,7 +166,7 @@ class ConsoleHandlers:
                 "The server view needs an admin key (a tenant in server.console_admin_tenants).",
                 status=403,
             )
-        registry = getattr(getattr(self.ctx.api, "metrics", None), "registry", None)
+        registry = getattr(getattr(self.ctx.api, "telemetry", None), "registry", None)
         if registry is None:
             raise TetherError(
                 UNSUPPORTED, "This bridge runs apart from the engine: its metrics are upstream.", status=501
