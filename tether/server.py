@@ -16,12 +16,12 @@ import logging
 import signal
 from dataclasses import dataclass
 
+from tether import prompt
 from tether.auth import Authenticator
 from tether.backends.pool import build_configured_backend
 from tether.config import TetherConfig
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
-from tether.core.stages import render
 from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.observability.health import ReadinessChecker
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
@@ -44,7 +44,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         for name, spec in config.backends.items()
     }
     engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock)
-    render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
+    prompt.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
     for name, backend in backends.items():
         added = engine.router.add_discovered(name, list(await backend.discover()))
         if added:

@@ -55,13 +55,13 @@ import time
 
 import orjson
 
-from tether import errors
+from tether import errors, prompt
 from tether.backends.base import Finish, Usage
 from tether.core.builder import OutputBuilder
 from tether.core.context import TurnContext
 from tether.core.lane import Lane
 from tether.core.outcome import TurnControl
-from tether.core.stages import render, validate
+from tether.core.stages import validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
 from tether.errors import TetherError
@@ -208,7 +208,7 @@ class PrototypeTurn(Turn):
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back
                 with self.clock.stage("render"):
-                    input_tokens += sum(len(render.encode(text)) for text in self._texts)
+                    input_tokens += sum(len(prompt.encode(text)) for text in self._texts)
                 self._texts = []
         finally:
             self._stop_waiting()
@@ -275,7 +275,7 @@ class PrototypeTurn(Turn):
         with self.clock.stage("validate"):
             validate.validate_items(items, frozenset(self._pending), self.services.limits, param="input")
         with self.clock.stage("render"):
-            texts = [render.render_item(item) for item in items]
+            texts = [prompt.render_item(item) for item in items]
         with self.clock.stage("classify"):
             self.services.classify(texts)
         self._texts.extend(texts)

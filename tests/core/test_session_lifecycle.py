@@ -15,19 +15,18 @@ from tether import errors
 from tether.auth import Authenticator
 from tether.compaction_codec import decode_payload
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
-from tether.server import build_engine
-from tether.service.grpc_server import start_grpc_server
+from tether.server import start as start_server
 
 
 async def serve(config):
-    engine = await build_engine(config)
-    server = await start_grpc_server(engine, config, Authenticator({}))
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    config.server.bridge = False
+    running = await start_server(config, authenticator=Authenticator({}))
+    engine = running.engine
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
 
     async def stop():
         await channel.close()
-        await server.stop(0)
-        await engine.aclose()
+        await running.stop(0)
 
     return engine, channel, stop
 

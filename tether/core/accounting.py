@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tether import prompt
 from tether.backends.base import Usage
-from tether.core.stages import render
 from tether.responses.v1 import items_pb2
 
 UPSTREAM = "upstream"  # reported by the backend
@@ -39,7 +39,7 @@ def output_tokens(output: Sequence[items_pb2.Item]) -> tuple[int, int]:
     """(all output tokens, the reasoning part) of the output items, by Tether's tokenizer."""
     total = reasoning = 0
     for item in output:
-        n = len(render.encode(_generated_text(item)))
+        n = len(prompt.encode(_generated_text(item)))
         total += n
         if item.WhichOneof("item") == "reasoning":
             reasoning += n
@@ -50,7 +50,7 @@ def _generated_text(item: items_pb2.Item) -> str:
     """The text the model generated for an output item (no prompt framing)."""
     arm = item.WhichOneof("item")
     if arm == "message":
-        return render.message_text(item.message)
+        return prompt.message_text(item.message)
     if arm == "function_call":
         return item.function_call.name + item.function_call.arguments
     if arm == "reasoning":

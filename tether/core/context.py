@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether import errors
+from tether import errors, prompt
 from tether.config import Limits, ServerConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
@@ -24,7 +24,6 @@ from tether.core.conversations import Conversations
 from tether.core.outbox import Outbox, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
-from tether.core.stages import render
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
@@ -44,7 +43,7 @@ class TurnServices:
     store_durability: str  # "before_terminal" | "after_terminal"
     router: Router
     classify: Callable[[Sequence[str]], int]  # the safety stage: findings, or TetherError in block mode
-    token_cache: render.TokenCache
+    token_cache: prompt.TokenCache
     rate_limiter: RateLimiter
     reasoning: ReasoningSealer
     conversations: Conversations
@@ -126,7 +125,7 @@ class Memo:
             self._headers.move_to_end(key)
             return count, True
         encode = self._services.token_cache.encode
-        count = len(encode(self._tenant, render.render_header(instructions, list(tools))))
+        count = len(encode(self._tenant, prompt.render_header(instructions, list(tools))))
         self._headers[key] = count
         if len(self._headers) > self.HEADERS:
             self._headers.popitem(last=False)

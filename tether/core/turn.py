@@ -31,7 +31,7 @@ from typing import Protocol
 
 import orjson
 
-from tether import errors, ids
+from tether import errors, ids, prompt
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
 from tether.core.accounting import account
@@ -42,7 +42,7 @@ from tether.core.items import assign_ids, item_key, user_message
 from tether.core.lane import Lane
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
-from tether.core.stages import render, validate
+from tether.core.stages import validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
@@ -64,6 +64,16 @@ class Phase(enum.Enum):
     PREPARING = "preparing"
     GENERATING = "generating"
     FINISHING = "finishing"
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """What a create continues: the previous response's cached state (`entry`; None for a
+    conversation or a first turn), whether it came from this connection's cache, and its chain."""
+
+    entry: CachedResponse | None
+    from_cache: bool
+    node: Node | None
 
 
 @dataclass
@@ -185,28 +195,62 @@ class Turn:
                 raise
 
     async def _prepare(self) -> Prepared:
-        params, ctx, services = self.params, self.ctx, self.services
-        limits, clock = services.limits, self.clock
-        with clock.stage("validate"):
-            validate.validate_params(params, limits, services.server.accept_unknown_parameters)
-        with clock.stage("resolve"):
+        """The stages before the backend, in the order of the module docstring: each a method
+        below, timed under its stage name."""
+        self._validate_params()
+        parent = await self._resolve()
+        new_items = self._validate_items(parent.node)
+        texts, findings = self._classify(new_items)
+        header = self._render_header()
+        route = self._route()
+        return await self._plan(parent, new_items, texts, findings, header, route)
+
+    def _validate_params(self) -> None:
+        with self.clock.stage("validate"):
+            validate.validate_params(self.params, self.services.limits, self.services.server.accept_unknown_parameters)
+
+    async def _resolve(self) -> Parent:
+        """previous_response_id (the connection cache, else one store read) or the conversation."""
+        params = self.params
+        with self.clock.stage("resolve"):
             if params.conversation:
-                parent, from_cache = None, False
-                parent_node = await self._conversation_node(params.conversation)
-            else:
-                parent, from_cache = await ctx.parents.resolve(params.previous_response_id, lane=self.lane.name)
-                parent_node = parent.context_node if parent else None
+                return Parent(None, False, await self._conversation_node(params.conversation))
+            entry, from_cache = await self.ctx.parents.resolve(params.previous_response_id, lane=self.lane.name)
+            return Parent(entry, from_cache, entry.context_node if entry else None)
+
+    def _validate_items(self, parent_node: Node | None) -> list[items_pb2.Item]:
+        """The new items (with ids), checked against the chain's open calls."""
         new_items = self._new_items()
-        with clock.stage("validate"):
-            validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
-        with clock.stage("render"):
-            texts = [render.render_item(item) for item in new_items]
-        with clock.stage("classify"):
-            findings = services.classify(texts)
-        with clock.stage("render"):
-            header_tokens, header_cached = ctx.memo.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
-        with clock.stage("route"):
-            route = ctx.memo.route(params.model)
+        with self.clock.stage("validate"):
+            validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
+        return new_items
+
+    def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
+        """The new items' rendered text, and the safety stage's findings in it."""
+        with self.clock.stage("render"):
+            texts = [prompt.render_item(item) for item in new_items]
+        with self.clock.stage("classify"):
+            findings = self.services.classify(texts)
+        return texts, findings
+
+    def _render_header(self) -> tuple[int, bool]:
+        """The instructions+tools header's tokens (count, memoised on the connection)."""
+        params = self.params
+        with self.clock.stage("render"):
+            instructions = params.instructions if params.HasField("instructions") else None
+            return self.ctx.memo.header_tokens(instructions, params.tools)
+
+    def _route(self) -> Resolved:
+        with self.clock.stage("route"):
+            return self.ctx.memo.route(self.params.model)
+
+    async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], texts: list[str], findings: int,
+                    header: tuple[int, bool], route: Resolved) -> Prepared:  # fmt: skip
+        """The backend request: the new input tokenised now, or while the backend computes its
+        first token when nothing before needs the count; the backend's own check; admission."""
+        params, ctx, services, clock = self.params, self.ctx, self.services, self.clock
+        header_tokens, header_cached = header
+        parent_node, from_cache = parent.node, parent.from_cache
 
         def tokenise() -> Rendered:
             encode = services.token_cache.encode
@@ -234,11 +278,10 @@ class Turn:
             bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
             defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
             items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
-            request = self._backend_request(
-                route, items, 0, affinity=(parent.replica or None) if parent else None
-            )
+            entry = parent.entry
+            request = self._backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
             defer = defer and not route.backend.reads_input_tokens(request)
-        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
+        prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
                 request.items = prepared.node.items()
