@@ -86,11 +86,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure_from_env()
     strategy = getattr(args, "strategy", None)
     if cfg.server.workers > 1:
-        if strategy is not None:
-            raise SystemExit("tether: a turn strategy serves in one process; --workers is not supported")
         from tether.workers import run_workers
 
-        return run_workers(cfg)
+        return run_workers(cfg, strategy)
     from tether.server import serve_forever
 
     asyncio.run(serve_forever(cfg) if strategy is None else serve_forever(cfg, strategy=strategy))

@@ -16,7 +16,7 @@ import logging
 import signal
 from dataclasses import dataclass
 
-from tether import prompt
+from tether import render
 from tether.auth import Authenticator
 from tether.backends.pool import build_configured_backend
 from tether.config import TetherConfig
@@ -44,7 +44,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         for name, spec in config.backends.items()
     }
     engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock)
-    prompt.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
+    render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
     for name, backend in backends.items():
         added = engine.router.add_discovered(name, list(await backend.discover()))
         if added:

@@ -55,7 +55,7 @@ import time
 
 import orjson
 
-from tether import errors, prompt
+from tether import errors, render
 from tether.backends.base import Finish, Usage
 from tether.core.builder import OutputBuilder
 from tether.core.context import TurnContext
@@ -208,7 +208,7 @@ class PrototypeTurn(Turn):
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back
                 with self.clock.stage("render"):
-                    input_tokens += sum(len(prompt.encode(text)) for text in self._texts)
+                    input_tokens += sum(len(render.encode(text)) for text in self._texts)
                 self._texts = []
         finally:
             self._stop_waiting()
@@ -275,7 +275,7 @@ class PrototypeTurn(Turn):
         with self.clock.stage("validate"):
             validate.validate_items(items, frozenset(self._pending), self.services.limits, param="input")
         with self.clock.stage("render"):
-            texts = [prompt.render_item(item) for item in items]
+            texts = [render.render_item(item) for item in items]
         with self.clock.stage("classify"):
             self.services.classify(texts)
         self._texts.extend(texts)
@@ -308,10 +308,11 @@ def awaiting_event_json(ev: events_pb2.ServerEvent) -> dict | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m tether_lab.prototype serve [tether serve's flags]`: `tether serve` whose sessions
-    run `PrototypeTurns` (one process: `--workers` is refused)."""
+    run `PrototypeTurns` (with `--workers`, every worker does)."""
     from tether import cli
+    from tether_lab import prototype  # by its name, not as __main__: the workers unpickle the class
 
-    return cli.main(argv, strategy=PrototypeTurns())
+    return cli.main(argv, strategy=prototype.PrototypeTurns())
 
 
 if __name__ == "__main__":

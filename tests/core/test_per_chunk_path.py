@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.configs import make_config
-from tether import prompt
+from tether import render
 from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
@@ -249,9 +249,9 @@ async def test_usage_is_exact_whether_the_input_is_tokenised_before_or_during_th
 
 def test_token_cache_reuses_per_tenant_and_stays_within_its_bytes():
     text = "def handler(request):\n    return compute(request.body)\n" * 20  # ~1 KB
-    exact = prompt.encode(text)
+    exact = render.encode(text)
     size = len(text) + exact.itemsize * len(exact) + 128
-    cache = prompt.TokenCache(max_bytes=2 * size)
+    cache = render.TokenCache(max_bytes=2 * size)
     assert cache.encode("a", text) == exact and cache.hits == 0
     assert cache.encode("a", text) is cache.encode("a", text) and cache.hits == 2
     cache.encode("b", text)  # another key's text is its own entry: no hit across tenants
@@ -263,12 +263,12 @@ def test_token_cache_reuses_per_tenant_and_stays_within_its_bytes():
 
 
 def test_token_cache_skips_short_texts_oversize_texts_and_is_off_at_zero():
-    cache = prompt.TokenCache(max_bytes=4096)
+    cache = render.TokenCache(max_bytes=4096)
     cache.encode("a", "short")
     big = "word " * 2000  # its entry alone exceeds the cache
-    assert cache.encode("a", big) == prompt.encode(big)
+    assert cache.encode("a", big) == render.encode(big)
     assert len(cache) == 0 and cache.nbytes == 0
-    off = prompt.TokenCache(max_bytes=0)
+    off = render.TokenCache(max_bytes=0)
     off.encode("a", "x" * 1000)
     off.encode("a", "x" * 1000)
     assert len(off) == 0 and off.hits == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether import errors, prompt
+from tether import errors, render
 from tether.backends.base import Finish, TextDelta, ToolCallDelta
 from tether.config import Limits, Route
 from tether.core.builder import OutputBuilder
@@ -44,7 +44,7 @@ def test_a_node_counts_the_whole_chain_and_tracks_open_calls():
     assert first.open_calls == {"c1"} and second.open_calls == {"c2"}
     assert second.length == 4 and second.findings == 1
     texts = [user_message("list the files"), call("c1"), output("c1"), call("c2")]
-    assert second.token_count == sum(len(prompt.encode(prompt.render_item(i))) for i in texts)
+    assert second.token_count == sum(len(render.encode(render.render_item(i))) for i in texts)
     assert [s.item for s in second.all_segments()] == texts and second.parent is first
 
 
@@ -127,8 +127,8 @@ def test_an_output_must_answer_an_open_call_of_the_chain_or_of_the_same_input():
 def test_truncation_drops_whole_oldest_items_and_an_orphaned_output_with_its_call():
     items = [user_message("one " * 50), call("c1"), output("c1"), user_message("last")]
     node = Node.continue_with(None, tuple(seg(i) for i in items))
-    last = len(prompt.encode(prompt.render_item(items[-1])))
-    answer = len(prompt.encode(prompt.render_item(items[2])))
+    last = len(render.encode(render.render_item(items[-1])))
+    answer = len(render.encode(render.render_item(items[2])))
     kept = truncate(node, budget=answer + last)  # the output and the last item would fit...
     assert kept.items() == [items[-1]]  # ...but the output goes with its dropped call
     assert truncate(node, budget=last - 1) is node  # the last item alone does not fit: unchanged
@@ -142,11 +142,11 @@ def test_the_memo_tokenises_a_header_once_and_resolves_a_model_once():
     from tether.core.context import Memo
 
     class Services:  # the two parts a Memo reads
-        token_cache = prompt.TokenCache(1 << 20)
+        token_cache = render.TokenCache(1 << 20)
         router = Router({"m": Route(backend="b")}, {"b": object()}, 1000)  # type: ignore[dict-item]
 
     memo = Memo("t", Services())  # type: ignore[arg-type]
     count, cached = memo.header_tokens("be brief", [])
-    assert not cached and count == len(prompt.encode(prompt.render_header("be brief", [])))
+    assert not cached and count == len(render.encode(render.render_header("be brief", [])))
     assert memo.header_tokens("be brief", []) == (count, True)
     assert memo.route("m") is memo.route("m")

@@ -16,7 +16,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
-from tether import prompt
+from tether import render
 from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
 from tether.bridge.ws_transport import GuardedWebSocketProtocol
 from tether.core.postinference import PostInference, PostJob
@@ -176,18 +176,18 @@ DENSE = {
 @pytest.mark.parametrize("name", list(DENSE))
 def test_dense_text_is_counted_exactly(name: str) -> None:
     """The tokenizer refuses one call of more than 200,000 tokens; these texts have up to a
-    million. `prompt.encode` cuts by what the tokenizer accepts (bytes), and the count is exact:
+    million. `render.encode` cuts by what the tokenizer accepts (bytes), and the count is exact:
     the per-unit count the tokenizer gives on a short sample, times the repetitions."""
     unit, n = DENSE[name]
-    per_unit = len(prompt.encode(unit * 1000)) // 1000
-    assert len(prompt.encode(unit * n)) == per_unit * n
+    per_unit = len(render.encode(unit * 1000)) // 1000
+    assert len(render.encode(unit * n)) == per_unit * n
 
 
 @pytest.mark.parametrize("name", list(DENSE))
 async def test_dense_text_over_http_is_counted_or_refused_never_500(name: str) -> None:
     unit, n = DENSE[name]
     text = unit * n
-    expected = len(prompt.encode(text))
+    expected = len(render.encode(text))
     async with full_stack() as stack, stack.http() as http:
         r = await http.post("/v1/responses/input_tokens", json={"model": "sim-model", "input": text})
         assert r.status_code == 200, r.text[:300]

@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tether import prompt
+from tether import render
 from tether.responses.v1 import items_pb2, request_pb2
 
 
@@ -78,7 +78,7 @@ def prefix_chain(
     """The prompt as a chain of blocks, hashed over the rendered text (what the model sees, so a
     resent history hashes like a cached one). Token counts are estimated from the rendered length
     (`CHARS_PER_TOKEN`), not tokenised: routing and the simulator need them per block, every call."""
-    texts = [prompt.render_header(instructions, list(tools)), *(prompt.render_item(i) for i in items)]
+    texts = [render.render_header(instructions, list(tools)), *(render.render_item(i) for i in items)]
     chain: list[Block] = []
     h = hashlib.blake2b(digest_size=16)
     for text in texts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether import prompt
+from tether import render
 from tether.backends.base import Usage
 from tether.responses.v1 import items_pb2
 
@@ -39,7 +39,7 @@ def output_tokens(output: Sequence[items_pb2.Item]) -> tuple[int, int]:
     """(all output tokens, the reasoning part) of the output items, by Tether's tokenizer."""
     total = reasoning = 0
     for item in output:
-        n = len(prompt.encode(_generated_text(item)))
+        n = len(render.encode(_generated_text(item)))
         total += n
         if item.WhichOneof("item") == "reasoning":
             reasoning += n
@@ -50,7 +50,7 @@ def _generated_text(item: items_pb2.Item) -> str:
     """The text the model generated for an output item (no prompt framing)."""
     arm = item.WhichOneof("item")
     if arm == "message":
-        return prompt.message_text(item.message)
+        return render.message_text(item.message)
     if arm == "function_call":
         return item.function_call.name + item.function_call.arguments
     if arm == "reasoning":

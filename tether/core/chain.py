@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tether import prompt
+from tether import render
 from tether.compaction_codec import effective_context
 from tether.responses.v1 import items_pb2, response_pb2
 
@@ -34,7 +34,7 @@ class Segment:
     @staticmethod
     def of(key: str, item: items_pb2.Item, text: str | None = None) -> Segment:
         """Render and tokenise `item` (`text`: its rendering, when the caller already has it)."""
-        return Segment(key, item, prompt.encode(prompt.render_item(item) if text is None else text))
+        return Segment(key, item, render.encode(render.render_item(item) if text is None else text))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether import errors, prompt
+from tether import errors, render
 from tether.config import Limits, ServerConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
@@ -43,7 +43,7 @@ class TurnServices:
     store_durability: str  # "before_terminal" | "after_terminal"
     router: Router
     classify: Callable[[Sequence[str]], int]  # the safety stage: findings, or TetherError in block mode
-    token_cache: prompt.TokenCache
+    token_cache: render.TokenCache
     rate_limiter: RateLimiter
     reasoning: ReasoningSealer
     conversations: Conversations
@@ -125,7 +125,7 @@ class Memo:
             self._headers.move_to_end(key)
             return count, True
         encode = self._services.token_cache.encode
-        count = len(encode(self._tenant, prompt.render_header(instructions, list(tools))))
+        count = len(encode(self._tenant, render.render_header(instructions, list(tools))))
         self._headers[key] = count
         if len(self._headers) > self.HEADERS:
             self._headers.popitem(last=False)

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
-from tether import errors, ids, prompt
+from tether import errors, ids, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
@@ -65,7 +65,7 @@ class Engine:
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
-        self.token_cache = prompt.TokenCache(config.limits.token_cache_bytes)
+        self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         self.services = TurnServices(
             limits=config.limits,
             server=config.server,
@@ -189,7 +189,7 @@ class Engine:
             model=route.upstream_model,
             instructions=SUMMARY_INSTRUCTIONS,
             items=older,
-            input_tokens=sum(len(prompt.encode(prompt.render_item(i))) for i in older),
+            input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
             affinity=affinity,
         )
         stream = route.backend.stream(request)
@@ -288,8 +288,8 @@ class Engine:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
-        header = len(prompt.encode(prompt.render_header(instructions, list(params.tools))))
-        return header + sum(len(prompt.encode(prompt.render_item(i))) for i in items)
+        header = len(render.encode(render.render_header(instructions, list(params.tools))))
+        return header + sum(len(render.encode(render.render_item(i))) for i in items)
 
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
@@ -305,8 +305,8 @@ class Engine:
         out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
         out.output.extend(output_item(kept) for kept in context[len(context) - keep :])
         out.output.append(item)
-        in_tokens = sum(len(prompt.encode(prompt.render_item(i))) for i in context)
-        out_tokens = len(prompt.encode(summary))
+        in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
+        out_tokens = len(render.encode(summary))
         out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
         out.usage.total_tokens = in_tokens + out_tokens
         return out

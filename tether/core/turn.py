@@ -31,7 +31,7 @@ from typing import Protocol
 
 import orjson
 
-from tether import errors, ids, prompt
+from tether import errors, ids, render
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
 from tether.core.accounting import account
@@ -228,7 +228,7 @@ class Turn:
     def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
         """The new items' rendered text, and the safety stage's findings in it."""
         with self.clock.stage("render"):
-            texts = [prompt.render_item(item) for item in new_items]
+            texts = [render.render_item(item) for item in new_items]
         with self.clock.stage("classify"):
             findings = self.services.classify(texts)
         return texts, findings

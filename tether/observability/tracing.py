@@ -11,7 +11,9 @@ Switching on: `configure()` (uses the process's global TracerProvider, e.g. one 
 provider; `console` = the SDK printing spans to stderr; `otlp` = the SDK with the OTLP exporter
 (`opentelemetry-exporter-otlp`; endpoint from the standard OTEL_EXPORTER_OTLP_* variables).
 
-Hooks (called by the transports and the turn; see docs/operating.md for the exact lines):
+Hooks (called by the transports, and by the core through its telemetry port: `turn_span`,
+`annotate_error` and `annotate_response` are `Observability`'s `turn_span`, `turn_refused` and
+`response_finished`; see docs/operating.md for the exact lines):
 
 - `adopt_parent(carrier)`: a transport hands over the caller's trace context: gRPC invocation
   metadata or HTTP/WebSocket headers with W3C `traceparent` / `tracestate`. It is kept in a
@@ -23,7 +25,8 @@ Hooks (called by the transports and the turn; see docs/operating.md for the exac
   laid out back to back in pipeline order (validate, resolve, classify, render, route, backend
   with backend_ttft and stream children, finalize). Durations are exact; start offsets are
   approximate where a stage ran in pieces (validate runs before and after resolve).
-- `annotate_response(response)`: in `Turn._finish`, puts the outcome, usage and ids on the span.
+- `annotate_response(response)`: in `Turn._finish`, puts the outcome, usage and ids on the span;
+  `annotate_error(code)`: a create refused with an in-band error before `response.created`.
 """
 
 from __future__ import annotations
