@@ -16,7 +16,7 @@ import sys
 import tether.client
 
 
-async def converse(lane: tether.client.Lane, topic: str) -> str:
+async def converse(lane: tether.client.ClientLane, topic: str) -> str:
     first = await lane.create("tether-sim", f"Tell me about {topic}.")
     chunks = 0
     async for event in first:

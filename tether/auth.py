@@ -33,7 +33,7 @@ class Authenticator:
         (HTTP stacks read the first, gRPC's metadata dict the last), never a choice to make."""
         if len(authorizations) > 1:
             raise TetherError(
-                INVALID_API_KEY, "The request has more than one 'Authorization' header; send exactly one.", status=401
+                INVALID_API_KEY, "The request has more than one 'Authorization' header; send exactly one."
             )
         return self.tenant_for(authorizations[0] if authorizations else None)
 
@@ -44,7 +44,7 @@ class Authenticator:
         token = _bearer(authorization)
         if token is None:
             raise TetherError(
-                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'.", status=401
+                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'."
             )
         digest = hashlib.sha256(token.encode()).digest()
         found = None
@@ -52,7 +52,7 @@ class Authenticator:
             if hmac.compare_digest(digest, key_digest):
                 found = tenant
         if found is None:
-            raise TetherError(INVALID_API_KEY, "Incorrect API key provided.", status=401)
+            raise TetherError(INVALID_API_KEY, "Incorrect API key provided.")
         return found
 
     def token_secret(self) -> bytes | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.process_memory import ALLOCATORS
+from tether.prompts import PromptLibrary
 
 
 @dataclass
@@ -137,6 +138,8 @@ class TetherConfig:
     log_level: str = "info"
     log_format: str = "json"  # json | text
     log_content: bool = False  # message contents and keys are redacted from logs unless True
+    # `[prompts.<id>]`: templates a create names with `prompt` (tether/prompts.py), checked at load.
+    prompts: PromptLibrary = field(default_factory=PromptLibrary)
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> TetherConfig:
@@ -171,6 +174,8 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
         # A real backend and no [models]: names come from the backends' own model lists; an
         # unknown name is model_not_found, never silently answered by the simulated catch-all.
         cfg.models = {}
+    if "prompts" in data:
+        cfg.prompts = PromptLibrary.from_config(data.pop("prompts"))
     for key in ("store", "store_durability", "log_level", "log_format", "log_content"):
         if key in data:
             setattr(cfg, key, data.pop(key))

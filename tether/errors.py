@@ -1,15 +1,46 @@
-"""API errors with stable codes: one exception type, one catalogue of codes, one status mapping.
+"""API errors with stable codes: one exception type, and one catalogue that says, for each code,
+its HTTP status, its gRPC status and its OpenAI error `type`.
 
 Every transport reports a `TetherError` the same way: the session core turns it into an in-band
-`error` event (or `response.failed`), the bridge into the HTTP/WS error envelope, gRPC unary RPCs
-into a status plus `tether-error-code` trailing metadata.
+`error` event (or `response.failed`), the bridge into the HTTP/WS error envelope with the code's
+HTTP status, the gRPC service into the code's gRPC status plus `tether-error-code` trailing
+metadata (`tether.protocol.wire`). A raise site names the code only; its statuses come from
+`CATALOGUE`, so one code has one status on every transport. (`status=` on `TetherError` is for
+an error rebuilt from what a peer sent, e.g. `error_from_rpc`, and for the simulated backend's
+scripted upstream faults; nothing else passes it.)
+
+How the statuses were chosen (the table is in docs/errors.md, checked against `CATALOGUE` by
+tests/protocol/test_errors.py):
+
+- OpenAI's own behaviour first: a request the API cannot take is 400 `invalid_request_error`,
+  including `model_not_found`, `previous_response_not_found` and `context_length_exceeded`
+  (the Responses API answers an unknown model with 400, unlike Chat Completions' 404); a missing
+  or wrong key is 401 `authentication_error`; a lookup of a stored object by id that finds nothing
+  is 404; rate and queue limits are 429 `rate_limit_error`; WebSocket mode's
+  `websocket_stream_limit_reached` and `websocket_connection_limit_reached` are 400 (the
+  protocol's and Codex's fixtures).
+- Limits on the size of a whole request are 413 (`request_too_large`: an HTTP body or a WS frame
+  over `max_request_bytes`, or an upstream's 413); a limit on one item of a valid request is 400
+  with its own code (`item_too_large`, `param: input[i]`), like OpenAI's per-field limits.
+- A feature a request asks of the backend that it cannot give is 400 `unsupported_feature`
+  (naming the field); a feature this deployment does not offer at all (the console's token
+  minting on a forwarding bridge) is 501 `not_implemented`.
+- The gRPC status follows the HTTP status (400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404
+  NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504/408 DEADLINE_EXCEEDED, other 5xx
+  INTERNAL), except `request_too_large`, which is RESOURCE_EXHAUSTED like gRPC's own refusal of
+  a message over `grpc.max_receive_message_length`, so a gRPC client sees one status for "too
+  large" whichever side caught it.
+- Codes the client raises itself (`connection_lost`, `max_turns_exceeded`) and the metrics
+  label `client_gone` are never sent by a server; they have rows so every code is in one table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tether.responses.v1 import events_pb2
 
-# Stable error codes (documented in the README's error table).
+# Stable error codes (the catalogue below; docs/errors.md).
 INVALID_REQUEST = "invalid_request"
 INVALID_JSON = "invalid_json"
 INVALID_TYPE = "invalid_type"
@@ -30,14 +61,17 @@ STREAM_LIMIT_REACHED = "websocket_stream_limit_reached"
 CONNECTION_LIMIT_REACHED = "websocket_connection_limit_reached"
 IDLE_TIMEOUT = "idle_timeout"
 REQUEST_TOO_LARGE = "request_too_large"
+ITEM_TOO_LARGE = "item_too_large"
 TOO_MANY_ITEMS = "too_many_items"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 QUEUE_FULL = "too_many_queued_responses"
 CONTENT_BLOCKED = "content_blocked"
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 INVALID_API_KEY = "invalid_api_key"
+PERMISSION_DENIED = "permission_denied"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 BACKEND_ERROR = "backend_error"
 BACKEND_TIMEOUT = "backend_timeout"
 BACKEND_AUTH_FAILED = "backend_auth_failed"
@@ -46,23 +80,108 @@ CANCELLED = "cancelled"
 # gRPC cancel or deadline) in tether_turns_total{outcome} and tether_errors_total{code}.
 CLIENT_GONE = "client_gone"
 UNSUPPORTED = "unsupported_feature"
+NOT_IMPLEMENTED = "not_implemented"
+# The HTTP front end's own (routing and HTTP/1.1 limits).
+NOT_FOUND = "not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+UPGRADE_REQUIRED = "upgrade_required"
+HEADERS_TOO_LARGE = "request_header_fields_too_large"
+REQUEST_TIMEOUT = "request_timeout"
+# Raised by the typed client (tether.client) itself, never by a server.
+CONNECTION_LOST = "connection_lost"
+MAX_TURNS_EXCEEDED = "max_turns_exceeded"
 
-_TYPE_BY_STATUS = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    429: "rate_limit_error",
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """What a code means on each transport."""
+
+    http: int  # the HTTP status (and the WS envelope's `status`, and `Error.status` in protobuf)
+    grpc: str  # the `grpc.StatusCode` member a gRPC call ends with
+    type: str  # the OpenAI error `type`
+    when: str  # when it is raised (docs/errors.md)
+
+
+_BAD = "invalid_request_error"
+_AUTH = "authentication_error"
+_RATE = "rate_limit_error"
+_SERVER = "server_error"
+
+CATALOGUE: dict[str, ErrorKind] = {
+    INVALID_REQUEST: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field's value is not acceptable (param names it)"),
+    INVALID_JSON: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the body or frame is not JSON (or nests deeper than max_json_depth)"),
+    INVALID_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a value has the wrong JSON type"),
+    MISSING_REQUIRED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a required field is missing"),
+    UNKNOWN_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field the API does not define"),
+    UNSUPPORTED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field the API defines and Tether does not honour"),
+    UNKNOWN_EVENT_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a WebSocket event `type` that is not a client event"),
+    MODEL_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "no backend serves the model (or the upstream said 404)"),
+    INVALID_ITEM: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "an input item is malformed or out of place"),
+    UNKNOWN_CALL_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a tool output answers no open call"),
+    PREVIOUS_RESPONSE_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "previous_response_id is neither cached nor stored"),
+    RESPONSE_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "retrieve, delete or cancel of an unknown response id"),
+    CONVERSATION_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an unknown conversation id"),
+    ITEM_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an unknown conversation item id"),
+    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "background = true"),
+    INVALID_STREAM_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a stream_id outside 1-256 of [A-Za-z0-9_.-]"),
+    STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a connection's named stream_ids past max_lanes"),
+    CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the connection reached connection_lifetime_s"),
+    IDLE_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, "no client event for idle_timeout_s"),
+    REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, "a body or frame over max_request_bytes, or an upstream 413"),
+    ITEM_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "one input item over max_item_bytes"),
+    TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "more than max_input_items items"),
+    CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the rendered context is over the model's window"),
+    QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, "a lane already holds max_queued_responses"),
+    CONTENT_BLOCKED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the safety classifier refused the new input"),
+    RATE_LIMIT_EXCEEDED: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, "a per-key rate or connection limit, or an upstream 429"),
+    INVALID_API_KEY: ErrorKind(401, "UNAUTHENTICATED", _AUTH, "a missing, repeated or unknown API key"),
+    PERMISSION_DENIED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", "the console's server view without an admin key"),
+    SERVER_ERROR: ErrorKind(500, "INTERNAL", _SERVER, "a bug: anything unexpected (logged; no traceback leaks)"),
+    SERVER_SHUTTING_DOWN: ErrorKind(503, "UNAVAILABLE", _SERVER, "SIGTERM: the server takes no new work"),
+    UPSTREAM_UNAVAILABLE: ErrorKind(503, "UNAVAILABLE", _SERVER, "a standalone bridge's upstream Tether went away"),
+    BACKEND_ERROR: ErrorKind(502, "INTERNAL", _SERVER, "the model backend failed (after its retries)"),
+    BACKEND_TIMEOUT: ErrorKind(504, "DEADLINE_EXCEEDED", _SERVER, "the model backend did not answer in time"),
+    BACKEND_AUTH_FAILED: ErrorKind(502, "INTERNAL", _SERVER, "the model backend refused Tether's own key"),
+    CANCELLED: ErrorKind(499, "CANCELLED", _BAD, "the client cancelled the response"),
+    CLIENT_GONE: ErrorKind(499, "CANCELLED", _BAD, "never sent: the metrics label of a turn whose client left"),
+    UNSUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the backend cannot do what a field asks (param names it)"),
+    NOT_IMPLEMENTED: ErrorKind(501, "UNIMPLEMENTED", _SERVER, "a feature this deployment does not offer"),
+    NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an HTTP path the server does not serve"),
+    METHOD_NOT_ALLOWED: ErrorKind(405, "UNIMPLEMENTED", _BAD, "an HTTP method the path does not take"),
+    UPGRADE_REQUIRED: ErrorKind(426, "FAILED_PRECONDITION", _BAD, "a plain GET on the WebSocket endpoint"),
+    HEADERS_TOO_LARGE: ErrorKind(431, "RESOURCE_EXHAUSTED", _BAD, "a request head over http_max_header_bytes"),
+    REQUEST_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, "a request head or body slower than its timeout"),
+    CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, "client only: the connection broke and could not be resumed"),
+    MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "client only: the tool loop ran out of turns"),
 }
 
 
+def kind_of(code: str) -> ErrorKind:
+    """The catalogue row of `code` (KeyError for a code that has none: a bug at the raise site)."""
+    return CATALOGUE[code]
+
+
 def error_type_for(status: int) -> str:
+    """The OpenAI error `type` of an HTTP status, for an error rebuilt without one (a peer that
+    sent a status but no type, or a code this catalogue does not know)."""
     if status >= 500:
-        return "server_error"
-    return _TYPE_BY_STATUS.get(status, "invalid_request_error")
+        return _SERVER
+    return {401: _AUTH, 403: "permission_error", 429: _RATE}.get(status, _BAD)
+
+
+def markdown_table() -> str:
+    """The catalogue as the table of docs/errors.md."""
+    lines = ["| code | HTTP | gRPC | type | when |", "|---|---|---|---|---|"]
+    for code, k in CATALOGUE.items():
+        lines.append(f"| `{code}` | {k.http} | `{k.grpc}` | `{k.type}` | {k.when} |")
+    return "\n".join(lines) + "\n"
 
 
 class TetherError(Exception):
-    """An error a client can act on: stable `code`, HTTP-equivalent `status`, offending `param`."""
+    """An error a client can act on: stable `code`, HTTP-equivalent `status`, offending `param`.
+
+    `status` and `type` come from the code's `CATALOGUE` row; pass them only for an error rebuilt
+    from what a peer sent (whose code may be one this catalogue does not know)."""
 
     def __init__(
         self,
@@ -70,7 +189,7 @@ class TetherError(Exception):
         message: str,
         *,
         param: str | None = None,
-        status: int = 400,
+        status: int | None = None,
         type: str | None = None,
         retry_after: float | None = None,
     ) -> None:
@@ -78,8 +197,13 @@ class TetherError(Exception):
         self.code = code
         self.message = message
         self.param = param
-        self.status = status
-        self.type = type or error_type_for(status)
+        if status is None:
+            kind = kind_of(code)
+            self.status = kind.http
+            self.type = type or kind.type
+        else:
+            self.status = status
+            self.type = type or error_type_for(status)
         self.retry_after = retry_after
 
     def to_proto(self) -> events_pb2.Error:
@@ -90,8 +214,9 @@ class TetherError(Exception):
 
     @classmethod
     def from_proto(cls, err: events_pb2.Error) -> TetherError:
+        status = err.status or (CATALOGUE[err.code].http if err.code in CATALOGUE else 400)
         return cls(
-            err.code, err.message, param=err.param or None, status=err.status or 400, type=err.type or None,
+            err.code, err.message, param=err.param or None, status=status, type=err.type or None,
             retry_after=err.retry_after_s or None,
         )
 

@@ -317,7 +317,7 @@ def run_workers(cfg: TetherConfig, strategy: Any = None) -> int:
         ),
         flush=True,
     )
-    if getattr(cfg, "store_durability", "before_terminal") != "before_terminal":
+    if cfg.store_durability != "before_terminal":
         log.warning(
             "several workers share the store with store_durability = %r: a client reconnecting to another "
             "worker right after response.completed can miss that response; set store_durability = "

@@ -1,8 +1,11 @@
-"""The import graph of the `tether` package, read from the source (nothing is imported).
+"""The import graph of the `tether` package (or another top-level package of this checkout, such as
+`tether_lab`), read from the source (nothing is imported).
 
     python -m tether_lab.import_graph              # cycles between modules; exit 1 when there is one
     python -m tether_lab.import_graph --packages   # package-level edges with counts
     python -m tether_lab.import_graph --runtime    # leave out imports under `if TYPE_CHECKING:`
+    python -m tether_lab.import_graph --package tether_lab   # the lab's own graph (its imports of
+                                                             # `tether` are edges out, never cycles)
 
 Every `import` counts, wherever it sits: at module level and inside a function (a lazy import is
 still a dependency), and by default under `if TYPE_CHECKING:` too (a cycle hidden from the
@@ -23,9 +26,10 @@ PACKAGE = "tether"
 SKIP = ("tether.responses",)
 
 
-def modules(root: Path = ROOT) -> dict[str, Path]:
+def modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """Module name -> source file, for every module of `package` under `root`."""
     found = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted((root / package).rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -86,9 +90,9 @@ def imports(name: str, path: Path, known: dict[str, Path], *, type_checking: boo
     return out
 
 
-def graph(root: Path = ROOT, *, type_checking: bool = True) -> dict[str, set[str]]:
-    """Module -> the `tether` modules it imports."""
-    known = modules(root)
+def graph(root: Path = ROOT, *, type_checking: bool = True, package: str = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports."""
+    known = modules(root, package)
     return {name: imports(name, path, known, type_checking=type_checking) for name, path in known.items()}
 
 
@@ -141,10 +145,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packages", action="store_true", help="print package-level edges")
     parser.add_argument("--runtime", action="store_true", help="leave out `if TYPE_CHECKING:` imports")
+    parser.add_argument("--package", default=PACKAGE, help=f"the top-level package to read (default: {PACKAGE})")
     args = parser.parse_args()
-    edges = graph(type_checking=not args.runtime)
+    edges = graph(type_checking=not args.runtime, package=args.package)
     if args.packages:
-        packages = {n for n, p in modules().items() if p.name == "__init__.py"}
+        packages = {n for n, p in modules(package=args.package).items() if p.name == "__init__.py"}
         counts: Counter[tuple[str, str]] = Counter()
         for a, deps in edges.items():
             for b in deps:

@@ -26,7 +26,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from tether_lab.bench import Bench, Phase
+from tether_lab.campaign import Bench, Phase
 from tether_lab.report import PRE_BACKEND, pct
 from tether_lab.transports import RolloutResult
 

@@ -203,7 +203,6 @@ class PrototypeTurn(Turn):
                     raise TetherError(
                         errors.IDLE_TIMEOUT,
                         f"No response.append with the tool outputs within {self.append_timeout_s:g} s.",
-                        status=408,
                     )
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back

@@ -239,7 +239,7 @@ async def test_json_reply_when_upstream_ignores_stream(make, fake_chat_server):
 
 async def test_reasoning_effort_and_list_models(make, fake_chat_server):
     b = make()
-    assert b.capabilities.reasoning and b.capabilities.json_schema and not b.capabilities.images
+    assert b.config.reasoning and b.config.json_schema and not b.config.images
     await run(b, "hi", reasoning_effort="high")
     assert fake_chat_server.last_body["reasoning_effort"] == "high"
     assert await b.list_models() == ["gpt-oss-120b", "llama3.1-8b", "zai-glm-4.7"]

@@ -59,7 +59,6 @@ def rich_request(**kw):
         function_output("call_t", "14:05"),
         assistant("It is 18C and 14:05."),
         items_pb2.Item(item_reference=items_pb2.ItemReference(id="msg_x")),
-        items_pb2.Item(other=items_pb2.OtherItem(type="web_search_call", json='{"type":"web_search_call"}')),
         user("thanks"),
     ]
     tools = [
@@ -497,3 +496,63 @@ def test_custom_tool_and_shell_items_are_carried_as_calls_and_outputs():
     assert (shell["id"], shell["function"]["name"]) == ("c2", "local_shell")
     assert orjson.loads(shell["function"]["arguments"])["command"] == ["ls"]
     assert msgs[4] == {"role": "tool", "tool_call_id": "c2", "content": "a.py"}
+
+
+def test_hosted_tool_items_are_carried_as_calls_with_their_results():
+    """Hosted-tool items in the context (input or chain) reach the model as a tool call and its
+    result, never dropped: what was searched or run, and what came back."""
+    from tether.protocol.json_codec import item_from_json
+
+    items = [
+        user("look it up"),
+        item_from_json({"type": "web_search_call", "id": "ws_1", "status": "completed",
+                        "action": {"type": "search", "query": "tether grpc"}}),
+        item_from_json({"type": "mcp_list_tools", "id": "mcpl_1", "server_label": "gh",
+                        "tools": [{"name": "search", "input_schema": {"type": "object"}}]}),
+        item_from_json({"type": "mcp_call", "id": "mcp_1", "server_label": "gh", "name": "search",
+                        "arguments": '{"q": "x"}', "output": "3 results"}),
+        item_from_json({"type": "file_search_call", "id": "fs_1", "status": "completed", "queries": ["q1"],
+                        "results": [{"file_id": "f1", "text": "hit"}]}),
+        item_from_json({"type": "code_interpreter_call", "id": "ci_1", "status": "completed", "code": "print(1)",
+                        "container_id": "cnt", "outputs": [{"type": "logs", "logs": "1"}]}),
+        item_from_json({"type": "mcp_approval_request", "id": "apr_1", "server_label": "gh", "name": "push",
+                        "arguments": "{}"}),
+        item_from_json({"type": "mcp_approval_response", "approval_request_id": "apr_1", "approve": False,
+                        "reason": "not now"}),
+    ]  # fmt: skip
+    msgs = to_chat_request(request(*items), generic())["messages"]
+    assert [m["role"] for m in msgs] == ["user"] + ["assistant", "tool"] * 6
+    calls = [(m["tool_calls"][0]["id"], m["tool_calls"][0]["function"]["name"],
+              orjson.loads(m["tool_calls"][0]["function"]["arguments"])) for m in msgs[1::2]]  # fmt: skip
+    assert calls == [
+        ("ws_1", "web_search", {"action": {"type": "search", "query": "tether grpc"}}),
+        ("mcpl_1", "mcp_list_tools", {"server_label": "gh"}),
+        ("mcp_1", "search", {"server_label": "gh", "arguments": {"q": "x"}}),
+        ("fs_1", "file_search", {"queries": ["q1"]}),
+        ("ci_1", "code_interpreter", {"code": "print(1)", "container_id": "cnt"}),
+        ("apr_1", "mcp_approval_request", {"server_label": "gh", "tool": "push", "arguments": "{}"}),
+    ]
+    results = [(m["tool_call_id"], m["content"]) for m in msgs[2::2]]
+    assert [r[0] for r in results] == [c[0] for c in calls]  # each result answers its own call
+    assert orjson.loads(results[0][1]) == {"status": "completed"}
+    assert orjson.loads(results[1][1]) == {"tools": [{"name": "search", "input_schema": {"type": "object"}}]}
+    assert orjson.loads(results[2][1]) == {"output": "3 results"}
+    assert orjson.loads(results[3][1]) == {"results": [{"file_id": "f1", "text": "hit"}], "status": "completed"}
+    assert orjson.loads(results[4][1]) == {"outputs": [{"type": "logs", "logs": "1"}], "status": "completed"}
+    assert results[5][1] == "denied: not now"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"type": "computer_call_output", "call_id": "c1", "output": {"type": "computer_screenshot", "image_url": "x"}},
+        {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "aGk="},
+        {"type": "x_future_item", "id": "x1"},
+    ],
+)
+def test_items_that_cannot_be_represented_are_refused_naming_them(obj):
+    from tether.protocol.json_codec import item_from_json
+
+    with pytest.raises(TetherError) as ei:
+        to_chat_request(request(user("hi"), item_from_json(obj)), generic())
+    assert (ei.value.status, ei.value.param) == (400, "input[1]") and obj["type"] in ei.value.message

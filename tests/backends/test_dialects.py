@@ -4,10 +4,20 @@ cannot do, raised by `prepare` (before `response.created`)."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from tests.fakes import chat_server as fk
-from tests.fakes.items import assistant, function_call, function_output, function_tool, reasoning, request
+from tests.fakes.items import (
+    assistant,
+    function_call,
+    function_output,
+    function_tool,
+    other_tool,
+    reasoning,
+    request,
+)
+from tether.backends.base import TextDelta
 from tether.backends.chat.dialects import DIALECTS
 from tether.backends.registry import build_backend
 from tether.errors import TetherError
@@ -188,3 +198,74 @@ async def test_tool_options_of_the_backend_are_honoured(server):
         await call(server, "openai", "x", tools=tools, options={"tools": False})
     assert (ei.value.status, ei.value.param) == (400, "tools")
     await call(server, "openai", "x", options={"tools": False})  # no tools: nothing to refuse
+
+
+async def test_logprobs_are_asked_for_and_carried_on_text_deltas(server):
+    chunks = await call(server, "openai", "x", logprobs=2)
+    assert (server.last_body["logprobs"], server.last_body["top_logprobs"]) == (True, 2)
+    texts = [c for c in chunks if isinstance(c, TextDelta)]
+    assert texts and all(len(c.logprobs) == 1 and c.logprobs[0]["token"] == c.text for c in texts)
+    first = texts[0].logprobs[0]
+    assert first["bytes"] == list(texts[0].text.encode()) and first["logprob"] == -0.25
+    assert [(t["token"], t["logprob"]) for t in first["top_logprobs"]] == [(texts[0].text, -0.25), ("alt1", -1.25)]
+    chunks = await call(server, "vllm", "x", logprobs=0, options={"stream_upstream": False})  # the JSON reply
+    assert server.last_body["logprobs"] is True and "top_logprobs" not in server.last_body
+    (text,) = [c for c in chunks if isinstance(c, TextDelta)]
+    assert "".join(lp["token"] for lp in text.logprobs) == text.text
+    assert all(lp["top_logprobs"] == [] for lp in text.logprobs)
+    chunks = await call(server, "openai", "x")
+    assert "logprobs" not in server.last_body
+    assert all(c.logprobs is None for c in chunks if isinstance(c, TextDelta))
+    for dialect in sorted(set(DIALECTS) - {"ollama", "lmstudio"}):  # every dialect that takes them
+        chunks = await call(server, dialect, "x", logprobs=1)
+        assert (server.last_body["logprobs"], server.last_body["top_logprobs"]) == (True, 1), dialect
+        assert all(c.logprobs for c in chunks if isinstance(c, TextDelta)), dialect
+
+
+async def test_logprobs_are_refused_where_the_dialect_has_none(server):
+    for dialect in ("ollama", "lmstudio"):
+        with pytest.raises(TetherError) as ei:
+            await call(server, dialect, "x", logprobs=0)
+        assert (ei.value.status, ei.value.param) == (400, "include"), dialect
+        with pytest.raises(TetherError) as ei:
+            await call(server, dialect, "x", logprobs=3)
+        assert ei.value.status == 400 and ei.value.param in ("include", "top_logprobs"), dialect
+
+
+def _choice(obj):
+    return request_pb2.ToolChoice(other_json=orjson.dumps(obj).decode())
+
+
+HOSTED_CHOICES = ["custom", "mcp", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+                  "computer_use_preview", "local_shell"]  # fmt: skip
+
+
+async def test_tool_choice_object_types_mapped_or_refused_per_dialect(server):
+    tools = [function_tool("f"), function_tool("g")]
+    server.push(fk.tool_calls(fk.Call("g")))
+    await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "function", "name": "g"}))
+    assert server.last_body["tool_choice"] == {"type": "function", "function": {"name": "g"}}
+    for dialect in sorted(DIALECTS):
+        assert DIALECTS[dialect].tool_choice_types == {"function", "allowed_tools"}
+        for kind in HOSTED_CHOICES:
+            for offered in (tools, []):  # refused whether or not tools are offered
+                with pytest.raises(TetherError) as ei:
+                    await call(server, dialect, "x", tools=offered, tool_choice=_choice({"type": kind, "name": "f"}))
+                assert (ei.value.status, ei.value.param) == (400, "tool_choice"), (dialect, kind)
+                assert repr(kind) in ei.value.message
+    with pytest.raises(TetherError) as ei:  # a function that is not offered
+        await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "function", "name": "h"}))
+    assert (ei.value.status, ei.value.param) == (400, "tool_choice") and "'h'" in ei.value.message
+
+
+async def test_hosted_tool_choice_forwarded_with_hosted_tools(server):
+    tools = [function_tool("f"), other_tool({"type": "web_search_preview"})]
+    server.push(fk.tool_calls(fk.Call("f")))
+    await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "web_search_preview"}),
+               options={"hosted_tools": True})  # fmt: skip
+    assert server.last_body["tool_choice"] == {"type": "web_search_preview"}
+    assert {"type": "web_search_preview"} in server.last_body["tools"]
+    with pytest.raises(TetherError) as ei:  # custom tools are never carried, hosted_tools or not
+        await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "custom", "name": "p"}),
+                   options={"hosted_tools": True})  # fmt: skip
+    assert ei.value.param == "tool_choice"

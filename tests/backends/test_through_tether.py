@@ -145,3 +145,23 @@ async def test_the_simulated_catch_all_is_announced_at_startup(caplog):
         async with served(cfg, {KEY: "t"}):
             pass
     assert any("'*' route" in r.getMessage() and "simulated" in r.getMessage() for r in caplog.records)
+
+
+async def test_hosted_tool_items_reach_the_upstream_from_input_and_from_the_chain(upstream):
+    search = {"type": "web_search_call", "id": "ws_1", "status": "completed",
+              "action": {"type": "search", "query": "tether"}}  # fmt: skip
+    image = {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "aGk="}
+    async with served(config(upstream), {KEY: "t"}) as s:
+        first = await post(s.port, {"model": "gpt-oss-120b", "store": True,
+                                    "input": [{"role": "user", "content": "find tether"}, search]})  # fmt: skip
+        assert first.status_code == 200, first.text
+        sent = upstream.last_body["messages"]
+        assert sent[1]["tool_calls"][0]["function"]["name"] == "web_search"
+        assert sent[2] == {"role": "tool", "tool_call_id": "ws_1", "content": '{"status":"completed"}'}
+        follow = {"model": "gpt-oss-120b", "previous_response_id": first.json()["id"], "input": "and then?"}
+        assert (await post(s.port, follow)).status_code == 200
+        assert upstream.last_body["messages"][1:3] == sent[1:3]  # the chain carries it too
+        n = len(upstream.chat_requests)
+        bad = await post(s.port, {"model": "gpt-oss-120b", "input": [{"role": "user", "content": "x"}, image]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1]"
+    assert len(upstream.chat_requests) == n  # refused before anything went upstream

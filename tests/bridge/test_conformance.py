@@ -1,7 +1,8 @@
 """Conformance: every Response body, SSE event and WebSocket event Tether emits validates strictly
 (pydantic strict mode) against the openai SDK's own types, across scenarios: text, tool call,
-reasoning, output cap (incomplete), content filter, backend failure, cancellation, request error,
-compaction (the `/v1/responses/compact` body and the in-stream compaction item) and conversations.
+reasoning, refusal, log probabilities, a prompt template, output cap (incomplete), content filter,
+backend failure, cancellation, request error, compaction (the `/v1/responses/compact` body and the
+in-stream compaction item) and conversations.
 The raw JSON is read off the wire (httpx, websockets), never through the SDK's lenient parsers.
 Where the Open Responses schema and OpenAI differ, Tether follows OpenAI (docs/fields.md)."""
 
@@ -25,6 +26,8 @@ from openai.types.responses import (
 )
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
+
+from tether.prompts import PromptLibrary
 
 from ..support.validator import validate_events
 from .helpers import KEY_A, WEATHER_TOOL, recv_until, send_json
@@ -83,6 +86,20 @@ SCENARIOS: dict[str, tuple[dict, dict, str, Callable[[dict], None]]] = {
         "failed",
         lambda r: _check(r["error"]["code"] == "server_error"),
     ),
+    "logprobs": (
+        {"text": "Hello there, with log probabilities."},
+        {"include": ["message.output_text.logprobs"], "top_logprobs": 2},
+        "completed",
+        lambda r: _check(
+            r["top_logprobs"] == 2 and len(r["output"][0]["content"][0]["logprobs"][0]["top_logprobs"]) == 2
+        ),
+    ),
+    "prompt": (
+        {"text": "Hi Ada."},
+        {"prompt": {"id": "greet", "variables": {"name": "Ada"}}},
+        "completed",
+        lambda r: _check(r["prompt"]["id"] == "greet" and r["instructions"] == "Greet Ada."),
+    ),
     "compaction": (
         {"text": "ok"},
         {"input": "compact me " * 1000, "context_management": [{"type": "compaction", "compact_threshold": 1000}]},
@@ -103,6 +120,7 @@ async def scenario(request: pytest.FixtureRequest, make_stack: Any, tmp_path: Pa
     script.write_text(json.dumps({"steps": [step], "after": step}))
     body = {"model": "sim-model", "input": "What is the weather in Paris?", **extra}
     async with make_stack(backend={"script": str(script)}) as stack:
+        stack.config.prompts = PromptLibrary.from_config({"greet": {"instructions": "Greet {{name}}."}})
         yield stack, body, status, check
 
 
@@ -150,7 +168,7 @@ async def test_error_events_and_bodies(stack) -> None:
     async with stack.ws() as conn:
         # A create the core refuses, an undecodable frame and an unknown event: each error echoes
         # the frame's event_id.
-        await send_json(conn, {"type": "response.create", "event_id": "evt_1", "model": "sim-model", "prompt": {"id": "p"}})
+        await send_json(conn, {"type": "response.create", "event_id": "evt_1", "model": "sim-model", "moderation": {"x": 1}})
         await conn.send('{"type": "response.create", "event_id": "evt_2", "model": 5}')
         await send_json(conn, {"type": "response.explode", "event_id": "evt_3"})
         errors = [await recv_until(conn, lambda e: True) for _ in range(3)]

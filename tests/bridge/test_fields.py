@@ -55,7 +55,8 @@ REJECTED = [k for k, f in CREATE_FIELDS.items() if f.treatment is Treatment.REJE
 REFUSALS: list[tuple[dict[str, Any], str, str]] = [
     *(({key: {"x": 1} if key != "top_logprobs" else 3}, "unsupported_parameter", key) for key in REJECTED),
     ({"frobnicate": True}, "unknown_parameter", "frobnicate"),
-    ({"include": ["message.output_text.logprobs"]}, "unsupported_parameter", "include[0]"),
+    ({"top_logprobs": 21}, "invalid_request", "top_logprobs"),
+    ({"prompt": {"id": "pmpt_nope"}}, "invalid_request", "prompt.id"),
     ({"include": ["reasoning.encrypted_content", "no.such.value"]}, "invalid_request", "include[1]"),
 ]
 IDS = [f"{param}-{code}" for _, code, param in REFUSALS]
@@ -93,7 +94,7 @@ async def test_grpc_refuses(stack: Stack, grpc_port: int) -> None:
         await session.send(req)
         ev = await session.until_terminal()
         assert ev.WhichOneof("event") == "error"
-        assert (ev.error.error.code, ev.error.error.param) == ("unsupported_parameter", "prompt")
+        assert (ev.error.error.code, ev.error.error.param) == ("invalid_request", "prompt.id")
         session.call.cancel()
 
 

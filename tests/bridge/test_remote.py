@@ -216,7 +216,7 @@ def test_error_mapping_from_status() -> None:
         grpc.StatusCode.NOT_FOUND: (404, "response_not_found"),
         grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_api_key"),
         grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_exceeded"),
-        grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
+        grpc.StatusCode.UNAVAILABLE: (503, "upstream_unavailable"),
         grpc.StatusCode.INTERNAL: (500, "server_error"),
         grpc.StatusCode.DEADLINE_EXCEEDED: (500, "server_error"),
     }

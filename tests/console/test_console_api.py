@@ -196,7 +196,7 @@ async def test_open_server_needs_no_token_and_is_its_own_admin() -> None:
 async def test_a_forwarding_bridge_cannot_mint_tokens() -> None:
     async with console_stack(ForwardingAuthenticator()) as stack, httpx.AsyncClient(base_url=stack.origin) as http:
         r = await http.post("/console/token", headers=bearer(KEY_A))
-    assert r.status_code == 501 and r.json()["error"]["code"] == "unsupported_feature"
+    assert r.status_code == 501 and r.json()["error"]["code"] == "not_implemented"
 
 
 def test_token_lifetime_edge() -> None:

@@ -102,6 +102,28 @@ async def test_close_drains_then_ends_and_rejects_new_events():
         raise AssertionError("put after close must raise")
 
 
+async def test_merged_deltas_concatenate_their_log_probabilities_in_order():
+    import orjson
+
+    from tether.core.outbox import Delta
+
+    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    await box.put(created("r"))
+    for piece in ["a", "b"]:  # protobuf events (a gRPC-style producer)
+        ev = delta("r", piece)
+        ev.output_text_delta.logprobs_json = orjson.dumps([{"token": piece, "logprob": -1.0}]).decode()
+        await box.put(ev)
+    record = Delta("output_text_delta", "msg_1", 0, "cd")  # a builder record: two tokens merged
+    record.response_id, record.logprobs = "r", [{"token": "c", "logprob": -2.0}, {"token": "d", "logprob": -3.0}]
+    await box.put(record)
+    await box.put(delta("r", "e"))  # a delta without any: the merged list keeps the others
+    lazy = await box.get_batch(lazy_deltas=True)
+    merged = lazy[1]
+    assert merged.delta == "abcde" and [lp["token"] for lp in merged.logprobs] == ["a", "b", "c", "d"]
+    ev = merged.to_event()
+    assert [lp["logprob"] for lp in orjson.loads(ev.output_text_delta.logprobs_json)] == [-1.0, -1.0, -2.0, -3.0]
+
+
 async def _one_step(coro) -> asyncio.Task:
     """`coro` as a task that has run until its first wait."""
     task = asyncio.create_task(coro)

@@ -58,7 +58,7 @@ async def test_a_cut_carries_its_reason_and_overrides_a_claimed_steer() -> None:
     control = TurnControl(task)
     control.interrupt(STEERED)
     assert control.claim() is STEERED
-    reason = TetherError(errors.SERVER_SHUTTING_DOWN, "bye", status=503)
+    reason = TetherError(errors.SERVER_SHUTTING_DOWN, "bye")
     assert control.interrupt(CUT, reason) is True
     assert control.claim() is CUT and control.reason is reason
     task.cancel()

@@ -299,3 +299,21 @@ async def test_a_backend_that_reads_the_count_gets_it_before_the_call():
         text = response.output[0].message.content[0].output_text.text
         assert f"{response.usage.input_tokens} input tokens" in text
         assert "render_overlapped" not in response.server_timing.stages_ms
+
+
+def test_builder_puts_a_wakeups_log_probabilities_on_its_delta_and_on_the_message():
+    import orjson
+
+    from tether.backends.base import Finish, TextDelta
+    from tether.core.builder import OutputBuilder
+
+    b = OutputBuilder()
+    lp = [{"token": t, "bytes": list(t.encode()), "logprob": -0.5, "top_logprobs": []} for t in ("Hi", " there")]
+    first = b.feed([TextDelta("Hi", lp[:1]), TextDelta(" there", lp[1:])])  # one wake-up: one delta
+    (d,) = [e for e in first if type(e).__name__ == "Delta"]
+    assert d.delta == "Hi there" and d.logprobs == lp
+    b.feed([TextDelta("!"), Finish()])  # a chunk without log probabilities adds none
+    done = {e.WhichOneof("event"): e for e in b.close_all()}
+    assert orjson.loads(done["output_text_done"].output_text_done.logprobs_json) == lp
+    assert orjson.loads(done["content_part_done"].content_part_done.part.output_text.logprobs_json) == lp
+    assert b.output[0].message.content[0].output_text.logprobs_json == done["output_text_done"].output_text_done.logprobs_json

@@ -174,7 +174,7 @@ BAD_CREATES = [
     (dict(model="m", input="x", previous_response_id="resp_nope"), errors.PREVIOUS_RESPONSE_NOT_FOUND, "previous_response_id"),
     (dict(model="m", input=[tool_output("call_unknown", "x")]), errors.UNKNOWN_CALL_ID, "input[0].call_id"),
     (dict(model="m", input=[user("x")] * 9), errors.TOO_MANY_ITEMS, "input"),
-    (dict(model="m", input=[user("x" * 5000)]), errors.REQUEST_TOO_LARGE, "input[0]"),
+    (dict(model="m", input=[user("x" * 5000)]), errors.ITEM_TOO_LARGE, "input[0]"),
     (dict(model="m", input="x", temperature=7.0), errors.INVALID_REQUEST, "temperature"),
     (dict(model="nope", input="x"), errors.MODEL_NOT_FOUND, "model"),
 ]

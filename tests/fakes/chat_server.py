@@ -125,12 +125,18 @@ Scenario = Reply | Callable[[RecordedRequest], Reply]
 
 
 def chunk(
-    delta: dict[str, Any] | None = None, finish_reason: str | None = None, **extra: Any
+    delta: dict[str, Any] | None = None,
+    finish_reason: str | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """One chat.completion.chunk as Cerebras sends it (`choices=[]` when delta is None and no finish)."""
+    """One chat.completion.chunk as Cerebras sends it (`choices=[]` when delta is None and no finish);
+    `logprobs` is the choice's `logprobs.content`."""
     choices = []
     if delta is not None or finish_reason is not None:
         choices = [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason}]
+        if logprobs is not None:
+            choices[0]["logprobs"] = {"content": logprobs}
     obj = {
         "id": "chatcmpl-fake",
         "object": "chat.completion.chunk",
@@ -185,6 +191,22 @@ def _split3(s: str) -> list[str]:
     return [s[:a], s[a:b], s[b:]]
 
 
+def token_logprobs(piece: str, top: int) -> list[dict[str, Any]]:
+    """The fake's log probabilities of one content piece (one token), with `top` alternatives; as
+    OpenAI sends them (`bytes` present, a piece's first alternative is the piece itself)."""
+    alts = [piece] + [f"alt{i}" for i in range(1, top)]
+    return [
+        {
+            "token": piece,
+            "logprob": -0.25,
+            "bytes": list(piece.encode()),
+            "top_logprobs": [
+                {"token": a, "logprob": -0.25 - i, "bytes": list(a.encode())} for i, a in enumerate(alts[:top])
+            ],
+        }
+    ]
+
+
 def _prompt_tokens(req: RecordedRequest) -> int:
     n = 0
     for m in req.messages:
@@ -233,6 +255,8 @@ def completion(
         u = usage(_prompt_tokens(req), len(r_pieces) + len(c_pieces) + 8 * len(calls), len(r_pieces))
         hdrs = {"x-ratelimit-remaining-requests-day": "14399", "x-ratelimit-remaining-tokens-minute": "59000"}
         hdrs.update(headers or {})
+        asked = bool((req.body or {}).get("logprobs"))
+        top = int((req.body or {}).get("top_logprobs") or 0)
         if not req.stream:
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if reasoning:
@@ -251,6 +275,8 @@ def completion(
                 "choices": [{"index": 0, "message": message, "finish_reason": fr}],
                 "usage": u,
             }
+            if asked:
+                body["choices"][0]["logprobs"] = {"content": [lp for p in c_pieces for lp in token_logprobs(p, top)]}
             if with_time_info:
                 body["time_info"] = time_info()
             return Reply(200, hdrs, json=body)
@@ -258,7 +284,9 @@ def completion(
         if keepalive:
             parts.append(": keep-alive\n\n")
         parts += [chunk({"reasoning": p}, model=model) for p in r_pieces]
-        parts += [chunk({"content": p}, model=model) for p in c_pieces]
+        parts += [
+            chunk({"content": p}, model=model, logprobs=token_logprobs(p, top) if asked else None) for p in c_pieces
+        ]
         per_call: list[list[dict[str, Any]]] = []
         for i, (cid, c) in enumerate(zip(call_ids, calls, strict=True)):
             frags = _split3(c.arguments) if fragments == 3 else [c.arguments]

@@ -34,7 +34,7 @@ from tests.support.configs import instant_config
 from tests.support.grpc_client import RawSession
 from tether import server
 from tether.auth import Authenticator
-from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.base import BackendBase, BackendRequest, Finish, TextDelta, Usage
 from tether.backends.registry import register_backend
 from tether.config import BackendSpec, Route, TetherConfig
 from tether.core.engine import Engine
@@ -231,7 +231,6 @@ class Firehose(BackendBase):
     def __init__(self, name: str, config: FirehoseConfig | None = None) -> None:
         self.name = name
         self.config = config or FirehoseConfig()
-        self.capabilities = Capabilities()
         Firehose.pulled[name] = 0
         Firehose.open_streams[name] = 0
 

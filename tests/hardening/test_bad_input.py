@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import grpc
 import pytest
 
-from tether.backends.base import BackendBase, BackendRequest, Capabilities, TextDelta
+from tether.backends.base import BackendBase, BackendRequest, TextDelta
 
 from .support import (
     CREATE,
@@ -83,7 +83,6 @@ class Broken(BackendBase):
 
     def __init__(self, name: str, config: Any = None) -> None:
         self.name = name
-        self.capabilities = Capabilities()
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Any]:
         yield TextDelta("partial ")

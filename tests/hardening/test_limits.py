@@ -216,7 +216,7 @@ async def test_item_bytes() -> None:
         await send_json(conn, {**CREATE, "input": [item_of_size(limit)]})
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
         await send_json(conn, {**CREATE, "input": [item_of_size(limit + 1)]})
-        assert ws_error(await recv_json(conn), "request_too_large", 400)["param"] == "input[0]"
+        assert ws_error(await recv_json(conn), "item_too_large", 400)["param"] == "input[0]"
 
 
 async def test_tools() -> None:

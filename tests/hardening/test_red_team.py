@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
 from tether import render
-from tether.backends.base import BackendBase, BackendRequest, Capabilities, Finish, TextDelta, Usage
+from tether.backends.base import BackendBase, BackendRequest, Finish, TextDelta, Usage
 from tether.bridge.ws_transport import GuardedWebSocketProtocol
 from tether.core.postinference import PostInference, PostJob
 from tether.responses.v1 import service_pb2, service_pb2_grpc
@@ -217,7 +217,6 @@ class Gate(BackendBase):
 
     def __init__(self, name: str, config: Any = None) -> None:
         self.name = name
-        self.capabilities = Capabilities()
         Gate.started, Gate.open = asyncio.Event(), asyncio.Event()
 
     async def stream(self, request: BackendRequest) -> AsyncIterator[Any]:

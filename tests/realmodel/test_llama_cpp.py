@@ -237,3 +237,31 @@ async def test_cancellation_stops_the_upstream(real: RealStack) -> None:
     assert ev.type == "response.incomplete" and ev.response.status == "cancelled" and ev.response.incomplete_details is None
     # The server noticed the hang-up and stopped generating (it logs it), well before 2,000 tokens.
     assert await wait_for(lambda: real.server.log().count("Disconnected from client") > before, within=30)
+
+
+async def test_log_probabilities_from_the_model(real: RealStack) -> None:
+    """The server's own log probabilities, streamed (on the deltas) and in one JSON reply."""
+    ask = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    async with real.client() as client:
+        stream = await client.responses.create(
+            model=ALIAS, input="Name one colour.", max_output_tokens=8, temperature=0, stream=True, **ask
+        )
+        deltas, final = [], None
+        async for ev in stream:
+            if ev.type == "response.output_text.delta":
+                deltas.append(ev)
+            elif ev.type in TERMINAL:
+                final = ev.response
+        exact = await client.responses.create(
+            model="smol-exact", input="Name one colour.", max_output_tokens=8, temperature=0, **ask
+        )
+    assert final is not None and final.output_text
+    for r in (final, exact):
+        entries = r.output[0].content[0].logprobs
+        assert "".join(e.token for e in entries) == r.output_text
+        assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in entries)
+        assert all(e.bytes == list(e.token.encode()) for e in entries)
+    assert [lp.token for d in deltas for lp in d.logprobs] == [e.token for e in final.output[0].content[0].logprobs]
+    assert [e.token for e in exact.output[0].content[0].logprobs] == [
+        e.token for e in final.output[0].content[0].logprobs
+    ]  # the same greedy tokens either way

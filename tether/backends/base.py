@@ -19,19 +19,6 @@ from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What an adapter supports; the pipeline rejects requests that need more (clear 400)."""
-
-    tools: bool = True
-    parallel_tool_calls: bool = True
-    reasoning: bool = False
-    json_schema: bool = False
-    images: bool = False
-    # Hosted tool types (web_search, namespace, ...) are dropped, not forwarded, when False.
-    hosted_tools: bool = False
-
-
 @dataclass
 class BackendRequest:
     """One model call. `items` is the complete effective context, oldest first."""
@@ -50,6 +37,10 @@ class BackendRequest:
     # `text.verbosity` (low | medium | high): sent as Chat Completions' `verbosity` where the
     # dialect takes it (OpenAI); a 400 naming `text.verbosity` where it does not.
     verbosity: str | None = None
+    # Output text log probabilities were asked for (`include` message.output_text.logprobs or
+    # `top_logprobs`): None when not, else the alternatives per token (0..20). A backend that
+    # cannot produce them refuses the request (400 naming the parameter) in `prepare`.
+    logprobs: int | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str = ""  # as the client named it ("" = not set)
@@ -69,6 +60,9 @@ class BackendRequest:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The tokens' log probabilities, when the request asked for them (`BackendRequest.logprobs`):
+    # `{"token", "bytes", "logprob", "top_logprobs": [{"token", "bytes", "logprob"}]}` each.
+    logprobs: list[dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +129,7 @@ class BackendError(TetherError):
         code: str,
         message: str,
         *,
-        status: int = 502,
+        status: int | None = None,
         retry_after: float | None = None,
         retryable: bool = False,
     ) -> None:
@@ -148,7 +142,6 @@ class Backend(Protocol):
 
     kind: ClassVar[str]  # registry key: "simulated", "cerebras", "openai"
     name: str  # the configured instance name
-    capabilities: Capabilities
 
     async def prepare(self, request: BackendRequest) -> None:
         """Check `request` against what this backend can do, before `response.created`: raise a

@@ -29,7 +29,6 @@ from tether import errors
 from tether.backends.base import (
     BackendError,
     BackendRequest,
-    Capabilities,
     Chunk,
     Finish,
     ReasoningDelta,
@@ -82,7 +81,7 @@ class ChatCompletionsConfig:
     stream_upstream: bool = True
     # Route the model ids the server lists (GET /models) to this backend and list them in /v1/models.
     discover_models: bool = True
-    # Capabilities.
+    # What the upstream takes (the request mapping's options, `tether.backends.chat.mapping`).
     tools: bool = True
     parallel_tool_calls: bool = True
     reasoning: bool = False
@@ -114,14 +113,6 @@ class ChatCompletionsBackend:
         # None until known: "auto" is resolved by the first `discover()` (GET /models).
         self.dialect: Dialect | None = None if config.dialect == "auto" else dialect_named(config.dialect)
         self.api_key = self._resolve_key()
-        self.capabilities = Capabilities(
-            tools=config.tools,
-            parallel_tool_calls=config.parallel_tool_calls,
-            reasoning=config.reasoning,
-            json_schema=config.json_schema,
-            images=config.images,
-            hosted_tools=config.hosted_tools,
-        )
         self.base_url = config.base_url.rstrip("/")
         headers = {
             "content-type": "application/json",
@@ -177,7 +168,7 @@ class ChatCompletionsBackend:
         try:
             resp = await self._client.get(self.base_url + "/models", headers={"accept": "application/json"})
         except httpx.TimeoutException as exc:
-            raise BackendError(errors.BACKEND_TIMEOUT, f"upstream timed out: {type(exc).__name__}", status=504) from exc
+            raise BackendError(errors.BACKEND_TIMEOUT, f"upstream timed out: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
             raise BackendError(errors.BACKEND_ERROR, f"upstream unreachable: {type(exc).__name__}") from exc
         self._note_ratelimit(resp.headers)
@@ -279,7 +270,6 @@ class ChatCompletionsBackend:
                 failure = BackendError(
                     errors.BACKEND_TIMEOUT,
                     f"upstream timed out before responding ({type(exc).__name__})",
-                    status=504,
                     retryable=True,
                 )
                 retry, reason = True, type(exc).__name__
@@ -308,7 +298,7 @@ class ChatCompletionsBackend:
             try:
                 raw = await resp.aread()
             except httpx.TimeoutException as exc:
-                raise BackendError(errors.BACKEND_TIMEOUT, "upstream stalled", status=504) from exc
+                raise BackendError(errors.BACKEND_TIMEOUT, "upstream stalled") from exc
             except httpx.HTTPError as exc:
                 raise BackendError(errors.BACKEND_ERROR, f"upstream connection broke: {type(exc).__name__}") from exc
             try:
@@ -348,7 +338,6 @@ class ChatCompletionsBackend:
                 raise BackendError(
                     errors.BACKEND_TIMEOUT,
                     f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s",
-                    status=504,
                 ) from exc
             except httpx.HTTPError as exc:
                 raise BackendError(

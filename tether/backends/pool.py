@@ -135,7 +135,6 @@ class BackendPool:
             raise ValueError(f"backend {name!r}: pool.health_path needs a base_url on every replica")
         self.name = name
         self.kind = replicas[0].backend.kind
-        self.capabilities = replicas[0].backend.capabilities
         self.config = config
         self.replicas = replicas
         self.balancer = Balancer([r.name for r in replicas], config)

@@ -20,6 +20,11 @@ What it says is decided per turn, in this order:
    one call to the first function tool (arguments built from its JSON schema), else a text answer
    of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
+Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
+ones (`token_logprob`): the token itself first among its `top_logprobs`, then vocabulary words,
+each less likely. A `tool_choice` object other than `function` / `allowed_tools` is a 400 naming
+`tool_choice`, as on every Chat Completions dialect.
+
 An unscripted text answer says what it is, so a newcomer's first call explains itself: that it
 comes from the simulated model, what it received (items, the last user message's start, tools,
 input tokens) and how to configure a real backend; it is cut, or padded with marked deterministic
@@ -63,7 +68,6 @@ from tether.backends.base import (
     BackendBase,
     BackendError,
     BackendRequest,
-    Capabilities,
     Chunk,
     Finish,
     ReasoningDelta,
@@ -260,12 +264,12 @@ def lab_script(model: str) -> Script:
     name, _, speed = model[len(LAB_MODEL_PREFIX) :].partition("@")
     if name not in workloads.available():
         known = ", ".join(workloads.available())
-        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.", status=400)
+        raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.")
     try:
         profile = workloads.SpeedProfile.parse(speed or "1000")
     except ValueError:
         raise BackendError(
-            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max].", status=400
+            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max]."
         ) from None
     script = parse_script(workloads.load(name).simulated_script(profile), model)
     if len(_LAB_SCRIPTS) < 64:
@@ -432,9 +436,6 @@ class SimulatedBackend(BackendBase):
                 kv_cache_tokens=c.kv_cache_tokens,
                 decode_slowdown=c.decode_slowdown,
             )
-        self.capabilities = Capabilities(
-            tools=True, parallel_tool_calls=True, reasoning=True, json_schema=True, images=True,
-        )
 
     # planning ---------------------------------------------------------------------------------
 
@@ -447,7 +448,7 @@ class SimulatedBackend(BackendBase):
         try:
             return _cached_script(path)
         except (OSError, ValueError) as exc:
-            raise TetherError(errors.INVALID_REQUEST, str(exc), param="script", status=400) from exc
+            raise TetherError(errors.INVALID_REQUEST, str(exc), param="script") from exc
 
     def reads_input_tokens(self, request: BackendRequest) -> bool:
         """The default text answer states the input token count; a script whose every step
@@ -523,22 +524,21 @@ class SimulatedBackend(BackendBase):
             "to tether.toml and route model names to it under [models] (README, Configuration)."
         )
 
+    async def prepare(self, request: BackendRequest) -> None:
+        _choice(request)  # an unmapped tool_choice type is a 400 before response.created
+
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:
         if not self.config.call_tools:
             return None
         fns = [t.function for t in request.tools if t.WhichOneof("tool") == "function"]
-        if not fns:
-            return None
-        choice = request.tool_choice
-        mode = choice.WhichOneof("choice") if choice is not None else None
-        if mode == "mode" and choice.mode == "none":
+        mode, named = _choice(request)
+        if named is not None:
+            fns = [f for f in fns if f.name in named]
+        if not fns or mode == "none":
             return None
         target = fns[0]
-        if mode == "function_name":
-            target = next((f for f in fns if f.name == choice.function_name), fns[0])
-        forced = mode == "function_name" or (mode == "mode" and choice.mode == "required")
         answered = any(i.WhichOneof("item") == "function_call_output" for i in request.items)
-        if answered and not forced:
+        if answered and mode != "required":
             return None
         try:
             schema = orjson.loads(target.parameters_json) if target.parameters_json else {}
@@ -602,6 +602,11 @@ class SimulatedBackend(BackendBase):
     async def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
         plan = self.plan(request)
         units = plan.units
+        if request.logprobs is not None:
+            units = [
+                TextDelta(u.text, [token_logprob(u.text, request.logprobs)]) if type(u) is TextDelta else u
+                for u in units
+            ]
         finish = plan.finish
         limit = request.max_output_tokens
         if limit is not None and limit >= 0 and len(units) > limit:
@@ -654,7 +659,7 @@ class SimulatedBackend(BackendBase):
             raise BackendError(
                 str(e.get("code", errors.BACKEND_ERROR)),
                 str(e["message"]),
-                status=int(e.get("status", 502)),
+                status=int(e["status"]) if "status" in e else None,  # the simulated upstream's word
                 retry_after=e.get("retry_after"),
                 retryable=bool(e.get("retryable", False)),
             )
@@ -674,6 +679,55 @@ class SimulatedBackend(BackendBase):
         )
 
 
+def _logprob_of(token: str, rank: int) -> float:
+    """A deterministic log probability for `token` at `rank` (0: the chosen token, the likeliest)."""
+    spread = int.from_bytes(hashlib.blake2s(token.encode(), digest_size=2).digest(), "big") / 65536.0
+    return -round(0.05 + spread + rank * 1.5, 4)
+
+
+def token_logprob(token: str, top: int) -> dict[str, Any]:
+    """The simulated model's log probability of a token it emits, with `top` alternatives: the
+    token itself first, then words of the vocabulary, each less likely than the one before."""
+    alternatives = [token] + [w for w in _VOCAB if w != token.strip()][: max(0, top - 1)]
+    return {
+        "token": token,
+        "bytes": list(token.encode()),
+        "logprob": _logprob_of(token, 0),
+        "top_logprobs": [
+            {"token": t, "bytes": list(t.encode()), "logprob": _logprob_of(token, rank)}
+            for rank, t in enumerate(alternatives[:top])
+        ],
+    }
+
+
+def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
+    """`tool_choice` as (mode, the function names it allows or None for all): a named function
+    forces that one, `allowed_tools` narrows the choice; other object types (custom, mcp, hosted
+    tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
+    choice = request.tool_choice
+    arm = choice.WhichOneof("choice") if choice is not None else None
+    if arm == "mode":
+        return choice.mode, None  # type: ignore[union-attr]
+    if arm == "function_name":
+        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]
+    if arm != "other_json":
+        return "auto", None
+    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]
+    kind = obj.get("type")
+    if kind == "function":
+        return "required", frozenset({str(obj.get("name", ""))})
+    if kind == "allowed_tools":
+        listed = obj.get("tools")
+        names = frozenset(str(t.get("name")) for t in listed if isinstance(t, dict)) if isinstance(listed, list) else frozenset()
+        return ("required" if obj.get("mode") == "required" else "auto"), names
+    raise TetherError(
+        errors.UNSUPPORTED,
+        f"tool_choice of type {kind!r} cannot be honoured by the simulated backend: it calls function tools only",
+        param="tool_choice",
+        status=400,
+    )
+
+
 def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     """Merge units[i:stop] of the same kind (and tool call) into one chunk; return it and the next index."""
     first = units[i]
@@ -683,6 +737,9 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
         while j < stop and type(units[j]) is type(first):
             parts.append(units[j].text)  # type: ignore[union-attr]
             j += 1
+        if type(first) is TextDelta and first.logprobs is not None:
+            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]
+            return TextDelta("".join(parts), logprobs), j
         return type(first)("".join(parts)), j
     if isinstance(first, ToolCallDelta):
         parts = [first.arguments]

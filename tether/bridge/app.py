@@ -36,7 +36,7 @@ from typing import Any
 from tether.bridge import common, console, ws
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
-from tether.errors import TetherError
+from tether.errors import METHOD_NOT_ALLOWED, NOT_FOUND, TetherError
 
 # (path template, {method: handler name}, needs auth). `{id}` matches one path segment; the
 # fixed names are listed before the template that would also match them.
@@ -138,7 +138,7 @@ class BridgeApp:
             return
         if _segments(scope["path"]) != WS_PATH:
             await receive()  # websocket.connect
-            err = TetherError(common.NOT_FOUND, f"Invalid URL (GET {scope['path']}).", status=404)
+            err = TetherError(NOT_FOUND, f"Invalid URL (GET {scope['path']}).")
             await ws.deny(scope, send, err)
             return
         await ws.serve(self.ctx, scope, receive, send, self)
@@ -158,13 +158,13 @@ class BridgeApp:
             common.check_header_size(scope, self.ctx.server)
             route = self.match(path)
             if route is None:
-                raise TetherError(common.NOT_FOUND, f"Invalid URL ({method} {path}).", status=404)
+                raise TetherError(NOT_FOUND, f"Invalid URL ({method} {path}).")
             methods, params, auth = route
             name = methods.get(method)
             if name is None:
                 extra.append((b"allow", ", ".join(sorted(methods)).encode()))
                 raise TetherError(
-                    common.METHOD_NOT_ALLOWED, f"Method {method} is not allowed on {path}.", status=405
+                    METHOD_NOT_ALLOWED, f"Method {method} is not allowed on {path}."
                 )
             request = HttpRequest(scope, receive, tracked_send, params)
             if auth:

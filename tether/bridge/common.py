@@ -34,7 +34,9 @@ from tether.config import Limits, ServerConfig
 from tether.core.api import ResponsesAPI
 from tether.core.outbox import Delta, Outgoing
 from tether.errors import (
+    HEADERS_TOO_LARGE,
     INVALID_TYPE,
+    REQUEST_TIMEOUT,  # noqa: F401 - tether.bridge.listener's (it imports the code from here)
     REQUEST_TOO_LARGE,
     SERVER_ERROR,
     TetherError,
@@ -47,12 +49,6 @@ log = logging.getLogger("tether.bridge")
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
-# Codes of errors only the bridge raises (routing), next to the catalogue in tether.errors.
-NOT_FOUND = "not_found"
-METHOD_NOT_ALLOWED = "method_not_allowed"
-UPGRADE_REQUIRED = "upgrade_required"
-HEADERS_TOO_LARGE = "request_header_fields_too_large"
-REQUEST_TIMEOUT = "request_timeout"
 
 
 @dataclass
@@ -71,20 +67,11 @@ class BridgeContext:
             telemetry.error(code)
 
 
-# Slow-loris bounds. Read with getattr so a `ServerConfig` without these fields (they are not
-# in tether/config.py yet) gets the defaults: the request head must arrive within
-# `http_header_timeout_s` of the connection opening (or of the previous response on a kept-alive
-# connection), and a body within `http_body_timeout_s` of its head.
-DEFAULT_HTTP_HEADER_TIMEOUT_S = 10.0
-DEFAULT_HTTP_BODY_TIMEOUT_S = 60.0
-
-
 def http_header_timeout(server: ServerConfig) -> float:
-    return float(getattr(server, "http_header_timeout_s", DEFAULT_HTTP_HEADER_TIMEOUT_S))
-
-
-def http_body_timeout(server: ServerConfig) -> float:
-    return float(getattr(server, "http_body_timeout_s", DEFAULT_HTTP_BODY_TIMEOUT_S))
+    """Slow-loris bound: the request head must arrive within `http_header_timeout_s` of the
+    connection opening (or of the previous response on a kept-alive connection). The body's bound
+    is `http_body_timeout_s` after its head."""
+    return server.http_header_timeout_s
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
@@ -101,7 +88,7 @@ def authenticate(ctx: BridgeContext, headers: Iterable[tuple[bytes, bytes]]) -> 
 
 def too_large(limit: int) -> TetherError:
     return TetherError(
-        REQUEST_TOO_LARGE, f"The request is larger than the limit of {limit} bytes.", status=413
+        REQUEST_TOO_LARGE, f"The request is larger than the limit of {limit} bytes."
     )
 
 
@@ -113,7 +100,7 @@ def check_header_size(scope: dict[str, Any], server: ServerConfig) -> None:
         size += len(key) + len(value) + 4  # ": " and CRLF
     if size > limit:
         raise TetherError(
-            HEADERS_TOO_LARGE, f"The request headers are larger than the limit of {limit} bytes.", status=431
+            HEADERS_TOO_LARGE, f"The request headers are larger than the limit of {limit} bytes."
         )
 
 
@@ -151,7 +138,7 @@ def as_tether_error(exc: BaseException) -> TetherError:
     if isinstance(exc, TetherError):
         return exc
     log.error("unexpected error in the bridge", exc_info=exc)
-    return TetherError(SERVER_ERROR, "The server had an error while processing your request.", status=500)
+    return TetherError(SERVER_ERROR, "The server had an error while processing your request.")
 
 
 def http_error_body(err: TetherError) -> bytes:

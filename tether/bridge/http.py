@@ -31,7 +31,14 @@ from urllib.parse import parse_qs
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.core.outbox import Outgoing
-from tether.errors import INVALID_REQUEST, INVALID_TYPE, SERVER_ERROR, TetherError
+from tether.errors import (
+    INVALID_REQUEST,
+    INVALID_TYPE,
+    REQUEST_TIMEOUT,
+    SERVER_ERROR,
+    UPGRADE_REQUIRED,
+    TetherError,
+)
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
@@ -90,9 +97,8 @@ class HttpRequest:
                         return b"".join(chunks)
         except TimeoutError:
             raise TetherError(
-                common.REQUEST_TIMEOUT,
+                REQUEST_TIMEOUT,
                 f"The request body was not received within {within_s:g} s.",
-                status=408,
             ) from None
 
 
@@ -124,7 +130,7 @@ class HttpHandlers:
         self.ctx = ctx
 
     async def _params(self, req: HttpRequest) -> Any:
-        body = await req.body(self.ctx.limits.max_request_bytes, common.http_body_timeout(self.ctx.server))
+        body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
         return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
 
     # POST /v1/responses
@@ -172,10 +178,9 @@ class HttpHandlers:
     # GET /v1/responses (without an upgrade)
     async def upgrade_required(self, req: HttpRequest) -> None:
         err = TetherError(
-            common.UPGRADE_REQUIRED,
+            UPGRADE_REQUIRED,
             "GET /v1/responses is the WebSocket endpoint: send an `Upgrade: websocket` request, "
             "or POST /v1/responses for HTTP.",
-            status=426,
         )
         await send_error(req.send, err, [(b"upgrade", b"websocket"), (b"connection", b"Upgrade")])
 
@@ -220,7 +225,7 @@ class HttpHandlers:
         return await self.ctx.api.conversation_call(req.tenant, method, request)
 
     async def _conversation_body(self, req: HttpRequest, cls: Any) -> Any:
-        body = await req.body(self.ctx.limits.max_request_bytes, common.http_body_timeout(self.ctx.server))
+        body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
         return json_codec.conversation_body_from_json(cls, common.decode_object(body or b"{}", self.ctx.limits))
 
     async def _send_conversation(self, req: HttpRequest, conversation: Any) -> None:
@@ -347,7 +352,7 @@ async def _final_response(
             return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
         if arm == "error":
             raise TetherError.from_proto(ev.error.error)
-    raise TetherError(SERVER_ERROR, "The response ended without a terminal event.", status=500)
+    raise TetherError(SERVER_ERROR, "The response ended without a terminal event.")
 
 
 def _int_param(q: dict[str, str], name: str) -> int:

@@ -104,7 +104,7 @@ class WsConnection:
                 done, _ = await asyncio.wait({writer, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done and writer not in done:
                 await _cancel(writer, reader)
-                shutdown = TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503)
+                shutdown = TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.")
                 await self._close(CLOSE_GOING_AWAY, shutdown)
         finally:
             await _cancel(*tasks)
@@ -210,7 +210,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
     if message["type"] != "websocket.connect":
         return
     if app.draining:
-        await deny(scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503))
+        await deny(scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down."))
         return
     try:
         tenant, subprotocol = console.ws_credentials(app.console, ctx, scope)

@@ -38,7 +38,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import SecurityError
 
 from tether.bridge import common
-from tether.errors import INVALID_REQUEST, TetherError
+from tether.errors import HEADERS_TOO_LARGE, INVALID_REQUEST, TetherError
 
 log = logging.getLogger("tether.bridge")
 
@@ -85,12 +85,12 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self.handshake_initiated = self.handshake_complete = self.close_sent = True
         if isinstance(cause, SecurityError):  # a line over 8 KiB or more than 128 headers
             err = TetherError(
-                common.HEADERS_TOO_LARGE, f"The request headers are too large: {cause}.", status=431
+                HEADERS_TOO_LARGE, f"The request headers are too large: {cause}."
             )
             reply = common.raw_http_error(err)
         else:
             err = TetherError(
-                INVALID_REQUEST, "The WebSocket upgrade request could not be parsed.", status=400
+                INVALID_REQUEST, "The WebSocket upgrade request could not be parsed."
             )
             reply = common.raw_http_error(err)
         self.transport.write(reply)

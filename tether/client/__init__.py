@@ -17,20 +17,14 @@
 
 Messages are the generated protos (`tether.responses.v1.*_pb2`); inputs may also be JSON-shaped
 dicts. Errors are `tether.errors.TetherError` (stable `code`, HTTP-equivalent `status`).
+
+Modules: `_session` (`ClientSession`: connections over time, lanes, unary RPCs, `connect`),
+`_connection` (one bidi `Session` call and how its events find their creates; retries),
+`_streams` (one create's event stream), `_toolloop` (the agent loop), `_params` (building
+requests), `_sync` (the blocking facade over the same objects).
 """
 
-from tether.client._aio import (
-    CONNECTION_LOST,
-    DEFAULT_TARGET,
-    MAX_TURNS_EXCEEDED,
-    ConnectionLost,
-    Lane,
-    ResponseStream,
-    RetryPolicy,
-    Session,
-    ToolLoopError,
-    connect,
-)
+from tether.client._connection import ConnectionLost, RetryPolicy
 from tether.client._params import (
     build_params,
     function_call_output,
@@ -41,22 +35,25 @@ from tether.client._params import (
     to_tools,
     user_message,
 )
-from tether.client._sync import SyncLane, SyncResponseStream, SyncSession, connect_sync
-from tether.errors import TetherError
+from tether.client._session import DEFAULT_TARGET, ClientLane, ClientSession, connect
+from tether.client._streams import ResponseStream
+from tether.client._sync import SyncClientLane, SyncClientSession, SyncResponseStream, connect_sync
+from tether.client._toolloop import ToolLoopError
+from tether.errors import CONNECTION_LOST, MAX_TURNS_EXCEEDED, TetherError
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 
 __all__ = [
     "CONNECTION_LOST",
     "DEFAULT_TARGET",
     "MAX_TURNS_EXCEEDED",
+    "ClientLane",
+    "ClientSession",
     "ConnectionLost",
-    "Lane",
     "ResponseStream",
     "RetryPolicy",
-    "Session",
-    "SyncLane",
+    "SyncClientLane",
+    "SyncClientSession",
     "SyncResponseStream",
-    "SyncSession",
     "TetherError",
     "ToolLoopError",
     "build_params",

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from tether.client._aio import DEFAULT_TARGET, Lane, ResponseStream, RetryPolicy, Session
+from tether.client._connection import RetryPolicy
 from tether.client._params import InputLike
+from tether.client._session import DEFAULT_TARGET, ClientLane, ClientSession, connect
+from tether.client._streams import ResponseStream
 from tether.responses.v1 import events_pb2, items_pb2, response_pb2, service_pb2
 
 T = TypeVar("T")
@@ -37,6 +39,14 @@ class _LoopThread:
             raise RuntimeError("a blocking tether client call from inside its own loop thread would deadlock")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    def iterate(self, it: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator of the loop, read item by item from this thread."""
+        while True:
+            ok, item = self.run(_next(it))
+            if not ok:
+                return
+            yield item
+
     def stop(self) -> None:
         if self.loop.is_closed():
             return
@@ -45,9 +55,9 @@ class _LoopThread:
         self.loop.close()
 
 
-async def _next(stream: ResponseStream) -> tuple[bool, Any]:
+async def _next(it: AsyncIterator[T]) -> tuple[bool, T | None]:
     try:
-        return True, await stream.__anext__()
+        return True, await it.__anext__()
     except StopAsyncIteration:
         return False, None
 
@@ -57,6 +67,7 @@ class SyncResponseStream:
 
     def __init__(self, stream: ResponseStream, runner: _LoopThread) -> None:
         self.aio = stream
+        self._runner = runner
         self._run = runner.run
 
     @property
@@ -68,11 +79,7 @@ class SyncResponseStream:
         return self.aio.stream_id
 
     def __iter__(self) -> Iterator[events_pb2.ServerEvent]:
-        while True:
-            ok, ev = self._run(_next(self.aio))
-            if not ok:
-                return
-            yield ev
+        return self._runner.iterate(self.aio)
 
     def wait_created(self) -> str:
         return self._run(self.aio.wait_created())
@@ -84,20 +91,19 @@ class SyncResponseStream:
         return self._run(self.aio.text())
 
     def text_deltas(self) -> Iterator[str]:
-        for ev in self:
-            if ev.WhichOneof("event") == "output_text_delta":
-                yield ev.output_text_delta.delta
-        if self.aio.error is not None:
-            raise self.aio.error
+        return self._runner.iterate(self.aio.text_deltas())
 
     def cancel(self) -> None:
         self._run(self.aio.cancel())
 
 
-class SyncLane:
-    def __init__(self, lane: Lane, session: SyncSession) -> None:
+class SyncClientLane:
+    """The blocking twin of `ClientLane`."""
+
+    def __init__(self, lane: ClientLane, runner: _LoopThread) -> None:
         self.aio = lane
-        self._session = session
+        self._runner = runner
+        self._run = runner.run
 
     @property
     def name(self) -> str:
@@ -108,24 +114,24 @@ class SyncLane:
         return self.aio.last_response_id
 
     def create(self, model: str, input: InputLike = None, **kwargs: Any) -> SyncResponseStream:
-        return self._session.create(model, input, stream_id=self.name, **kwargs)
+        return SyncResponseStream(self._run(self.aio.create(model, input, **kwargs)), self._runner)
 
     def warmup(self, model: str, **kwargs: Any) -> str:
-        return self._session.warmup(model, stream_id=self.name, **kwargs)
+        return self._run(self.aio.warmup(model, **kwargs))
 
     def run_tool_loop(self, model: str, input: InputLike = None, **kwargs: Any) -> response_pb2.Response:
-        return self._session.run_tool_loop(model, input, stream_id=self.name, **kwargs)
+        return self._run(self.aio.run_tool_loop(model, input, **kwargs))
 
 
-class SyncSession:
-    """The blocking twin of `tether.client.Session` (same methods, same arguments)."""
+class SyncClientSession:
+    """The blocking twin of `tether.client.ClientSession` (same methods, same arguments)."""
 
-    def __init__(self, session: Session, runner: _LoopThread) -> None:
+    def __init__(self, session: ClientSession, runner: _LoopThread) -> None:
         self.aio = session
         self._runner = runner
         self._run = runner.run
 
-    def __enter__(self) -> SyncSession:
+    def __enter__(self) -> SyncClientSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -150,8 +156,8 @@ class SyncSession:
     ) -> response_pb2.Response:
         return self._run(self.aio.run_tool_loop(model, input, tools=tools, **kwargs))
 
-    def lane(self, name: str) -> SyncLane:
-        return SyncLane(self.aio.lane(name), self)
+    def lane(self, name: str) -> SyncClientLane:
+        return SyncClientLane(self.aio.lane(name), self._runner)
 
     def reconnect(self) -> None:
         self._run(self.aio.reconnect())
@@ -166,13 +172,7 @@ class SyncSession:
         return self._run(self.aio.list_input_items(response_id, **kwargs))
 
     def iter_input_items(self, response_id: str, *, order: str = "asc", page_size: int = 100) -> Iterator[items_pb2.Item]:
-        after: str | None = None
-        while True:
-            page = self.list_input_items(response_id, after=after, limit=page_size, order=order)
-            yield from page.data
-            if not page.has_more or not page.last_id:
-                return
-            after = page.last_id
+        return self._runner.iterate(self.aio.iter_input_items(response_id, order=order, page_size=page_size))
 
     def count_input_tokens(self, model: str = "", input: InputLike = None, **fields: Any) -> int:
         return self._run(self.aio.count_input_tokens(model, input, **fields))
@@ -200,23 +200,16 @@ def connect_sync(
     metadata: tuple[tuple[str, str], ...] = (),
     timeout_s: float | None = 60.0,
     verify: bool = True,
-) -> SyncSession:
-    """`connect()` for blocking code: returns an open `SyncSession` (use `with` or `close()`)."""
+) -> SyncClientSession:
+    """`connect()` for blocking code: returns an open `SyncClientSession` (use `with` or `close()`)."""
     runner = _LoopThread()
-
-    async def open_() -> Session:
-        session = Session(
-            target, api_key=api_key, tls_ca=tls_ca, tls=tls, retry=retry, metadata=metadata, timeout_s=timeout_s
-        )
-        try:
-            return await session.open(verify=verify)
-        except BaseException:
-            await session.aclose()
-            raise
-
+    connector = connect(
+        target, api_key=api_key, tls_ca=tls_ca, tls=tls, retry=retry, metadata=metadata, timeout_s=timeout_s,
+        verify=verify,
+    )
     try:
-        session = runner.run(open_())
+        session = runner.run(connector.open())
     except BaseException:
         runner.stop()
         raise
-    return SyncSession(session, runner)
+    return SyncClientSession(session, runner)

@@ -15,12 +15,17 @@ Two request options shape the output here, so every transport gets them alike:
   its `content`; Tether does not summarise separately;
 - `seal_reasoning` (`include` has `reasoning.encrypted_content`): called on each finished
   reasoning item before it is emitted, to set its `encrypted_content`.
+Text chunks that carry log probabilities (the request asked for them) put them on their delta
+(merged deltas concatenate their lists, in order) and on the message's `output_text.done` and
+`output_text` part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import orjson
 
 from tether import ids
 from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
@@ -39,6 +44,7 @@ class _OpenItem:
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
+    logprobs: list[dict] | None = None  # output text's token log probabilities, when asked for
 
 
 class OutputBuilder:
@@ -87,8 +93,10 @@ class OutputBuilder:
                     self._text.pieces.append(piece)  # type: ignore[union-attr]
                     tail.pieces.append(piece)
                     tail.size += len(piece)
+                    if chunk.logprobs:
+                        _add_logprobs(self._text, tail, chunk.logprobs)  # type: ignore[arg-type]
                     continue
-                self._text_delta(chunk.text, events)
+                self._text_delta(chunk.text, events, logprobs=chunk.logprobs)
                 last = events[-1]
                 tail = last if type(last) is Delta and self._reasoning is None else None
                 continue
@@ -126,7 +134,9 @@ class OutputBuilder:
         ev.output_item_added.item.CopyFrom(item)
         return open_item, ev
 
-    def _text_delta(self, text: str, events: list[Emitted], *, refusal: bool = False) -> None:
+    def _text_delta(
+        self, text: str, events: list[Emitted], *, refusal: bool = False, logprobs: list[dict] | None = None
+    ) -> None:
         """Output text, or a refusal: each in an assistant message of its own kind (a switch
         between the two closes the open message and starts another)."""
         kind = "refusal" if refusal else "message"
@@ -148,7 +158,9 @@ class OutputBuilder:
             (part.content_part_added.part.refusal if refusal else part.content_part_added.part.output_text).SetInParent()
             events += [added, part]
         self._text.pieces.append(text)
-        _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, text)
+        delta = _delta(events, "refusal_delta" if refusal else "output_text_delta", self._text, text)
+        if logprobs:
+            _add_logprobs(self._text, delta, logprobs)
 
     def _reasoning_delta(self, text: str, events: list[Emitted]) -> None:
         if self._reasoning is None:
@@ -215,8 +227,11 @@ class OutputBuilder:
                 msg.content.add().refusal.refusal = text
                 p.part.refusal.refusal = text
             else:
-                msg.content.add().output_text.text = text
-                p.part.output_text.text = text
+                out = msg.content.add().output_text
+                out.text = text
+                if o.logprobs:
+                    out.logprobs_json = d.logprobs_json = orjson.dumps(o.logprobs).decode()
+                p.part.output_text.CopyFrom(out)
             events += [done, part]
         elif o.kind == "reasoning" and self.reasoning_summary:
             r = item.reasoning
@@ -269,12 +284,24 @@ class OutputBuilder:
         return index, [added, done]
 
 
-def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> None:
+def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> Delta:
     """Append `text` to the events as a delta of `item`: merged into the last event when that is
     already a delta of the same item (consecutive chunks of one wake-up make one event)."""
     if events:
         last = events[-1]
         if type(last) is Delta and last.item_id == item.item_id:
             last.append(text)
-            return
-    events.append(Delta(arm, item.item_id, item.index, text))
+            return last
+    delta = Delta(arm, item.item_id, item.index, text)
+    events.append(delta)
+    return delta
+
+
+def _add_logprobs(item: _OpenItem, delta: Delta, logprobs: list[dict]) -> None:
+    """Record a chunk's log probabilities on its message (for the done events) and its delta."""
+    if item.logprobs is None:
+        item.logprobs = []
+    item.logprobs.extend(logprobs)
+    if delta.logprobs is None:
+        delta.logprobs = []
+    delta.logprobs.extend(logprobs)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether import errors, render
-from tether.config import Limits, ServerConfig
+from tether.config import Limits, TetherConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
 from tether.core.conversations import Conversations
@@ -36,11 +36,10 @@ Summarize = Callable[..., Awaitable[tuple[str, int]]]  # (route, context, instru
 
 @dataclass(frozen=True, slots=True)
 class TurnServices:
-    """The process-wide parts a turn uses."""
+    """The process-wide parts a turn uses. `config` is read as each turn runs (limits, the
+    server's `accept_unknown_parameters`, prompt templates, `store_durability`)."""
 
-    limits: Limits
-    server: ServerConfig  # read as the turn runs: `accept_unknown_parameters`
-    store_durability: str  # "before_terminal" | "after_terminal"
+    config: TetherConfig
     router: Router
     classify: Callable[[Sequence[str]], int]  # the safety stage: findings, or TetherError in block mode
     token_cache: render.TokenCache
@@ -52,6 +51,10 @@ class TurnServices:
     hydrate: Hydrate
     telemetry: Telemetry
     clock: Clock
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
 
 
 class Parents:

@@ -57,7 +57,7 @@ def list_args(limit: int, order: str) -> tuple[int, str]:
 
 def not_found(conversation_id: str, param: str = "conversation_id") -> TetherError:
     return TetherError(
-        errors.CONVERSATION_NOT_FOUND, f"Conversation with id '{conversation_id}' not found.", param=param, status=404
+        errors.CONVERSATION_NOT_FOUND, f"Conversation with id '{conversation_id}' not found.", param=param
     )
 
 
@@ -194,4 +194,4 @@ def _page(items: Sequence[items_pb2.Item], has_more: bool) -> service_pb2.ListCo
 
 
 def _item_not_found(item_id: str) -> TetherError:
-    return TetherError(errors.ITEM_NOT_FOUND, f"Item with id '{item_id}' not found.", param="item_id", status=404)
+    return TetherError(errors.ITEM_NOT_FOUND, f"Item with id '{item_id}' not found.", param="item_id")

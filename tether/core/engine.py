@@ -67,9 +67,7 @@ class Engine:
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         self.services = TurnServices(
-            limits=config.limits,
-            server=config.server,
-            store_durability=config.store_durability,
+            config=config,
             router=self.router,
             classify=self.classify,
             token_cache=self.token_cache,
@@ -93,7 +91,7 @@ class Engine:
     async def shutdown(self, grace: float) -> None:
         """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
         self._stopping = True
-        reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.", status=503)
+        reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
         await self.post.flush()
 
@@ -109,12 +107,11 @@ class Engine:
 
     async def open_session(self, tenant: str, *, transport: str) -> Session:
         if self._stopping:
-            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.", status=503)
+            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
         if self._per_tenant[tenant] >= self.config.limits.max_connections_per_key:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
                 f"Too many open connections for this API key (limit {self.config.limits.max_connections_per_key}).",
-                status=429,
             )
         session = Session(self.services, tenant, transport, cache_budget=self.cache_budget, strategy=self.strategy,
                           on_closed=self._session_closed)  # fmt: skip
@@ -284,6 +281,7 @@ class Engine:
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
         fields.check_declared(params, self.config.server.accept_unknown_parameters)
+        self.config.prompts.apply(params)  # a template's text counts as the create's would
         if params.model:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
@@ -295,6 +293,7 @@ class Engine:
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
         validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
+        self.config.prompts.apply(params)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
@@ -340,5 +339,5 @@ def _item_id(item: items_pb2.Item) -> str:
 
 def _not_found(response_id: str) -> TetherError:
     return TetherError(
-        errors.RESPONSE_NOT_FOUND, f"No response found with id '{response_id}'.", param="response_id", status=404
+        errors.RESPONSE_NOT_FOUND, f"No response found with id '{response_id}'.", param="response_id"
     )

@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+import orjson
+
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
@@ -57,7 +59,7 @@ class Delta:
     the JSON codec encodes it with the arm's own field table."""
 
     __slots__ = ("stream_id", "response_id", "arm", "item_id", "output_index", "content_index",
-                 "summary_index", "pieces", "size", "sequence_number")  # fmt: skip
+                 "summary_index", "pieces", "size", "sequence_number", "logprobs")  # fmt: skip
 
     def __init__(self, arm: str, item_id: str, output_index: int, text: str, content_index: int = 0,
                  summary_index: int = 0) -> None:  # fmt: skip
@@ -71,13 +73,32 @@ class Delta:
         self.pieces = [text]
         self.size = len(text)
         self.sequence_number = 0
+        # output_text only, when asked for: the pieces' token log probabilities, in order (merged
+        # deltas concatenate their lists); None when the response carries none.
+        self.logprobs: list | None = None
 
     @classmethod
     def from_event(cls, event: events_pb2.ServerEvent, arm: str) -> Delta:
         p = getattr(event, arm)
         d = cls(arm, p.item_id, p.output_index, p.delta, getattr(p, "content_index", 0), getattr(p, "summary_index", 0))
         d.stream_id, d.response_id = event.stream_id, event.response_id
+        if getattr(p, "logprobs_json", ""):
+            d.logprobs = orjson.loads(p.logprobs_json)
         return d
+
+    @property
+    def logprobs_json(self) -> str:
+        """The log probabilities as JSON array text ("" for none), as the event messages hold them."""
+        return orjson.dumps(self.logprobs).decode() if self.logprobs else ""
+
+    def merge(self, other: Delta) -> None:
+        """Take `other`'s text (and log probabilities) after this one's."""
+        self.pieces.extend(other.pieces)
+        self.size += other.size
+        if other.logprobs:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(other.logprobs)
 
     @property
     def delta(self) -> str:
@@ -107,6 +128,8 @@ class Delta:
         arm = self.arm
         p = getattr(ev, arm)
         p.item_id, p.output_index, p.delta = self.item_id, self.output_index, self.delta
+        if self.logprobs:
+            p.logprobs_json = self.logprobs_json
         if arm == "reasoning_summary_text_delta":
             p.summary_index = self.summary_index
         elif arm != "function_call_arguments_delta":
@@ -152,8 +175,7 @@ class Outbox:
         if delta is not None and self._queue:
             tail = self._queue[-1]
             if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
-                tail.pieces.extend(delta.pieces)
-                tail.size += delta.size
+                tail.merge(delta)
                 return
         while len(self._queue) >= self._max_events and not self._closed:
             self._space.clear()

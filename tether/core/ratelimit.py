@@ -67,7 +67,6 @@ class RateLimiter:
                 raise TetherError(
                     errors.RATE_LIMIT_EXCEEDED,
                     f"Rate limit reached for {kind} per minute. Please try again in {wait:.3g}s.",
-                    status=429,
                     retry_after=wait,
                 )
         for bucket, amount, _ in buckets:

@@ -120,7 +120,7 @@ class Session:
 
     async def send(self, request: service_pb2.SessionRequest) -> None:
         if self.state is SessionState.CLOSED:
-            raise TetherError(errors.INVALID_REQUEST, "The session is closed.", status=400)
+            raise TetherError(errors.INVALID_REQUEST, "The session is closed.")
         self._last_activity = self.clock.monotonic()
         arm = request.WhichOneof("event")
         event_id = request.event_id  # echoed on the error events this client event causes
@@ -211,7 +211,7 @@ class Session:
                 TetherError(
                     errors.QUEUE_FULL,
                     f"Too many queued responses on this stream (limit {self.limits.max_queued_responses}).",
-                    param="stream_id" if stream_id else None, status=429,
+                    param="stream_id" if stream_id else None,
                 ),
                 stream_id=stream_id,
                 event_id=event_id,
@@ -241,7 +241,7 @@ class Session:
                 except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
                     log.exception("turn crashed")
                     await self.emit_error(
-                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request.", status=500),
+                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
                         stream_id=turn.stream_id,
                     )
                 finally:
@@ -282,6 +282,7 @@ class Session:
         del successor.input[:]
         successor.ClearField("input_text")
         successor.ClearField("generate")
+        successor.ClearField("prompt")  # expanded already: into instructions, and input now in the chain
         successor.previous_response_id = turn.response_id
         for _, items in steers:
             successor.input.extend(items)
@@ -362,7 +363,7 @@ class Session:
         turn = self._turns.get(response_id)
         if turn is None:
             await self.emit_error(
-                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id", status=404),
+                TetherError(errors.RESPONSE_NOT_FOUND, f"No active response with id '{response_id}'.", param="response_id"),
                 event_id=event_id,
             )
             return
@@ -379,7 +380,6 @@ class Session:
         return TetherError(
             errors.CONNECTION_LIMIT_REACHED,
             LIFETIME_MESSAGE.format(minutes=f"{minutes:g}"),
-            status=400,
         )
 
     async def _watch(self) -> None:
@@ -398,7 +398,7 @@ class Session:
                 return
             if check.ending is lifetime.Ending.IDLE:
                 await self.end(
-                    TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing.", status=408),
+                    TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing."),
                     grace=0,
                 )
                 return

@@ -42,7 +42,7 @@ from tether.core.items import assign_ids, item_key, user_message
 from tether.core.lane import Lane
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
-from tether.core.stages import validate
+from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
@@ -207,7 +207,8 @@ class Turn:
 
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
-            validate.validate_params(self.params, self.services.limits, self.services.server.accept_unknown_parameters)
+            validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
+            self.services.config.prompts.apply(self.params)  # `prompt`: the template into instructions and input
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
@@ -348,6 +349,9 @@ class Turn:
             r.max_tool_calls = p.max_tool_calls
         if p.conversation:
             r.conversation.id = p.conversation
+        if p.HasField("prompt"):
+            r.prompt.CopyFrom(p.prompt)
+        r.top_logprobs = p.top_logprobs
         r.tools.extend(p.tools)
         if p.HasField("tool_choice"):
             r.tool_choice.CopyFrom(p.tool_choice)
@@ -381,6 +385,7 @@ class Turn:
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
             text_format=p.text.format if p.text.HasField("format") else None,
             verbosity=p.text.verbosity if p.text.HasField("verbosity") else None,
+            logprobs=fields.requested_logprobs(p),
             user=p.user or p.safety_identifier or None,
             prompt_cache_key=p.prompt_cache_key or None,
             service_tier=p.service_tier,
@@ -442,7 +447,7 @@ class Turn:
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
             log.exception("backend %s failed", prepared.route.backend.name)
-            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.", status=502)
+            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.")
         except asyncio.CancelledError:
             interruption = self.control.claim()  # claimed here: the lane must not swallow a second cancel
             if interruption is None:  # the session is going away
@@ -452,7 +457,7 @@ class Turn:
                 await self._end(prepared, builder, Finish(reason=STEERED), None)
                 return
             error = self.control.reason if interruption is Outcome.CUT else None
-            error = error or TetherError(errors.CANCELLED, "The response was cancelled by the client.", status=499)
+            error = error or TetherError(errors.CANCELLED, "The response was cancelled by the client.")
         await self._end(prepared, builder, self._finish_so_far(builder) if error else finish, error)
 
     async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
@@ -590,7 +595,7 @@ class Turn:
         finishing = parents.begin_finishing(r.id)
         services.telemetry.response_finished(r)
         try:
-            if r.store and services.store_durability == "before_terminal":
+            if r.store and services.config.store_durability == "before_terminal":
                 # Durable first: a crash after the client saw the terminal event loses nothing.
                 with clock.stage("finalize"):
                     out_segments, context = self._state_after(prepared, output)

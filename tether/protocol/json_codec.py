@@ -24,8 +24,8 @@ Faithfulness rules (a client's JSON object must come back unchanged, dict-equal)
   `output_text` parts always carry `annotations` and `logprobs` (the SDK requires them), message
   `content` and reasoning `summary` are always written, other required keys read as their proto
   default when missing; the create body's `"type": "response.create"` is dropped (any other
-  `type` value is an unknown key); keys of *events* that the proto does not model (e.g. non-empty
-  `logprobs`, `obfuscation`) are dropped by `event_from_json`, and so are unknown keys inside
+  `type` value is an unknown key); keys of *events* that the proto does not model (e.g.
+  `obfuscation`) are dropped by `event_from_json`, and so are unknown keys inside
   `usage`, `error` and `incomplete_details` of a Response.
 
 Errors: wrong JSON types raise `TetherError(INVALID_TYPE, param=<dotted path>)`; unparsable or
@@ -101,13 +101,12 @@ def loads(data: bytes | bytearray | memoryview | str, *, max_depth: int = DEFAUL
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         raise TetherError(
-            errors.INVALID_JSON, f"We could not parse the JSON body: {e}.", status=400
+            errors.INVALID_JSON, f"We could not parse the JSON body: {e}."
         ) from None
     if type(obj) in (dict, list) and _nesting_exceeds(data, max_depth):
         raise TetherError(
             errors.INVALID_JSON,
             f"The JSON body is nested deeper than the limit of {max_depth} levels.",
-            status=400,
         )
     return obj
 
@@ -171,7 +170,6 @@ def _type_error(param: str, expected: str, value: Any) -> TetherError:
         errors.INVALID_TYPE,
         f"Invalid type for '{param}': expected {expected}, but got {got} instead.",
         param=param,
-        status=400,
     )
 
 
@@ -184,7 +182,7 @@ def _require_object(value: Any, path: str) -> dict:
         if path:
             raise _type_error(path, "an object", value)
         got = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
-        raise TetherError(errors.INVALID_TYPE, f"The body must be a JSON object, but got {got}.", status=400)
+        raise TetherError(errors.INVALID_TYPE, f"The body must be a JSON object, but got {got}.")
     return value
 
 
@@ -850,6 +848,14 @@ _CONTEXT_MANAGEMENT = _Codec(
     request_pb2.ContextManagement, _Scalar("type"), _Scalar("compact_threshold", OPTIONAL), skip=()
 )
 
+_PROMPT = _Codec(
+    request_pb2.Prompt,
+    _Scalar("id"),
+    _Scalar("version", OPTIONAL),
+    _Json("variables", "variables_json", dict, NONEMPTY),
+    skip=(),
+)
+
 _PARAMS = _Codec(
     request_pb2.ResponseCreateParams,
     _Custom("type", _ignore_create_type, lambda m, o: None),
@@ -885,6 +891,8 @@ _PARAMS = _Codec(
     _Scalar("background", OPTIONAL),
     _Scalar("stream", OPTIONAL),
     _Custom("conversation", _conversation_dec, _conversation_enc),
+    _Scalar("top_logprobs", OPTIONAL),
+    _Sub("prompt", _PROMPT),
     skip=(),
 )
 
@@ -941,7 +949,6 @@ def _response_tool_choice_enc(r: response_pb2.Response, out: dict) -> None:
 
 
 _RESPONSE_NULL_KEYS = (
-    "prompt",
     "prompt_cache_retention",
     "prompt_cache_options",
     "prompt_cache_diagnostics",
@@ -1012,9 +1019,10 @@ _RESPONSE = _Codec(
         ),
     ),
     _Sub("conversation", _Codec(response_pb2.ConversationRef, _Scalar("id")), NULLABLE),
-    # Documented keys Tether has no value for: their defaults (log probabilities and penalties are
-    # not produced or applied; prompts, images, moderation and access programs are refused).
-    _Const("top_logprobs", 0),
+    _Scalar("top_logprobs"),
+    _Sub("prompt", _PROMPT, NULLABLE),
+    # Documented keys Tether has no value for: their defaults (penalties are not applied; images,
+    # moderation and access programs are refused).
     _Const("presence_penalty", 0.0),
     _Const("frequency_penalty", 0.0),
     *(_Const(k, None) for k in _RESPONSE_NULL_KEYS),
@@ -1039,10 +1047,6 @@ def response_from_json(d: dict) -> response_pb2.Response:
     r = response_pb2.Response()
     _RESPONSE.decode_into(d, r, "")
     return r
-
-
-def _usage_json(u: response_pb2.Usage) -> dict:
-    return _USAGE.encode(u, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1075,7 +1079,7 @@ def _text_event(cls: Any, text_key: str, *, logprobs: bool) -> _Codec:
         _Scalar(text_key, attr=attr),
     ]
     if logprobs:
-        fields.append(_Const("logprobs", []))
+        fields.append(_Json("logprobs", "logprobs_json", list))
     return _Codec(cls, *fields)
 
 
@@ -1311,7 +1315,7 @@ def event_from_json(d: dict) -> events_pb2.ServerEvent:
     _require_object(d, "")
     t = d.get("type")
     if type(t) is not str:
-        raise TetherError(errors.INVALID_REQUEST, "The event has no string 'type'.", param="type", status=400)
+        raise TetherError(errors.INVALID_REQUEST, "The event has no string 'type'.", param="type")
     ev = events_pb2.ServerEvent()
     _ENVELOPE.decode(d, ev, "")
     arm = _EVENT_BY_TYPE.get(t)
@@ -1371,11 +1375,11 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
     t = d.get("type")
     if type(t) is not str:
         raise TetherError(
-            errors.INVALID_REQUEST, "The event must have a string 'type'.", param="type", status=400
+            errors.INVALID_REQUEST, "The event must have a string 'type'.", param="type"
         )
     entry = _CLIENT_EVENTS.get(t)
     if entry is None:
-        raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type", status=400)
+        raise TetherError(errors.UNKNOWN_EVENT_TYPE, f"Unknown event type '{t}'", param="type")
     arm, codec = entry
     req = service_pb2.SessionRequest()
     event_id = d.get("event_id")
@@ -1472,7 +1476,7 @@ def conversation_body_from_json(cls: Any, d: dict) -> Any:
     leftovers = _CONVERSATION_BODIES[cls].decode(_require_object(d, ""), msg, "")
     for key, value in (leftovers or {}).items():
         if value is not None or key not in _CONVERSATION_BODIES[cls].fields:
-            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key, status=400)
+            raise TetherError(errors.UNKNOWN_PARAMETER, f"Unknown parameter: '{key}'.", param=key)
     return msg
 
 

@@ -7,11 +7,13 @@ with them and that each side would otherwise spell for itself:
 - Tether's own `include` strings;
 - the gRPC metadata keys: the API key, and the trailing metadata that carries a `TetherError`
   across a gRPC status (`tether-error-code`, `-param`, `-status`);
-- how an error's HTTP-equivalent status maps to a gRPC status and back (`grpc_status_for`,
-  `error_from_rpc`), and to the error code reported when a peer sent none;
+- the gRPC status an error ends a call with (`grpc_status_for`: its code's row in
+  `tether.errors.CATALOGUE`), and how a client rebuilds the error from a status (`error_from_rpc`:
+  the trailing metadata, or for a peer that sent none the status's HTTP equivalent and a default
+  code);
 - how a client builds its channel (`open_channel`: message size limits, TLS roots).
 
-The error codes and their HTTP statuses themselves are `tether.errors`.
+The error codes and their statuses themselves are `tether.errors.CATALOGUE`.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Any
 import grpc
 
 from tether.errors import (
+    CATALOGUE,
     INVALID_API_KEY,
     INVALID_REQUEST,
     RATE_LIMIT_EXCEEDED,
     RESPONSE_NOT_FOUND,
     SERVER_ERROR,
+    UPSTREAM_UNAVAILABLE,
     TetherError,
 )
 
@@ -63,7 +67,8 @@ def error_metadata(exc: TetherError) -> tuple[tuple[str, str], ...]:
 
 # -- statuses -------------------------------------------------------------------------------------
 
-# An error's HTTP-equivalent status -> the gRPC status a unary RPC or a session ends with.
+# An HTTP-equivalent status -> the gRPC status, for an error whose code has no catalogue row (one
+# rebuilt from a peer that speaks a newer catalogue); a known code uses its row.
 GRPC_STATUS_BY_HTTP = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -94,13 +99,18 @@ DEFAULT_CODE_BY_HTTP = {
     401: INVALID_API_KEY,
     404: RESPONSE_NOT_FOUND,
     429: RATE_LIMIT_EXCEEDED,
+    503: UPSTREAM_UNAVAILABLE,
 }
 
 
-def grpc_status_for(status: int) -> grpc.StatusCode:
-    if status in GRPC_STATUS_BY_HTTP:
-        return GRPC_STATUS_BY_HTTP[status]
-    return grpc.StatusCode.INTERNAL if status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
+def grpc_status_for(err: TetherError) -> grpc.StatusCode:
+    """The gRPC status `err` ends a call with: its code's catalogue row."""
+    kind = CATALOGUE.get(err.code)
+    if kind is not None:
+        return grpc.StatusCode[kind.grpc]
+    if err.status in GRPC_STATUS_BY_HTTP:
+        return GRPC_STATUS_BY_HTTP[err.status]
+    return grpc.StatusCode.INTERNAL if err.status >= 500 else grpc.StatusCode.INVALID_ARGUMENT
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> TetherError:

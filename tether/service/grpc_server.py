@@ -72,7 +72,7 @@ def _malformed(request: _Undecodable) -> TetherError:
 
 async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
     context.set_trailing_metadata(wire.error_metadata(exc))
-    await context.abort(wire.grpc_status_for(exc.status), exc.message)
+    await context.abort(wire.grpc_status_for(exc), exc.message)
 
 
 class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
@@ -133,7 +133,8 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         if malformed:
             await _abort(context, _malformed(malformed[0]))
         if last and last[-1].error.error.code == errors.SERVER_SHUTTING_DOWN:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server shutting down; reconnect")
+            # The reason went in-band; the status (with its metadata) says the same to the channel.
+            await _abort(context, TetherError(errors.SERVER_SHUTTING_DOWN, "server shutting down; reconnect"))
 
     async def CreateResponse(self, request, context):
         if isinstance(request, _Undecodable):

@@ -18,7 +18,7 @@ Mapping:
 Credentials, two modes (`call_metadata` builds the metadata; a subclass may override it):
 - `api_key="..."`: every call carries `authorization: Bearer <api_key>`, so the upstream scopes
   everything to that key's tenant; the `tenant` argument (the caller's local identity) is not
-  sent, since the upstream would have to trust it. This is the typed-client mode.
+  sent, since the upstream would have to trust it (`tether bridge --upstream-api-key`).
 - `api_key=None`: credential forwarding. The `tenant` argument *is* the caller's own API key and
   is sent as the bearer token, so the upstream authenticates each caller and scopes its data.
   Pair it with `ForwardingAuthenticator`, which hands the bridge the raw bearer token as the
@@ -38,10 +38,11 @@ from tether.auth import Authenticator, _bearer
 from tether.errors import (
     INVALID_API_KEY,
     INVALID_REQUEST,
-    SERVER_ERROR,
+    SERVER_SHUTTING_DOWN,
+    UPSTREAM_UNAVAILABLE,
     TetherError,
 )
-from tether.protocol.wire import CHANNEL_OPTIONS, error_from_rpc, open_channel
+from tether.protocol.wire import CHANNEL_OPTIONS, bearer, error_from_rpc, open_channel
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2, service_pb2_grpc
 
 
@@ -59,7 +60,7 @@ def _cancelling() -> bool:
 
 
 def _closed_error() -> TetherError:
-    return TetherError(INVALID_REQUEST, "The session is closed.", status=400)
+    return TetherError(INVALID_REQUEST, "The session is closed.")
 
 
 class ForwardingAuthenticator(Authenticator):
@@ -77,7 +78,7 @@ class ForwardingAuthenticator(Authenticator):
         token = _bearer(authorization)
         if token is None:
             raise TetherError(
-                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'.", status=401
+                INVALID_API_KEY, "Missing bearer authentication in header 'Authorization'."
             )
         return token
 
@@ -116,7 +117,8 @@ class RemoteSession:
                 if not ended_with_error:
                     err = error_from_rpc(exc)
                     if exc.code() == grpc.StatusCode.CANCELLED:  # cancelled by the server going away
-                        err = TetherError(err.code if err.status >= 500 else SERVER_ERROR, message_gone(exc), status=503)
+                        code = SERVER_SHUTTING_DOWN if err.code == SERVER_SHUTTING_DOWN else UPSTREAM_UNAVAILABLE
+                        err = TetherError(code, message_gone(exc))
                     yield [_error_event(err)]
                 return
             except asyncio.CancelledError:
@@ -153,14 +155,14 @@ class RemoteResponsesAPI:
         the system roots."""
         self.target = target
         self.forwarding = api_key is None
-        self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._auth: tuple[tuple[str, str], ...] = bearer(api_key) if api_key else ()
         self._channel = open_channel(target, tls_ca=tls_ca, tls=tls, options=options)
         self._stub = service_pb2_grpc.ResponsesServiceStub(self._channel)
 
     def call_metadata(self, tenant: str | None) -> tuple[tuple[str, str], ...]:
         """Metadata of a call made for `tenant` (see "Credentials" in the module notes)."""
         if self.forwarding:
-            return (("authorization", f"Bearer {tenant}"),) if tenant else ()
+            return bearer(tenant) if tenant else ()
         return self._auth
 
     async def aclose(self) -> None:

@@ -54,7 +54,8 @@ STATIC_SEEDS: list[dict[str, Any]] = [
 KEYS = (
     "model input instructions tools tool_choice stream store previous_response_id max_output_tokens temperature "
     "top_p metadata include reasoning text parallel_tool_calls truncation user prompt_cache_key safety_identifier "
-    "service_tier background stream_id generate context_management max_tool_calls conversation prompt "
+    "service_tier background stream_id generate context_management max_tool_calls conversation prompt top_logprobs "
+    "variables version "
     "client_metadata type role content id call_id name arguments output status summary encrypted_content "
     "image_url detail file_id filename text effort format schema strict parameters response_id compact_threshold"
 ).split()

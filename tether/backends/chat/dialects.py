@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from tether import errors
 from tether.errors import TetherError
 
-EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
 
 @dataclass(frozen=True)
 class ReasoningControls:
@@ -57,6 +55,13 @@ class Dialect:
     # constrains the choice and the tool list goes out whole (its prompt prefix stays the same, so
     # it stays cached). When False, the tool list is narrowed to the allowed tools instead.
     allowed_tools_choice: bool = False
+    # The `tool_choice` object types this dialect maps (`function`: the named function;
+    # `allowed_tools`: see above). Any other type (`custom`, `mcp`, the hosted tools'
+    # `web_search_preview`, `file_search`, `code_interpreter`, `image_generation`,
+    # `computer_use_preview`, ...) is a 400 naming `tool_choice`: custom tools are not carried to a
+    # Chat Completions backend and Tether runs no hosted tools (with the backend option
+    # `hosted_tools = true` a hosted choice is forwarded with the hosted tools themselves).
+    tool_choice_types: frozenset[str] = frozenset({"function", "allowed_tools"})
     # The server's tokenizer endpoint (path from the server root, POST {"input": text} ->
     # {"count": n}): output a stream did not count is counted there, with the model's own tokenizer.
     tokenize_path: str | None = None
@@ -107,14 +112,18 @@ DIALECTS: dict[str, Dialect] = {
             tool_calls_content="",
             reasoning_deltas=("reasoning", "reasoning_content"),
             tool_choice_required=False,
-            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "parallel_tool_calls", "verbosity"}),
+            rejected_fields=frozenset(
+                {"service_tier", "prompt_cache_key", "parallel_tool_calls", "verbosity", "logprobs", "top_logprobs"}
+            ),
         ),
         Dialect(
             "lmstudio",
             "LM Studio",
             max_tokens_field="max_tokens",
             tool_calls_content="",
-            rejected_fields=frozenset({"service_tier", "prompt_cache_key", "reasoning_effort", "verbosity"}),
+            rejected_fields=frozenset(
+                {"service_tier", "prompt_cache_key", "reasoning_effort", "verbosity", "logprobs", "top_logprobs"}
+            ),
             reasoning_controls="none",
         ),
         Dialect(
@@ -169,7 +178,7 @@ _EFFORT_LEVEL = {"minimal": "low", "low": "low", "medium": "medium", "high": "hi
 
 
 def _refuse(message: str) -> TetherError:
-    return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort", status=400)
+    return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort")
 
 
 def reasoning_controls(dialect: Dialect, model: str, effort: str | None, enabled: bool) -> ReasoningControls:

@@ -38,6 +38,8 @@ _PARAM_OF = {
     "response_format": "text.format",
     "service_tier": "service_tier",
     "verbosity": "text.verbosity",
+    "logprobs": "include",
+    "top_logprobs": "top_logprobs",
 }
 _DEFAULT_TIERS = ("", "auto", "default")
 
@@ -62,11 +64,11 @@ def decode_compaction(item: items_pb2.CompactionItem) -> str:
     try:
         return decode_summary(item.encrypted_content)
     except ValueError as exc:
-        raise TetherError(errors.INVALID_ITEM, str(exc), param="input", status=400) from exc
+        raise TetherError(errors.INVALID_ITEM, str(exc), param="input") from exc
 
 
 def _invalid(message: str, param: str, code: str = errors.INVALID_REQUEST) -> TetherError:
-    return TetherError(code, message, param=param, status=400)
+    return TetherError(code, message, param=param)
 
 
 def _message_content(msg: items_pb2.Message, opts: MappingOptions, param: str) -> str | list[dict[str, Any]]:
@@ -130,41 +132,82 @@ def _reasoning_text(r: items_pb2.ReasoningItem) -> str:
 # Responses item types Tether does not model (they travel whole in `Item.other`) that are tool
 # calls and their outputs: carried into the chat history as function calls and tool messages, so
 # the model sees a custom tool's (Codex's `apply_patch`) or a shell's calls and results.
-_OTHER_CALLS = {"custom_tool_call", "local_shell_call", "shell_call"}
-_OTHER_OUTPUTS = {"custom_tool_call_output", "local_shell_call_output", "shell_call_output"}
+_OTHER_CALLS = {"custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call"}
+_OTHER_OUTPUTS = {"custom_tool_call_output", "local_shell_call_output", "shell_call_output", "apply_patch_call_output"}
+# Hosted-tool items that hold a call and its result in one item: each becomes an assistant tool
+# call (named after the tool, its inputs as arguments) followed by the tool message with its
+# result, so the model sees what was searched or run and what came back. The value names the
+# keys that are the call's inputs; every other key but the bookkeeping ones is its result.
+_HOSTED_CALLS: dict[str, tuple[str, ...]] = {
+    "web_search_call": ("action",),
+    "file_search_call": ("queries",),
+    "code_interpreter_call": ("code", "container_id"),
+    "mcp_call": ("server_label", "arguments"),
+    "mcp_list_tools": ("server_label",),
+}
+_BOOKKEEPING = frozenset({"type", "id", "call_id", "status", "name"})
+# Items that cannot be put into a Chat Completions context faithfully (an image in a tool result,
+# a generated image): a 400 naming the item, never a silent drop.
+_UNREPRESENTABLE = {
+    "computer_call_output": "its screenshot is an image, which a Chat Completions tool message cannot carry",
+    "image_generation_call": "its generated image cannot be put into a Chat Completions context",
+}
 
 
-def _other_json(item: items_pb2.Item, types: set[str]) -> dict[str, Any] | None:
-    if item.WhichOneof("item") != "other" or item.other.type not in types:
-        return None
+Call = tuple[str, str, str]  # (call_id, name, arguments JSON)
+Output = tuple[str, str]  # (call_id, text)
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _other_as_chat(item: items_pb2.OtherItem, param: str) -> tuple[Call | None, Output | None]:
+    """An item Tether does not model as (the tool call, the tool output) it is in a chat history:
+    a custom tool call (`{"input": ...}`), a shell, apply_patch or computer call (its `action` /
+    `operation`, under the name `shell` / `local_shell` / `apply_patch` / `computer`), their
+    outputs, a hosted-tool item (both at once), an MCP approval request (a call) and its response
+    (an output). Raises a 400 naming `param` for an item that cannot be represented."""
+    kind = item.type
+    if kind in _UNREPRESENTABLE:
+        raise _invalid(f"{param} ({kind}): {_UNREPRESENTABLE[kind]}", param, errors.UNSUPPORTED)
     try:
-        obj = orjson.loads(item.other.json)
+        obj = orjson.loads(item.json)
     except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _other_call(item: items_pb2.Item) -> tuple[str, str, str] | None:
-    """(call_id, name, arguments JSON) of a custom tool call (`{"input": ...}`) or a shell call
-    (its `action`, under the name `shell` / `local_shell`)."""
-    obj = _other_json(item, _OTHER_CALLS)
-    if obj is None:
-        return None
+        obj = None
+    if not isinstance(obj, dict):
+        raise _invalid(f"{param}: an item of type {kind!r} must be a JSON object", param)
     call_id = str(obj.get("call_id") or obj.get("id") or "")
-    if item.other.type == "custom_tool_call":
-        return call_id, str(obj.get("name", "")), orjson.dumps({"input": obj.get("input", "")}).decode()
-    name = item.other.type.removesuffix("_call")
-    return call_id, name, orjson.dumps(obj.get("action", {})).decode()
-
-
-def _other_output(item: items_pb2.Item) -> tuple[str, str] | None:
-    """(call_id, text) of a custom tool's or a shell's output."""
-    obj = _other_json(item, _OTHER_OUTPUTS)
-    if obj is None:
-        return None
-    output = obj.get("output", "")
-    text = output if isinstance(output, str) else orjson.dumps(output).decode()
-    return str(obj.get("call_id") or obj.get("id") or ""), text
+    if kind == "custom_tool_call":
+        return (call_id, str(obj.get("name", "")), orjson.dumps({"input": obj.get("input", "")}).decode()), None
+    if kind == "apply_patch_call":
+        return (call_id, "apply_patch", orjson.dumps(obj.get("operation", {})).decode()), None
+    if kind in _OTHER_CALLS or kind == "computer_call":
+        return (call_id, kind.removesuffix("_call"), orjson.dumps(obj.get("action", {})).decode()), None
+    if kind in _OTHER_OUTPUTS:
+        return None, (call_id, _json_text(obj.get("output", "")))
+    if kind in _HOSTED_CALLS:
+        inputs = {k: obj[k] for k in _HOSTED_CALLS[kind] if k in obj}
+        name = kind.removesuffix("_call")
+        if kind == "mcp_call":  # the MCP tool's own name; its arguments as JSON, not JSON text
+            name = str(obj.get("name") or name)
+            try:
+                inputs["arguments"] = orjson.loads(obj.get("arguments") or "{}")
+            except (orjson.JSONDecodeError, TypeError):
+                pass
+        result = {k: v for k, v in obj.items() if k not in _BOOKKEEPING and k not in inputs}
+        if "status" in obj:
+            result["status"] = obj["status"]
+        return (call_id, name, orjson.dumps(inputs).decode()), (call_id, orjson.dumps(result).decode())
+    if kind == "mcp_approval_request":
+        args = {"server_label": obj.get("server_label"), "tool": obj.get("name"), "arguments": obj.get("arguments")}
+        return (str(obj.get("id", "")), "mcp_approval_request", orjson.dumps(args).decode()), None
+    if kind == "mcp_approval_response":
+        reason = obj.get("reason")
+        verdict = ("approved" if obj.get("approve") else "denied") + (f": {reason}" if reason else "")
+        return None, (str(obj.get("approval_request_id", "")), verdict)
+    raise _invalid(f"{param}: an item of type {kind!r} cannot be put into this backend's context", param,
+                   errors.UNSUPPORTED)
 
 
 def to_chat_messages(
@@ -185,6 +228,21 @@ def to_chat_messages(
             prev = msg.get(history_field)
             text = "\n".join(reasoning)
             msg[history_field] = f"{prev}\n{text}" if prev else text
+        reasoning.clear()
+
+    def add_call(call_id: str, name: str, arguments: str) -> None:
+        nonlocal open_assistant
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        if open_assistant is None:
+            open_assistant = {"role": "assistant", "content": opts.dialect.tool_calls_content}
+            msgs.append(open_assistant)
+        attach_reasoning(open_assistant)
+        open_assistant.setdefault("tool_calls", []).append(call)
+
+    def add_output(call_id: str, text: str) -> None:
+        nonlocal open_assistant
+        msgs.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        open_assistant = None
         reasoning.clear()
 
     for i, item in enumerate(items):
@@ -208,27 +266,18 @@ def to_chat_messages(
                 reasoning.clear()
                 open_assistant = None
             msgs.append(msg)
-        elif arm == "function_call" or _other_call(item) is not None:
-            if arm == "function_call":
-                fc = item.function_call
-                call_id, name, arguments = fc.call_id, fc.name, fc.arguments or "{}"
-            else:
-                call_id, name, arguments = _other_call(item)  # type: ignore[misc]
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            if open_assistant is None:
-                open_assistant = {"role": "assistant", "content": opts.dialect.tool_calls_content}
-                msgs.append(open_assistant)
-            attach_reasoning(open_assistant)
-            open_assistant.setdefault("tool_calls", []).append(call)
-        elif arm == "function_call_output" or _other_output(item) is not None:
-            if arm == "function_call_output":
-                out = item.function_call_output
-                call_id, text = out.call_id, _tool_output_text(out)
-            else:
-                call_id, text = _other_output(item)  # type: ignore[misc]
-            msgs.append({"role": "tool", "tool_call_id": call_id, "content": text})
-            open_assistant = None
-            reasoning.clear()
+        elif arm == "function_call":
+            fc = item.function_call
+            add_call(fc.call_id, fc.name, fc.arguments or "{}")
+        elif arm == "function_call_output":
+            out = item.function_call_output
+            add_output(out.call_id, _tool_output_text(out))
+        elif arm == "other":
+            call, output = _other_as_chat(item.other, param)
+            if call is not None:
+                add_call(*call)
+            if output is not None:
+                add_output(*output)
         elif arm == "reasoning":
             text = _reasoning_text(item.reasoning)
             if text:
@@ -288,40 +337,65 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
     )
 
 
+def _unmapped_choice(kind: str, dialect: Dialect) -> TetherError:
+    why = {
+        "custom": "custom (freeform) tools are not carried to this backend",
+        "mcp": "Tether runs no MCP servers",
+    }.get(kind, "Tether runs no hosted tools")
+    return _invalid(
+        f"tool_choice of type {kind!r} cannot be honoured by {dialect.server}: {why}",
+        "tool_choice",
+        errors.UNSUPPORTED,
+    )
+
+
+def _named(name: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    if not any(t.get("function", {}).get("name") == name for t in tools):
+        raise _invalid(f"tool_choice names the function {name!r}, which is not in 'tools'", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
 def _tool_choice(
-    choice: request_pb2.ToolChoice | None, tools: list[dict[str, Any]], dialect: Dialect
+    choice: request_pb2.ToolChoice | None, tools: list[dict[str, Any]], opts: MappingOptions
 ) -> tuple[Any | None, list[dict[str, Any]]]:
     """The upstream tool_choice (None: omit) and the tool list (allowed_tools constrains the choice
-    where the dialect takes it, else narrows the list)."""
+    where the dialect takes it, else narrows the list). An object form the dialect does not map
+    (`Dialect.tool_choice_types`) is a 400 naming `tool_choice`, with or without tools."""
+    dialect = opts.dialect
     if choice is None:
         return None, tools
     arm = choice.WhichOneof("choice")
     if arm == "mode":
-        if choice.mode not in ("auto", "none", "required"):
+        if choice.mode not in ("auto", "none", "required") or not tools:
             return None, tools
         return _forced(choice.mode, tools, dialect), tools
     if arm == "function_name":
-        return {"type": "function", "function": {"name": choice.function_name}}, tools
-    if arm == "other_json":
-        try:
-            obj = orjson.loads(choice.other_json)
-        except orjson.JSONDecodeError:
-            return None, tools
-        if not isinstance(obj, dict):
-            return None, tools
-        if obj.get("type") == "function" and isinstance(obj.get("name"), str):
-            return {"type": "function", "function": {"name": obj["name"]}}, tools
-        if obj.get("type") == "allowed_tools":
-            allowed = {t.get("name") for t in obj.get("tools") or [] if isinstance(t, dict)}
-            narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
-            mode = obj.get("mode", "auto")
-            mode = mode if mode in ("auto", "required") else "auto"
-            if dialect.allowed_tools_choice:  # a constraint on the choice; the list stays whole
-                names = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in narrowed]
-                return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": names}}, tools
-            return _forced(mode, narrowed, dialect), narrowed
-        log.debug("dropping tool_choice %s", obj.get("type"))
-    return None, tools
+        return _named(choice.function_name, tools), tools
+    if arm != "other_json":
+        return None, tools
+    try:
+        obj = orjson.loads(choice.other_json)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):  # the validate stage refuses this first; a direct caller may not
+        raise _invalid("tool_choice must be a mode or an object with a 'type'", "tool_choice")
+    kind = obj.get("type")
+    if kind not in dialect.tool_choice_types:
+        if opts.hosted_tools and kind not in ("custom", "mcp", "function", "allowed_tools"):
+            return obj, tools  # forwarded with the hosted tools themselves
+        raise _unmapped_choice(str(kind), dialect)
+    if kind == "function":
+        return _named(str(obj.get("name", "")), tools), tools
+    # allowed_tools
+    listed = obj.get("tools")
+    allowed = {t.get("name") for t in listed if isinstance(t, dict)} if isinstance(listed, list) else set()
+    narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
+    mode = obj.get("mode", "auto")
+    mode = mode if mode in ("auto", "required") else "auto"
+    if dialect.allowed_tools_choice:  # a constraint on the choice; the list stays whole
+        names = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in narrowed]
+        return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": names}}, tools
+    return _forced(mode, narrowed, dialect), narrowed
 
 
 def forces_tool_call(body: Mapping[str, Any]) -> bool:
@@ -362,8 +436,8 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
     tools = to_chat_tools(request.tools, opts)
     if tools and not opts.tools:
         raise _invalid("this backend does not take tools (backend option tools = false)", "tools", errors.UNSUPPORTED)
+    choice, tools = _tool_choice(request.tool_choice, tools, opts)
     if tools:
-        choice, tools = _tool_choice(request.tool_choice, tools, dialect)
         body["tools"] = tools
         if choice is not None:
             body["tool_choice"] = choice
@@ -382,6 +456,10 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
         body["response_format"] = fmt
     if request.verbosity:
         body["verbosity"] = request.verbosity
+    if request.logprobs is not None:
+        body["logprobs"] = True
+        if request.logprobs:
+            body["top_logprobs"] = request.logprobs
     if request.user:
         body["user"] = request.user
     if request.prompt_cache_key:

@@ -47,7 +47,6 @@ def _refuse(name: str, param: str, path: str, what: str) -> TetherError:
         f"schema {name!r} at {path}: {what} is outside the JSON-schema subset this backend supports "
         "(types, properties, required, enum, const, items, anyOf up to 5, $ref/$defs)",
         param=param,
-        status=400,
     )
 
 

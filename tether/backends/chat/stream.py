@@ -60,6 +60,36 @@ def _timing(t: Mapping[str, Any]) -> Timing:
     )
 
 
+def _logprob(entry: Any) -> dict[str, Any] | None:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("token"), str):
+        return None
+    token = entry["token"]
+    raw = entry.get("bytes")
+    lp = entry.get("logprob")
+    return {
+        "token": token,
+        "bytes": raw if isinstance(raw, list) else list(token.encode()),
+        "logprob": float(lp) if isinstance(lp, int | float) and not isinstance(lp, bool) else 0.0,
+    }
+
+
+def _logprobs(obj: Any) -> list[dict[str, Any]] | None:
+    """A choice's `logprobs.content` in the Responses shape (`bytes` filled in where the server
+    sends none, `top_logprobs` always a list); None when the chunk carries none."""
+    content = obj.get("content") if isinstance(obj, Mapping) else None
+    if not isinstance(content, list) or not content:
+        return None
+    out = []
+    for entry in content:
+        lp = _logprob(entry)
+        if lp is None:
+            continue
+        top = entry.get("top_logprobs")
+        lp["top_logprobs"] = [t for t in map(_logprob, top if isinstance(top, list) else ()) if t is not None]
+        out.append(lp)
+    return out or None
+
+
 class StreamParser:
     """Upstream chat.completion.chunk objects -> base chunks. Call `feed` per SSE event; `done`
     turns true at `[DONE]`; `finish()` builds the closing `Finish`."""
@@ -124,7 +154,7 @@ class StreamParser:
                     break
             c = delta.get("content")
             if c:
-                out.append(TextDelta(c))
+                out.append(TextDelta(c, _logprobs(choice.get("logprobs"))))
             refusal = delta.get("refusal")
             if refusal:
                 out.append(RefusalDelta(refusal))

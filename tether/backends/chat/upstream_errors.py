@@ -125,32 +125,30 @@ def error_from_status(
     if status in (400, 422):
         low = message.lower()
         if upstream_code == "context_length_exceeded" or "context length" in low or "maximum context" in low or "context window" in low:
-            return BackendError(errors.CONTEXT_LENGTH_EXCEEDED, f"upstream: {message}", status=400)
-        return BackendError(errors.INVALID_REQUEST, f"upstream rejected the request: {message}", status=400)
+            return BackendError(errors.CONTEXT_LENGTH_EXCEEDED, f"upstream: {message}")
+        return BackendError(errors.INVALID_REQUEST, f"upstream rejected the request: {message}")
     if status in (401, 403):
         return BackendError(
             errors.BACKEND_AUTH_FAILED, f"upstream refused the server's credentials (HTTP {status}): {message}"
         )
     if status == 404:
-        return BackendError(errors.MODEL_NOT_FOUND, f"upstream: not found (HTTP 404): {message}", status=400)
+        return BackendError(errors.MODEL_NOT_FOUND, f"upstream: not found (HTTP 404): {message}")
     if status == 408:
         return BackendError(
-            errors.BACKEND_TIMEOUT, f"upstream timed out (HTTP 408): {message}", status=504, retryable=True
+            errors.BACKEND_TIMEOUT, f"upstream timed out (HTTP 408): {message}",  retryable=True
         )
     if status == 413:
-        return BackendError(errors.REQUEST_TOO_LARGE, f"upstream: request too large: {message}", status=400)
+        return BackendError(errors.REQUEST_TOO_LARGE, f"upstream: request too large: {message}")
     if status == 429:
         return BackendError(
             errors.RATE_LIMIT_EXCEEDED,
             f"upstream rate limit: {message}",
-            status=429,
             retry_after=retry_after,
             retryable=True,
         )
     return BackendError(
         errors.BACKEND_ERROR,
         f"upstream error (HTTP {status}): {message}",
-        status=502,
         retryable=(status >= 500 or status == 409) and not deterministic(status, message, upstream_type),
     )
 

@@ -33,11 +33,10 @@ from tether.bridge import common
 from tether.bridge.common import BridgeContext
 from tether.bridge.console import server_view, tokens
 from tether.bridge.http import HttpRequest, send_json
-from tether.errors import INVALID_REQUEST, UNSUPPORTED, TetherError
+from tether.errors import INVALID_REQUEST, NOT_FOUND, NOT_IMPLEMENTED, PERMISSION_DENIED, TetherError
 from tether.protocol import json_codec
 
 STATIC_DIR = Path(__file__).parent / "static"
-PERMISSION_DENIED = "permission_denied"
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -84,7 +83,7 @@ class ConsoleHandlers:
     async def _file(self, req: HttpRequest, name: str, extra: list[tuple[bytes, bytes]]) -> None:
         found = self.static.get(name)
         if found is None:
-            raise TetherError(common.NOT_FOUND, f"No console file {name!r}.", status=404)
+            raise TetherError(NOT_FOUND, f"No console file {name!r}.")
         content_type, body = found
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra]
         await req.send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -102,10 +101,9 @@ class ConsoleHandlers:
     async def console_token(self, req: HttpRequest) -> None:
         if not self.mints:
             raise TetherError(
-                UNSUPPORTED,
+                NOT_IMPLEMENTED,
                 "This bridge forwards callers' keys to its upstream and has no keys of its own, so it "
                 "cannot issue console tokens; configure api_keys_file on the bridge.",
-                status=501,
             )
         minted = self.tokens.mint(req.tenant, time.time())
         body = {
@@ -131,7 +129,7 @@ class ConsoleHandlers:
 
         name = req.path_params["name"]
         if name not in workloads.available():
-            raise TetherError(common.NOT_FOUND, f"No workload {name!r}.", status=404)
+            raise TetherError(NOT_FOUND, f"No workload {name!r}.")
         speed = req.query().get("speed", "1000")
         try:
             workloads.SpeedProfile.parse(speed)
@@ -164,12 +162,11 @@ class ConsoleHandlers:
             raise TetherError(
                 PERMISSION_DENIED,
                 "The server view needs an admin key (a tenant in server.console_admin_tenants).",
-                status=403,
             )
         registry = getattr(getattr(self.ctx.api, "telemetry", None), "registry", None)
         if registry is None:
             raise TetherError(
-                UNSUPPORTED, "This bridge runs apart from the engine: its metrics are upstream.", status=501
+                NOT_IMPLEMENTED, "This bridge runs apart from the engine: its metrics are upstream."
             )
         await send_json(req.send, 200, json_codec.dumps(server_view.snapshot(registry)), _NO_STORE)
 

@@ -101,7 +101,7 @@ class ConsoleTokens:
             return tenant
         why = "has expired" if outcome is TokenCheck.EXPIRED else "is not valid"
         raise TetherError(
-            INVALID_API_KEY, f"The console token {why}: get a new one from POST /console/token.", status=401
+            INVALID_API_KEY, f"The console token {why}: get a new one from POST /console/token."
         )
 
 

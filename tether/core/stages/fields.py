@@ -53,11 +53,14 @@ def _unsupported(param: str, why: str) -> TetherError:
     return TetherError(errors.UNSUPPORTED_PARAMETER, f"Unsupported parameter: '{param}'. {why}", param=param)
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
 H, B, E, A, R = Treatment.HONOURED, Treatment.BACKEND, Treatment.ECHOED, Treatment.ACCEPTED, Treatment.REJECTED
 
 CREATE_FIELDS: dict[str, Field] = {
     "model": Field(H, "Routed to a backend by `[models]`; unknown names are 404 `model_not_found`."),
-    "input": Field(H, "The new items, validated and appended to the chain; every item type is carried."),
+    "input": Field(H, "The new items, validated and appended to the chain; every item type is carried into "
+                   "the model's context or refused with a 400 naming `input[i]` (see the items table)."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
     "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output; "
@@ -65,7 +68,9 @@ CREATE_FIELDS: dict[str, Field] = {
     "store": Field(H, "false: state lives in connection memory only; true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
     "tools": Field(B, "Function tools go to the backend; other tool types are carried to the adapter."),
-    "tool_choice": Field(B, "Mode, function, or another object form, passed to the backend."),
+    "tool_choice": Field(B, "Modes, `function` (a name not in `tools` is a 400) and `allowed_tools` are mapped; "
+                         "`custom`, `mcp` and hosted-tool types are a 400 naming `tool_choice` on every dialect "
+                         "(`Dialect.tool_choice_types`; see the tool_choice table)."),
     "parallel_tool_calls": Field(B, "Passed to the backend."),
     "max_output_tokens": Field(B, "Passed to the backend; bounded by `Limits.max_output_tokens`."),
     "max_tool_calls": Field(H, "Bounds the function calls of one response: at the cap the backend stream "
@@ -90,8 +95,13 @@ CREATE_FIELDS: dict[str, Field] = {
                                   "create a warm-up (`generate: false`)."),
     "prompt_cache_retention": Field(A, "Cached state lives as long as the connection (and the store for store=true)."),
     "client_metadata": Field(A, "Codex sends it on every create; client-side bookkeeping, no model effect."),
-    "prompt": Field(R, "Stored prompt templates do not exist in Tether; send `instructions` and `input`."),
-    "top_logprobs": Field(R, "Log probabilities are not produced by Tether's backends."),
+    "prompt": Field(H, "An operator-defined template (`[prompts.<id>]` in config, docs/configuration.md): its "
+                    "`instructions` go before the request's, its `input` messages before the request's input, "
+                    "`{{variables}}` substituted; unknown id/version or a missing/extra variable is a 400 "
+                    "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`. Echoed."),
+    "top_logprobs": Field(B, "0..20 alternatives per output token; above 0 it asks for log probabilities (as "
+                          "the include value does). Sent as Chat Completions' `logprobs`/`top_logprobs`; a 400 on dialects "
+                          "without them (ollama, lmstudio). Echoed."),
     "access_programs": Field(R, "OpenAI account programs do not apply to a self-hosted server."),
     "background_options": Field(R, "Background execution is not supported."),
     "image": Field(R, "Request-level image options are not supported."),
@@ -106,7 +116,10 @@ INCLUDES: dict[str, Field] = {
     "reasoning.encrypted_content": Field(H, "Output reasoning items carry a signed, tenant-bound blob of "
                                          "their texts; resent, it is checked and its texts restored."),
     "message.input_image.image_url": Field(H, "Input images are always stored and returned whole."),
-    "message.output_text.logprobs": Field(R, "Log probabilities are not produced by Tether's backends."),
+    LOGPROBS_INCLUDE: Field(B, "Output text carries token log probabilities (`logprobs` on "
+                            "`output_text` parts and `response.output_text.delta`/`.done`), from Chat Completions' "
+                            "`logprobs` (the simulated model makes deterministic ones); a 400 naming `include` on "
+                            "dialects without them (ollama, lmstudio)."),
     "file_search_call.results": Field(A, "Tether runs no hosted tools: these items never appear."),
     "web_search_call.results": Field(A, "Tether runs no hosted tools: these items never appear."),
     "web_search_call.action.sources": Field(A, "Tether runs no hosted tools: these items never appear."),
@@ -117,6 +130,13 @@ INCLUDES: dict[str, Field] = {
 }
 
 del H, B, E, A, R
+
+
+def requested_logprobs(params: request_pb2.ResponseCreateParams) -> int | None:
+    """The alternatives per token when log probabilities are asked for (`include` or
+    `top_logprobs`), else None (`BackendRequest.logprobs`)."""
+    top = params.top_logprobs if params.HasField("top_logprobs") else 0
+    return top if top > 0 or LOGPROBS_INCLUDE in params.include else None
 
 _PROTO_FIELDS = frozenset(request_pb2.ResponseCreateParams.DESCRIPTOR.fields_by_name)
 # Proto-only spellings of JSON keys (`input` as a string is `input_text`).

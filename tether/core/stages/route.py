@@ -58,7 +58,7 @@ class Router:
         if route is None:
             raise TetherError(
                 errors.MODEL_NOT_FOUND, f"The model '{model}' does not exist or you do not have access to it.",
-                param="model", status=400,
+                param="model",
             )
         return Resolved(
             model=model,

@@ -30,6 +30,7 @@ _SUMMARIES = {"auto", "concise", "detailed"}
 _VERBOSITY = {"low", "medium", "high"}
 _TRUNCATION = {"auto", "disabled"}
 _SERVICE_TIERS = {"auto", "default", "flex", "scale", "priority"}
+MAX_TOP_LOGPROBS = 20  # the API's own bound
 
 
 def check_stream_id(stream_id: str) -> None:
@@ -65,6 +66,10 @@ def validate_params(
         raise TetherError(errors.INVALID_REQUEST, "'temperature' must be between 0 and 2.", param="temperature")
     if params.HasField("top_p") and not 0.0 <= params.top_p <= 1.0:
         raise TetherError(errors.INVALID_REQUEST, "'top_p' must be between 0 and 1.", param="top_p")
+    if params.HasField("top_logprobs") and not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise TetherError(
+            errors.INVALID_REQUEST, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.", param="top_logprobs"
+        )
     check_metadata(params.metadata, limits)
     if params.conversation and params.previous_response_id:
         raise TetherError(
@@ -193,7 +198,7 @@ def validate_items(
         where = f"{param}[{i}]"
         if item.ByteSize() > limits.max_item_bytes:
             raise TetherError(
-                errors.REQUEST_TOO_LARGE, f"{where} is larger than {limits.max_item_bytes} bytes.", param=where
+                errors.ITEM_TOO_LARGE, f"{where} is larger than {limits.max_item_bytes} bytes.", param=where
             )
         arm = item.WhichOneof("item")
         if arm is None:

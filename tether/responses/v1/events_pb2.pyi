@@ -257,10 +257,15 @@ class TextDeltaEvent(_message.Message):
     OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
     CONTENT_INDEX_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    LOGPROBS_JSON_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     output_index: _builtins.int
     content_index: _builtins.int
     delta: _builtins.str
+    logprobs_json: _builtins.str
+    """output_text only: the tokens' log probabilities, JSON array text (empty means `[]`):
+    `[{"token","bytes","logprob","top_logprobs":[{"token","bytes","logprob"}]}]`.
+    """
     def __init__(
         self,
         *,
@@ -268,10 +273,11 @@ class TextDeltaEvent(_message.Message):
         output_index: _builtins.int = ...,
         content_index: _builtins.int = ...,
         delta: _builtins.str = ...,
+        logprobs_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "delta", b"delta", "item_id", b"item_id", "output_index", b"output_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "delta", b"delta", "item_id", b"item_id", "logprobs_json", b"logprobs_json", "output_index", b"output_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -287,10 +293,15 @@ class TextDoneEvent(_message.Message):
     OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
     CONTENT_INDEX_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    LOGPROBS_JSON_FIELD_NUMBER: _builtins.int
     item_id: _builtins.str
     output_index: _builtins.int
     content_index: _builtins.int
     text: _builtins.str
+    logprobs_json: _builtins.str
+    """output_text only: the tokens' log probabilities, JSON array text (empty means `[]`):
+    `[{"token","bytes","logprob","top_logprobs":[{"token","bytes","logprob"}]}]`.
+    """
     def __init__(
         self,
         *,
@@ -298,10 +309,11 @@ class TextDoneEvent(_message.Message):
         output_index: _builtins.int = ...,
         content_index: _builtins.int = ...,
         text: _builtins.str = ...,
+        logprobs_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "item_id", b"item_id", "output_index", b"output_index", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_index", b"content_index", "item_id", b"item_id", "logprobs_json", b"logprobs_json", "output_index", b"output_index", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -77,6 +77,8 @@ class ResponseCreateParams(_message.Message):
     SERVICE_TIER_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
     CONVERSATION_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     instructions: _builtins.str
     input_text: _builtins.str
@@ -109,6 +111,10 @@ class ResponseCreateParams(_message.Message):
     and this turn's input and output are appended to it. Exclusive with previous_response_id.
     JSON: a string or `{"id": ...}`.
     """
+    top_logprobs: _builtins.int
+    """`top_logprobs` (0..20): alternatives per output token; with `include` value
+    "message.output_text.logprobs" (or alone) the output text carries log probabilities.
+    """
     @_builtins.property
     def input(self) -> _containers.RepeatedCompositeFieldContainer[_items_pb2.Item]:
         """`input` as a list of items."""
@@ -127,6 +133,10 @@ class ResponseCreateParams(_message.Message):
     def context_management(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextManagement]: ...
     @_builtins.property
     def include(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def prompt(self) -> Global___Prompt:
+        """`prompt`: an operator-defined prompt template (`[prompts.<id>]` in config) and its variables."""
+
     def __init__(
         self,
         *,
@@ -159,10 +169,12 @@ class ResponseCreateParams(_message.Message):
         service_tier: _builtins.str = ...,
         extra_json: _builtins.str = ...,
         conversation: _builtins.str = ...,
+        top_logprobs: _builtins.int | None = ...,
+        prompt: Global___Prompt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_p", b"_top_p", "background", b"background", "generate", b"generate", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "reasoning", b"reasoning", "store", b"store", "stream", b"stream", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "generate", b"generate", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "store", b"store", "stream", b"stream", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "conversation", b"conversation", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "conversation", b"conversation", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__background: _TypeAlias = _typing.Literal["background"]  # noqa: Y015
     _WhichOneofArgType__background: _TypeAlias = _typing.Literal["_background", b"_background"]  # noqa: Y015
@@ -184,6 +196,8 @@ class ResponseCreateParams(_message.Message):
     _WhichOneofArgType__stream: _TypeAlias = _typing.Literal["_stream", b"_stream"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
     _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_logprobs: _TypeAlias = _typing.Literal["top_logprobs"]  # noqa: Y015
+    _WhichOneofArgType__top_logprobs: _TypeAlias = _typing.Literal["_top_logprobs", b"_top_logprobs"]  # noqa: Y015
     _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
@@ -207,9 +221,43 @@ class ResponseCreateParams(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_logprobs) -> _WhichOneofReturnType__top_logprobs | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___ResponseCreateParams: _TypeAlias = ResponseCreateParams  # noqa: Y015
+
+@_typing.final
+class Prompt(_message.Message):
+    """`prompt`: `{"id":...,"version":...,"variables":{...}}`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    VARIABLES_JSON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    version: _builtins.str
+    variables_json: _builtins.str
+    """`variables` as JSON object text: name -> string, or an input_text / input_image / input_file
+    content part.
+    """
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        version: _builtins.str | None = ...,
+        variables_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_version", b"_version", "id", b"id", "variables_json", b"variables_json", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__version: _TypeAlias = _typing.Literal["version"]  # noqa: Y015
+    _WhichOneofArgType__version: _TypeAlias = _typing.Literal["_version", b"_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__version) -> _WhichOneofReturnType__version | None: ...
+
+Global___Prompt: _TypeAlias = Prompt  # noqa: Y015
 
 @_typing.final
 class Tool(_message.Message):

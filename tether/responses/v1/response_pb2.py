@@ -26,7 +26,7 @@ from tether.responses.v1 import items_pb2 as tether_dot_responses_dot_v1_dot_ite
 from tether.responses.v1 import request_pb2 as tether_dot_responses_dot_v1_dot_request__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tether/responses/v1/response.proto\x12\x13tether.responses.v1\x1a\x1ftether/responses/v1/items.proto\x1a!tether/responses/v1/request.proto\"\xc1\t\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncreated_at\x18\x02 \x01(\x03\x12\x19\n\x0c\x63ompleted_at\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32\".tether.responses.v1.ResponseError\x12\x42\n\x12incomplete_details\x18\x06 \x01(\x0b\x32&.tether.responses.v1.IncompleteDetails\x12\x19\n\x0cinstructions\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x08 \x01(\x03H\x02\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\t \x01(\x03H\x03\x88\x01\x01\x12\r\n\x05model\x18\n \x01(\t\x12)\n\x06output\x18\x0b \x03(\x0b\x32\x19.tether.responses.v1.Item\x12\x1b\n\x13parallel_tool_calls\x18\x0c \x01(\x08\x12\x1c\n\x14previous_response_id\x18\r \x01(\t\x12\x37\n\treasoning\x18\x0e \x01(\x0b\x32$.tether.responses.v1.ReasoningConfig\x12\r\n\x05store\x18\x0f \x01(\x08\x12\x13\n\x0btemperature\x18\x10 \x01(\x01\x12-\n\x04text\x18\x11 \x01(\x0b\x32\x1f.tether.responses.v1.TextConfig\x12\x34\n\x0btool_choice\x18\x12 \x01(\x0b\x32\x1f.tether.responses.v1.ToolChoice\x12(\n\x05tools\x18\x13 \x03(\x0b\x32\x19.tether.responses.v1.Tool\x12\r\n\x05top_p\x18\x14 \x01(\x01\x12\x12\n\ntruncation\x18\x15 \x01(\t\x12)\n\x05usage\x18\x16 \x01(\x0b\x32\x1a.tether.responses.v1.Usage\x12\x0c\n\x04user\x18\x17 \x01(\t\x12=\n\x08metadata\x18\x18 \x03(\x0b\x32+.tether.responses.v1.Response.MetadataEntry\x12\x18\n\x10prompt_cache_key\x18\x19 \x01(\t\x12\x19\n\x11safety_identifier\x18\x1a \x01(\t\x12\x14\n\x0cservice_tier\x18\x1b \x01(\t\x12\x12\n\nbackground\x18\x1c \x01(\x08\x12:\n\x0e\x62\x61\x63kend_timing\x18\x1d \x01(\x0b\x32\".tether.responses.v1.BackendTiming\x12\x12\n\nextra_json\x18\x1e \x01(\t\x12\x38\n\rserver_timing\x18\x1f \x01(\x0b\x32!.tether.responses.v1.ServerTiming\x12:\n\x0c\x63onversation\x18  \x01(\x0b\x32$.tether.responses.v1.ConversationRef\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0f\n\r_completed_atB\x0f\n\r_instructionsB\x14\n\x12_max_output_tokensB\x11\n\x0f_max_tool_calls\"\x1d\n\x0f\x43onversationRef\x12\n\n\x02id\x18\x01 \x01(\t\"\x97\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\rcached_tokens\x18\x02 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x06 \x01(\x03\"E\n\rResponseError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\"#\n\x11IncompleteDetails\x12\x0e\n\x06reason\x18\x01 \x01(\t\"e\n\rBackendTiming\x12\x12\n\nqueue_time\x18\x01 \x01(\x01\x12\x13\n\x0bprompt_time\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompletion_time\x18\x03 \x01(\x01\x12\x12\n\ntotal_time\x18\x04 \x01(\x01\"\x99\x02\n\x0cServerTiming\x12\x42\n\tstages_ms\x18\x01 \x03(\x0b\x32/.tether.responses.v1.ServerTiming.StagesMsEntry\x12\x13\n\x0boverhead_ms\x18\x02 \x01(\x01\x12J\n\rusage_sources\x18\x03 \x03(\x0b\x32\x33.tether.responses.v1.ServerTiming.UsageSourcesEntry\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11UsageSourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"tether/responses/v1/response.proto\x12\x13tether.responses.v1\x1a\x1ftether/responses/v1/items.proto\x1a!tether/responses/v1/request.proto\"\x84\n\n\x08Response\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\ncreated_at\x18\x02 \x01(\x03\x12\x19\n\x0c\x63ompleted_at\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x31\n\x05\x65rror\x18\x05 \x01(\x0b\x32\".tether.responses.v1.ResponseError\x12\x42\n\x12incomplete_details\x18\x06 \x01(\x0b\x32&.tether.responses.v1.IncompleteDetails\x12\x19\n\x0cinstructions\x18\x07 \x01(\tH\x01\x88\x01\x01\x12\x1e\n\x11max_output_tokens\x18\x08 \x01(\x03H\x02\x88\x01\x01\x12\x1b\n\x0emax_tool_calls\x18\t \x01(\x03H\x03\x88\x01\x01\x12\r\n\x05model\x18\n \x01(\t\x12)\n\x06output\x18\x0b \x03(\x0b\x32\x19.tether.responses.v1.Item\x12\x1b\n\x13parallel_tool_calls\x18\x0c \x01(\x08\x12\x1c\n\x14previous_response_id\x18\r \x01(\t\x12\x37\n\treasoning\x18\x0e \x01(\x0b\x32$.tether.responses.v1.ReasoningConfig\x12\r\n\x05store\x18\x0f \x01(\x08\x12\x13\n\x0btemperature\x18\x10 \x01(\x01\x12-\n\x04text\x18\x11 \x01(\x0b\x32\x1f.tether.responses.v1.TextConfig\x12\x34\n\x0btool_choice\x18\x12 \x01(\x0b\x32\x1f.tether.responses.v1.ToolChoice\x12(\n\x05tools\x18\x13 \x03(\x0b\x32\x19.tether.responses.v1.Tool\x12\r\n\x05top_p\x18\x14 \x01(\x01\x12\x12\n\ntruncation\x18\x15 \x01(\t\x12)\n\x05usage\x18\x16 \x01(\x0b\x32\x1a.tether.responses.v1.Usage\x12\x0c\n\x04user\x18\x17 \x01(\t\x12=\n\x08metadata\x18\x18 \x03(\x0b\x32+.tether.responses.v1.Response.MetadataEntry\x12\x18\n\x10prompt_cache_key\x18\x19 \x01(\t\x12\x19\n\x11safety_identifier\x18\x1a \x01(\t\x12\x14\n\x0cservice_tier\x18\x1b \x01(\t\x12\x12\n\nbackground\x18\x1c \x01(\x08\x12:\n\x0e\x62\x61\x63kend_timing\x18\x1d \x01(\x0b\x32\".tether.responses.v1.BackendTiming\x12\x12\n\nextra_json\x18\x1e \x01(\t\x12\x38\n\rserver_timing\x18\x1f \x01(\x0b\x32!.tether.responses.v1.ServerTiming\x12:\n\x0c\x63onversation\x18  \x01(\x0b\x32$.tether.responses.v1.ConversationRef\x12\x14\n\x0ctop_logprobs\x18! \x01(\x03\x12+\n\x06prompt\x18\" \x01(\x0b\x32\x1b.tether.responses.v1.Prompt\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0f\n\r_completed_atB\x0f\n\r_instructionsB\x14\n\x12_max_output_tokensB\x11\n\x0f_max_tool_calls\"\x1d\n\x0f\x43onversationRef\x12\n\n\x02id\x18\x01 \x01(\t\"\x97\x01\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x03\x12\x15\n\rcached_tokens\x18\x02 \x01(\x03\x12\x1a\n\x12\x63\x61\x63he_write_tokens\x18\x03 \x01(\x03\x12\x15\n\routput_tokens\x18\x04 \x01(\x03\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x06 \x01(\x03\"E\n\rResponseError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\"#\n\x11IncompleteDetails\x12\x0e\n\x06reason\x18\x01 \x01(\t\"e\n\rBackendTiming\x12\x12\n\nqueue_time\x18\x01 \x01(\x01\x12\x13\n\x0bprompt_time\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompletion_time\x18\x03 \x01(\x01\x12\x12\n\ntotal_time\x18\x04 \x01(\x01\"\x99\x02\n\x0cServerTiming\x12\x42\n\tstages_ms\x18\x01 \x03(\x0b\x32/.tether.responses.v1.ServerTiming.StagesMsEntry\x12\x13\n\x0boverhead_ms\x18\x02 \x01(\x01\x12J\n\rusage_sources\x18\x03 \x03(\x0b\x32\x33.tether.responses.v1.ServerTiming.UsageSourcesEntry\x1a/\n\rStagesMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11UsageSourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,23 +40,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVERTIMING_USAGESOURCESENTRY']._loaded_options = None
   _globals['_SERVERTIMING_USAGESOURCESENTRY']._serialized_options = b'8\001'
   _globals['_RESPONSE']._serialized_start=128
-  _globals['_RESPONSE']._serialized_end=1345
-  _globals['_RESPONSE_METADATAENTRY']._serialized_start=1223
-  _globals['_RESPONSE_METADATAENTRY']._serialized_end=1270
-  _globals['_CONVERSATIONREF']._serialized_start=1347
-  _globals['_CONVERSATIONREF']._serialized_end=1376
-  _globals['_USAGE']._serialized_start=1379
-  _globals['_USAGE']._serialized_end=1530
-  _globals['_RESPONSEERROR']._serialized_start=1532
-  _globals['_RESPONSEERROR']._serialized_end=1601
-  _globals['_INCOMPLETEDETAILS']._serialized_start=1603
-  _globals['_INCOMPLETEDETAILS']._serialized_end=1638
-  _globals['_BACKENDTIMING']._serialized_start=1640
-  _globals['_BACKENDTIMING']._serialized_end=1741
-  _globals['_SERVERTIMING']._serialized_start=1744
-  _globals['_SERVERTIMING']._serialized_end=2025
-  _globals['_SERVERTIMING_STAGESMSENTRY']._serialized_start=1925
-  _globals['_SERVERTIMING_STAGESMSENTRY']._serialized_end=1972
-  _globals['_SERVERTIMING_USAGESOURCESENTRY']._serialized_start=1974
-  _globals['_SERVERTIMING_USAGESOURCESENTRY']._serialized_end=2025
+  _globals['_RESPONSE']._serialized_end=1412
+  _globals['_RESPONSE_METADATAENTRY']._serialized_start=1290
+  _globals['_RESPONSE_METADATAENTRY']._serialized_end=1337
+  _globals['_CONVERSATIONREF']._serialized_start=1414
+  _globals['_CONVERSATIONREF']._serialized_end=1443
+  _globals['_USAGE']._serialized_start=1446
+  _globals['_USAGE']._serialized_end=1597
+  _globals['_RESPONSEERROR']._serialized_start=1599
+  _globals['_RESPONSEERROR']._serialized_end=1668
+  _globals['_INCOMPLETEDETAILS']._serialized_start=1670
+  _globals['_INCOMPLETEDETAILS']._serialized_end=1705
+  _globals['_BACKENDTIMING']._serialized_start=1707
+  _globals['_BACKENDTIMING']._serialized_end=1808
+  _globals['_SERVERTIMING']._serialized_start=1811
+  _globals['_SERVERTIMING']._serialized_end=2092
+  _globals['_SERVERTIMING_STAGESMSENTRY']._serialized_start=1992
+  _globals['_SERVERTIMING_STAGESMSENTRY']._serialized_end=2039
+  _globals['_SERVERTIMING_USAGESOURCESENTRY']._serialized_start=2041
+  _globals['_SERVERTIMING_USAGESOURCESENTRY']._serialized_end=2092
 # @@protoc_insertion_point(module_scope)

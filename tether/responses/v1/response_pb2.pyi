@@ -78,6 +78,8 @@ class Response(_message.Message):
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
     SERVER_TIMING_FIELD_NUMBER: _builtins.int
     CONVERSATION_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     created_at: _builtins.int
     completed_at: _builtins.int
@@ -100,6 +102,8 @@ class Response(_message.Message):
     background: _builtins.bool
     extra_json: _builtins.str
     """Unknown request fields echoed back (JSON object text)."""
+    top_logprobs: _builtins.int
+    """The create's `top_logprobs` (0 when not set)."""
     @_builtins.property
     def error(self) -> Global___ResponseError: ...
     @_builtins.property
@@ -131,6 +135,10 @@ class Response(_message.Message):
     @_builtins.property
     def conversation(self) -> Global___ConversationRef:
         """The conversation the response belongs to (JSON null when none)."""
+
+    @_builtins.property
+    def prompt(self) -> _request_pb2.Prompt:
+        """The create's `prompt` (JSON null when none)."""
 
     def __init__(
         self,
@@ -167,10 +175,12 @@ class Response(_message.Message):
         extra_json: _builtins.str = ...,
         server_timing: Global___ServerTiming | None = ...,
         conversation: Global___ConversationRef | None = ...,
+        top_logprobs: _builtins.int = ...,
+        prompt: _request_pb2.Prompt | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "completed_at", b"completed_at", "conversation", b"conversation", "error", b"error", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "reasoning", b"reasoning", "server_timing", b"server_timing", "text", b"text", "tool_choice", b"tool_choice", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "completed_at", b"completed_at", "conversation", b"conversation", "error", b"error", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "server_timing", b"server_timing", "text", b"text", "tool_choice", b"tool_choice", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "background", b"background", "completed_at", b"completed_at", "conversation", b"conversation", "created_at", b"created_at", "error", b"error", "extra_json", b"extra_json", "id", b"id", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "output", b"output", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "server_timing", b"server_timing", "service_tier", b"service_tier", "status", b"status", "store", b"store", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_p", b"top_p", "truncation", b"truncation", "usage", b"usage", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "backend_timing", b"backend_timing", "background", b"background", "completed_at", b"completed_at", "conversation", b"conversation", "created_at", b"created_at", "error", b"error", "extra_json", b"extra_json", "id", b"id", "incomplete_details", b"incomplete_details", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "output", b"output", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "server_timing", b"server_timing", "service_tier", b"service_tier", "status", b"status", "store", b"store", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "truncation", b"truncation", "usage", b"usage", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__completed_at: _TypeAlias = _typing.Literal["completed_at"]  # noqa: Y015
     _WhichOneofArgType__completed_at: _TypeAlias = _typing.Literal["_completed_at", b"_completed_at"]  # noqa: Y015

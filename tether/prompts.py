@@ -1,0 +1,220 @@
+"""Prompt templates: the create field `prompt: {id, version, variables}` against templates the
+operator defines in config, so a client can name a prompt instead of sending its text.
+
+A template is `[prompts.<id>]` in tether.toml: `instructions` and/or `input` (messages,
+`{role, content}` with `content` a string) holding `{{name}}` placeholders. Several versions live
+under `[prompts.<id>.versions.<version>]`, with `default_version` naming the one a request
+without `version` gets (default: the last one listed); a template without `versions` has the one
+version "1". Everything is checked when the config loads (`PromptLibrary.from_config`).
+
+Applying one (`PromptLibrary.apply`, first thing in a create's preparation, before validation):
+the template's instructions go before the request's own `instructions` (a blank line between),
+its messages before the request's input, every placeholder replaced by its variable. A variable
+is a string, or an input content part: `input_text` (its text), `input_image` or `input_file`
+(only as the whole content of a template message, which then carries that part). An unknown id
+or version, a placeholder without a variable, a variable the template does not use, or a part
+where only text fits is a 400 naming `prompt.id`, `prompt.version` or `prompt.variables.<name>`.
+The Response echoes `prompt` as sent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tether import errors
+from tether.errors import TetherError
+from tether.protocol.json_codec import item_from_json
+from tether.responses.v1 import items_pb2, request_pb2
+
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\}\}")
+_ROLES = ("user", "developer", "system", "assistant")
+_PART_TYPES = {"input_text", "input_image", "input_file"}
+
+
+@dataclass(frozen=True)
+class TemplateMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class PromptVersion:
+    instructions: str | None
+    input: tuple[TemplateMessage, ...]
+    variables: frozenset[str]  # every placeholder it holds
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    id: str
+    versions: Mapping[str, PromptVersion]
+    default_version: str
+
+
+@dataclass
+class PromptLibrary:
+    templates: dict[str, PromptTemplate] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> PromptLibrary:
+        """The `[prompts]` table; raises ValueError naming the key that is wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError("[prompts] must be a table of templates")
+        return cls({pid: _template(pid, spec) for pid, spec in data.items()})
+
+    def apply(self, params: request_pb2.ResponseCreateParams) -> None:
+        """Expand `params.prompt` into `params.instructions` and `params.input` (see above)."""
+        if not params.HasField("prompt"):
+            return
+        prompt = params.prompt
+        template = self.templates.get(prompt.id)
+        if template is None:
+            raise TetherError(
+                errors.INVALID_REQUEST,
+                f"Unknown prompt.id {prompt.id!r}: this server defines "
+                + (", ".join(repr(k) for k in sorted(self.templates)) or "no prompts")
+                + ".",
+                param="prompt.id",
+                status=400,
+            )
+        version_name = prompt.version if prompt.HasField("version") else template.default_version
+        version = template.versions.get(version_name)
+        if version is None:
+            raise TetherError(
+                errors.INVALID_REQUEST,
+                f"Unknown prompt.version {version_name!r} of prompt {prompt.id!r} (versions: "
+                f"{', '.join(template.versions)}).",
+                param="prompt.version",
+                status=400,
+            )
+        variables = _variables(prompt.variables_json)
+        for name in sorted(version.variables - variables.keys()):
+            raise _variable_error(
+                name, f"Missing prompt.variables.{name}: prompt {prompt.id!r} uses {{{{{name}}}}}."
+            )
+        for name in sorted(variables.keys() - version.variables):
+            raise _variable_error(
+                name, f"Unknown prompt.variables.{name}: prompt {prompt.id!r} has no {{{{{name}}}}}."
+            )
+        if version.instructions is not None:
+            text = _substitute(version.instructions, variables)
+            params.instructions = (
+                f"{text}\n\n{params.instructions}" if params.HasField("instructions") else text
+            )
+        if not version.input:
+            return
+        items = [_message(m, variables) for m in version.input]
+        if params.HasField("input_text"):
+            items.append(
+                items_pb2.Item(message=items_pb2.Message(role="user", content_text=params.input_text))
+            )
+            params.ClearField("input_text")
+        items.extend(params.input)
+        del params.input[:]
+        params.input.extend(items)
+
+
+def _variable_error(name: str, message: str) -> TetherError:
+    return TetherError(errors.INVALID_REQUEST, message, param=f"prompt.variables.{name}", status=400)
+
+
+def _variables(text: str) -> dict[str, str | dict]:
+    if not text:
+        return {}
+    out = orjson.loads(text)  # the codec checked it is an object
+    for name, value in out.items():
+        if isinstance(value, str):
+            continue
+        if not isinstance(value, dict) or value.get("type") not in _PART_TYPES:
+            raise _variable_error(
+                name,
+                f"prompt.variables.{name} must be a string or an input_text, input_image or "
+                "input_file content part.",
+            )
+        if value["type"] == "input_text" and not isinstance(value.get("text"), str):
+            raise _variable_error(name, f"prompt.variables.{name}: an input_text part needs a string 'text'.")
+    return out
+
+
+def _substitute(text: str, variables: Mapping[str, str | dict]) -> str:
+    def one(m: re.Match) -> str:
+        name = m.group(1)
+        value = variables[name]
+        if isinstance(value, str):
+            return value
+        if value["type"] == "input_text":
+            return value["text"]
+        raise _variable_error(
+            name,
+            f"prompt.variables.{name} is an {value['type']} part; it can only be the whole "
+            "content of a template message, not part of a text.",
+        )
+
+    return PLACEHOLDER.sub(one, text)
+
+
+def _message(m: TemplateMessage, variables: Mapping[str, str | dict]) -> items_pb2.Item:
+    whole = PLACEHOLDER.fullmatch(m.content.strip())
+    value = variables.get(whole.group(1)) if whole else None
+    msg = items_pb2.Message(role=m.role)
+    if whole and isinstance(value, dict) and value["type"] in ("input_image", "input_file"):
+        item = item_from_json(
+            {"type": "message", "role": m.role, "content": [value]}, f"prompt.variables.{whole.group(1)}"
+        )
+        msg.content.append(item.message.content[0])
+    else:
+        msg.content_text = _substitute(m.content, variables)
+    return items_pb2.Item(message=msg)
+
+
+def _version(where: str, spec: Any) -> PromptVersion:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"[{where}] must be a table")
+    unknown = set(spec) - {"instructions", "input"}
+    if unknown:
+        raise ValueError(f"unknown keys in [{where}]: {sorted(unknown)}")
+    instructions = spec.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise ValueError(f"{where}.instructions must be a string")
+    raw_input = spec.get("input", [])
+    if not isinstance(raw_input, list):
+        raise ValueError(f"{where}.input must be a list of messages")
+    messages = []
+    for i, m in enumerate(raw_input):
+        if not isinstance(m, Mapping) or set(m) - {"role", "content"}:
+            raise ValueError(f"{where}.input[{i}] must be a table with role and content")
+        role, content = m.get("role", "user"), m.get("content")
+        if role not in _ROLES:
+            raise ValueError(f"{where}.input[{i}].role must be one of {', '.join(_ROLES)}")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}.input[{i}].content must be a string")
+        messages.append(TemplateMessage(role, content))
+    if instructions is None and not messages:
+        raise ValueError(f"[{where}] needs instructions or input")
+    texts = [instructions or "", *(m.content for m in messages)]
+    names = frozenset(n for t in texts for n in PLACEHOLDER.findall(t))
+    return PromptVersion(instructions, tuple(messages), names)
+
+
+def _template(pid: str, spec: Any) -> PromptTemplate:
+    where = f"prompts.{pid}"
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"[{where}] must be a table")
+    if "versions" not in spec:
+        return PromptTemplate(pid, {"1": _version(where, spec)}, "1")
+    unknown = set(spec) - {"versions", "default_version"}
+    if unknown:
+        raise ValueError(f"unknown keys in [{where}] (a template with versions): {sorted(unknown)}")
+    raw = spec["versions"]
+    if not isinstance(raw, Mapping) or not raw:
+        raise ValueError(f"[{where}.versions] must be a non-empty table of versions")
+    versions = {str(v): _version(f"{where}.versions.{v}", s) for v, s in raw.items()}
+    default = str(spec.get("default_version", list(versions)[-1]))
+    if default not in versions:
+        raise ValueError(f"{where}.default_version {default!r} is not one of its versions")
+    return PromptTemplate(pid, versions, default)
