@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tether import render
 from tether.auth import Authenticator
@@ -29,6 +30,10 @@ from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
 from tether.store.factory import open_store
+
+if TYPE_CHECKING:
+    from tether.bridge.listener import BridgeServer
+    from tether.service.remote import RemoteResponsesAPI
 
 log = logging.getLogger("tether.server")
 
@@ -168,40 +173,63 @@ async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDA
     await running.stop(config.server.shutdown_grace_s)
 
 
-async def serve_remote_forever(
-    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
-) -> None:
-    """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT.
+@dataclass
+class RemoteBridge:
+    """`tether bridge --upstream`: the bridge alone, in front of a remote Tether."""
+
+    bridge: BridgeServer
+    api: RemoteResponsesAPI
+    reclaimer: MemoryReclaimer
+
+    async def stop(self, grace: float) -> None:
+        await self.bridge.stop(grace)
+        await self.reclaimer.stop()
+        await self.api.aclose()
+
+
+async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: str | None = None,
+                              tls_ca: str | None = None, authenticator: Authenticator | None = None,
+                              ) -> RemoteBridge:  # fmt: skip
+    """The bridge in front of the Tether gRPC server at `upstream`, listening.
 
     With `api_key`, the bridge authenticates callers itself (`server.api_keys_file` /
-    TETHER_API_KEYS) and calls upstream as that one key. Without it, each caller's own key is
-    forwarded and the upstream authenticates and scopes it (`ForwardingAuthenticator`).
+    TETHER_API_KEYS, or `authenticator`) and calls upstream as that one key. Without it, each
+    caller's own key is forwarded and the upstream authenticates and scopes it
+    (`ForwardingAuthenticator`).
     """
     from tether.bridge.listener import start_bridge
     from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
 
-    authenticator: Authenticator
-    if api_key:
-        authenticator = Authenticator.from_sources(file=config.server.api_keys_file)
-        if authenticator.open:
-            log.warning(
-                "no API keys configured for the bridge: it is OPEN, and every caller uses the upstream key"
-            )
-    else:
-        authenticator = ForwardingAuthenticator()
+    if authenticator is None:
+        if api_key:
+            authenticator = Authenticator.from_sources(file=config.server.api_keys_file)
+            if authenticator.open:
+                log.warning(
+                    "no API keys configured for the bridge: it is OPEN, and every caller uses the upstream key"
+                )
+        else:
+            authenticator = ForwardingAuthenticator()
     api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
-    reclaimer: MemoryReclaimer | None = None
     try:
         bridge = await start_bridge(api, authenticator, config)
-        app = bridge.app
-        reclaimer = MemoryReclaimer(
-            lambda: (len(app.connections), app.connections_closed), config.server.memory_reclaim_interval_s
-        ).start()
-        print(f"tether bridge: HTTP/WebSocket on {bridge.base_url} -> gRPC {upstream}", flush=True)
+    except BaseException:
+        await api.aclose()
+        raise
+    app = bridge.app
+    reclaimer = MemoryReclaimer(
+        lambda: (len(app.connections), app.connections_closed), config.server.memory_reclaim_interval_s
+    ).start()
+    return RemoteBridge(bridge, api, reclaimer)
+
+
+async def serve_remote_forever(
+    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
+) -> None:
+    """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT."""
+    remote = await start_remote_bridge(config, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    try:
+        print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)
         await wait_for_signal()
         log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
-        await bridge.stop(config.server.shutdown_grace_s)
     finally:
-        if reclaimer is not None:
-            await reclaimer.stop()
-        await api.aclose()
+        await remote.stop(config.server.shutdown_grace_s)

@@ -21,10 +21,9 @@ from tests.support.configs import instant_config
 from tests.support.stacks import Stack
 from tether import server
 from tether.auth import Authenticator
-from tether.bridge import start_bridge
 from tether.core.engine import Engine
 from tether.protocol.wire import error_from_rpc
-from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
+from tether.service.remote import RemoteResponsesAPI
 
 from .helpers import KEY_A, KEY_B, WEATHER_TOOL, recv_json, recv_response, send_json
 
@@ -49,16 +48,16 @@ async def remote_stack(forward: bool) -> AsyncIterator[RemoteStack]:
     upstream = await server.start(config, authenticator=Authenticator({KEY_A: "a", KEY_B: "b"}))
     engine, grpc_server = upstream.engine, upstream.grpc
     target = f"127.0.0.1:{grpc_server.port}"
-    if forward:
-        api, bridge_auth = RemoteResponsesAPI(target, api_key=None), ForwardingAuthenticator()
+    if forward:  # the callers' keys go upstream (ForwardingAuthenticator)
+        remote = await server.start_remote_bridge(config, upstream=target)
     else:
-        api, bridge_auth = RemoteResponsesAPI(target, api_key=KEY_A), Authenticator({"sk-bridge": "x"})
-    bridge = await start_bridge(api, bridge_auth, config)
+        remote = await server.start_remote_bridge(
+            config, upstream=target, api_key=KEY_A, authenticator=Authenticator({"sk-bridge": "x"})
+        )
     try:
-        yield RemoteStack(engine, bridge, config, grpc_server, api)
+        yield RemoteStack(engine, remote.bridge, config, grpc_server, remote.api)
     finally:
-        await bridge.stop(0.5)
-        await api.aclose()
+        await remote.stop(0.5)
         await upstream.stop(0)
 
 
