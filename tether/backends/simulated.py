@@ -63,6 +63,7 @@ from typing import Any, ClassVar
 import orjson
 
 from tether import errors
+from tether.backends.balancer import prefix_chain
 from tether.backends.base import (
     BackendBase,
     BackendError,
@@ -77,7 +78,6 @@ from tether.backends.base import (
     Usage,
 )
 from tether.backends.kvsim import ReplicaPhysics
-from tether.core.routing import prefix_chain
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2
 
