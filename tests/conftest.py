@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Engine, a real grpc.aio server on 127.0.0.1:0, real channels."""
+"""Shared fixtures: a real Engine behind a real grpc.aio server on 127.0.0.1:0 (built by the
+composition root, `tether.server.start`), real channels."""
 
 from __future__ import annotations
 
@@ -6,10 +7,9 @@ import grpc
 import pytest
 
 from tests.support.configs import make_config
+from tether import server
 from tether.auth import Authenticator
 from tether.config import TetherConfig
-from tether.core.engine import Engine
-from tether.service.grpc_server import start_grpc_server
 
 
 @pytest.fixture
@@ -18,22 +18,26 @@ def config(tmp_path) -> TetherConfig:
 
 
 @pytest.fixture
-async def engine(config):
-    eng = await Engine.start(config)
-    yield eng
-    await eng.aclose()
-
-
-@pytest.fixture
 def authenticator() -> Authenticator:
     return Authenticator({})
 
 
 @pytest.fixture
-async def grpc_server(engine, config, authenticator):
-    server = await start_grpc_server(engine, config, authenticator)
-    yield server
-    await server.stop(0)
+async def running(config, authenticator):
+    config.server.bridge = False
+    running = await server.start(config, authenticator=authenticator)
+    yield running
+    await running.stop(0)
+
+
+@pytest.fixture
+def engine(running):
+    return running.engine
+
+
+@pytest.fixture
+def grpc_server(running):
+    return running.grpc
 
 
 @pytest.fixture

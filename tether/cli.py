@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import Any
 
 from tether import __version__
 from tether.config import TetherConfig, load_config, set_path, validate
@@ -83,13 +84,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tether.observability.tracing import configure_from_env
 
     configure_from_env()
+    strategy = getattr(args, "strategy", None)
     if cfg.server.workers > 1:
         from tether.workers import run_workers
 
-        return run_workers(cfg)
+        return run_workers(cfg, strategy)
     from tether.server import serve_forever
 
-    asyncio.run(serve_forever(cfg))
+    asyncio.run(serve_forever(cfg) if strategy is None else serve_forever(cfg, strategy=strategy))
     return 0
 
 
@@ -102,7 +104,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from tether.observability.tracing import configure_from_env
 
     configure_from_env()
-    from tether.bridge.listener import serve_remote_forever
+    from tether.server import serve_remote_forever
 
     asyncio.run(serve_remote_forever(cfg, upstream=args.upstream, api_key=args.upstream_api_key, tls_ca=args.upstream_ca))
     return 0
@@ -158,9 +160,11 @@ def make_parser() -> argparse.ArgumentParser:
 _DELEGATED = {"bench": "tether_lab.bench", "fuzz": "tether_lab.fuzz.campaign"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, strategy: Any = None) -> int:
     """The `tether` program (`argv` None: the command line of this process), or one command run
-    in-process with `argv` (which never re-executes the process; see `_as_program`)."""
+    in-process with `argv` (which never re-executes the process; see `_as_program`). `strategy`:
+    the kind of turn `serve` runs (a `tether.core.turn.TurnStrategy`; the lab's prototype server
+    passes one), default the standard turn."""
     as_program = argv is None
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -168,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             return require(_DELEGATED[argv[0]], "lab").main(argv[1:])
         args = make_parser().parse_args(argv)
         args.as_program = as_program
+        args.strategy = strategy
         return args.run(args)
     except MissingExtra as exc:
         print(f"tether: {exc}", file=sys.stderr)

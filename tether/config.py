@@ -76,9 +76,6 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     workers: int = 1
     metrics_port: int = 0  # 0 = metrics served on the bridge port at /metrics
-    # The WebSocket "prototype" shape (tether/core/prototype.py): a create that includes
-    # "tether:prototype_append" stays open across tool calls, fed by response.append.
-    prototype_append: bool = False
     # Process memory (tether/process_memory.py): `tether serve`/`tether bridge` re-execute once on this
     # allocator so that memory freed after connections close goes back to the OS: "auto" =
     # jemalloc where the system has it (as fast as pymalloc), else glibc "malloc" (more CPU per

@@ -1,7 +1,13 @@
-"""Process lifecycle: start the engine, the gRPC server and (by default) the in-process bridge;
-stop them in order on SIGTERM/SIGINT: stop accepting, let in-flight turns finish within the
-grace period, close WebSockets with 1001 and gRPC streams with UNAVAILABLE, flush post-inference
-work, exit 0."""
+"""The composition root: the one place that builds a server from its configuration.
+
+`build_engine` opens the store, builds the backends (with model discovery, retry hooks and pool
+health checks) and the engine over them, with the telemetry and the kind of turn the sessions
+run. `start` adds the transports: the gRPC server, readiness, the metrics listener, the
+in-process bridge (by default) and the memory reclaimer; `Running.stop` stops them in order on
+SIGTERM/SIGINT: stop accepting, let in-flight turns finish within the grace period, close
+WebSockets with 1001 and gRPC streams with UNAVAILABLE, flush post-inference work, exit 0.
+`serve_remote_forever` is `tether bridge --upstream`: the bridge alone, in front of a remote
+Tether over `RemoteResponsesAPI`. `wait_for_signal` is the one wait for SIGTERM/SIGINT of both."""
 
 from __future__ import annotations
 
@@ -9,16 +15,59 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from tether import render
 from tether.auth import Authenticator
+from tether.backends.pool import build_configured_backend
 from tether.config import TetherConfig
+from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
+from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.observability.health import ReadinessChecker
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
+from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
+from tether.store.factory import open_store
+
+if TYPE_CHECKING:
+    from tether.bridge.listener import BridgeServer
+    from tether.service.remote import RemoteResponsesAPI
 
 log = logging.getLogger("tether.server")
+
+
+async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDARD_TURNS,
+                       clock: Clock = SYSTEM_CLOCK) -> Engine:  # fmt: skip
+    """The engine of `config`: its store opened, its backends built, started and discovered.
+    `clock`: the time the sessions and turns read (a test sets its own)."""
+    telemetry = Observability()
+    store = await open_store(config.store)
+    backends = {
+        name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
+        for name, spec in config.backends.items()
+    }
+    engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock)
+    render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
+    for name, backend in backends.items():
+        added = engine.router.add_discovered(name, list(await backend.discover()))
+        if added:
+            log.info("backend %s lists %d model(s), routed to it", name, added)
+    catch_all = engine.router.catch_all
+    if catch_all is not None:
+        log.warning(
+            "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
+            catch_all,
+            config.backends[catch_all].kind,
+        )
+    for backend in backends.values():
+        if hasattr(backend, "on_retry"):
+            backend.on_retry = telemetry.retry_hook(backend.name)
+        if hasattr(backend, "bind_metrics"):  # a pool: per-replica metrics and health checks
+            backend.bind_metrics(telemetry)
+            await backend.start()
+    return engine
 
 
 @dataclass
@@ -60,10 +109,17 @@ def make_authenticator(config: TetherConfig) -> Authenticator:
     return auth
 
 
-async def start(config: TetherConfig) -> Running:
-    engine = await Engine.start(config)
-    auth = make_authenticator(config)
-    grpc_server = await start_grpc_server(engine, config, auth)
+async def start(config: TetherConfig, *, authenticator: Authenticator | None = None,
+                strategy: TurnStrategy = STANDARD_TURNS) -> Running:  # fmt: skip
+    """The whole server of `config` (the bridge when `server.bridge`), listening. `authenticator`
+    defaults to the configured API keys."""
+    engine = await build_engine(config, strategy=strategy)
+    try:
+        auth = authenticator if authenticator is not None else make_authenticator(config)
+        grpc_server = await start_grpc_server(engine, config, auth)
+    except BaseException:
+        await engine.aclose()
+        raise
     readiness = ReadinessChecker(engine, grpc_server.health).start()
     metrics = None
     if config.server.metrics_port:
@@ -78,7 +134,7 @@ async def start(config: TetherConfig) -> Running:
     reclaimer = MemoryReclaimer(
         lambda: (len(engine.sessions), engine.sessions_closed),
         config.server.memory_reclaim_interval_s,
-        engine.metrics.memory_reclaimed,
+        engine.telemetry.memory_reclaimed,
     ).start()
     return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer)
 
@@ -95,18 +151,85 @@ def startup_lines(config: TetherConfig, running: Running) -> list[str]:
     return lines
 
 
-async def serve_forever(config: TetherConfig) -> None:
-    running = await start(config)
+async def wait_for_signal() -> None:
+    """Return on the first SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDARD_TURNS) -> None:
+    running = await start(config, strategy=strategy)
     log.info(
         "tether serving",
         extra={"grpc": f"{config.server.grpc_host}:{running.grpc_port}", "bridge_port": running.bridge_port},
     )
     for line in startup_lines(config, running):
         print(line, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_signal()
     log.info("shutting down", extra={"grace_s": config.server.shutdown_grace_s})
     await running.stop(config.server.shutdown_grace_s)
+
+
+@dataclass
+class RemoteBridge:
+    """`tether bridge --upstream`: the bridge alone, in front of a remote Tether."""
+
+    bridge: BridgeServer
+    api: RemoteResponsesAPI
+    reclaimer: MemoryReclaimer
+
+    async def stop(self, grace: float) -> None:
+        await self.bridge.stop(grace)
+        await self.reclaimer.stop()
+        await self.api.aclose()
+
+
+async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: str | None = None,
+                              tls_ca: str | None = None, authenticator: Authenticator | None = None,
+                              ) -> RemoteBridge:  # fmt: skip
+    """The bridge in front of the Tether gRPC server at `upstream`, listening.
+
+    With `api_key`, the bridge authenticates callers itself (`server.api_keys_file` /
+    TETHER_API_KEYS, or `authenticator`) and calls upstream as that one key. Without it, each
+    caller's own key is forwarded and the upstream authenticates and scopes it
+    (`ForwardingAuthenticator`).
+    """
+    from tether.bridge.listener import start_bridge
+    from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
+
+    if authenticator is None:
+        if api_key:
+            authenticator = Authenticator.from_sources(file=config.server.api_keys_file)
+            if authenticator.open:
+                log.warning(
+                    "no API keys configured for the bridge: it is OPEN, and every caller uses the upstream key"
+                )
+        else:
+            authenticator = ForwardingAuthenticator()
+    api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
+    try:
+        bridge = await start_bridge(api, authenticator, config)
+    except BaseException:
+        await api.aclose()
+        raise
+    app = bridge.app
+    reclaimer = MemoryReclaimer(
+        lambda: (len(app.connections), app.connections_closed), config.server.memory_reclaim_interval_s
+    ).start()
+    return RemoteBridge(bridge, api, reclaimer)
+
+
+async def serve_remote_forever(
+    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
+) -> None:
+    """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT."""
+    remote = await start_remote_bridge(config, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    try:
+        print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)
+        await wait_for_signal()
+        log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
+    finally:
+        await remote.stop(config.server.shutdown_grace_s)

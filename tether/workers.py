@@ -56,6 +56,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tether.config import TetherConfig
 
@@ -139,7 +140,8 @@ class _Slot:
 
 class Supervisor:
     """Starts, watches and stops the workers. `command` is the worker's argv (the worker reads
-    `(index, cfg)` pickled on stdin); the restart policy is per instance so tests can shrink it."""
+    `(index, cfg)` pickled on stdin, `(index, cfg, strategy)` when a turn strategy is given); the
+    restart policy is per instance so tests can shrink it."""
 
     def __init__(
         self,
@@ -151,8 +153,10 @@ class Supervisor:
         backoff_first_s: float = BACKOFF_FIRST_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         stop_extra_s: float = STOP_EXTRA_S,
+        strategy: Any = None,
     ) -> None:
         self.cfg = cfg
+        self.strategy = strategy  # the workers' TurnStrategy (picklable), None: the standard turn
         self.command = command or [sys.executable, "-c", _WORKER_CMD]
         self.restart_limit = restart_limit
         self.restart_window_s = restart_window_s
@@ -173,7 +177,8 @@ class Supervisor:
         self.starts += 1
         assert proc.stdin is not None
         try:
-            proc.stdin.write(pickle.dumps((slot.index, self.cfg)))
+            payload = (slot.index, self.cfg) if self.strategy is None else (slot.index, self.cfg, self.strategy)
+            proc.stdin.write(pickle.dumps(payload))
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died already; the loop sees the exit
@@ -278,8 +283,9 @@ async def _prepare_store(url: str) -> None:
     await store.close()
 
 
-def run_workers(cfg: TetherConfig) -> int:
-    """Serve `cfg` with `cfg.server.workers` processes; returns the process exit status."""
+def run_workers(cfg: TetherConfig, strategy: Any = None) -> int:
+    """Serve `cfg` with `cfg.server.workers` processes (each running `strategy`'s turns, default
+    the standard turn); returns the process exit status."""
     server = cfg.server
     reserved: list[socket.socket] = []
     try:
@@ -319,7 +325,7 @@ def run_workers(cfg: TetherConfig) -> int:
             cfg.store_durability,
         )
     try:
-        return Supervisor(cfg).run()
+        return Supervisor(cfg, strategy=strategy).run()
     finally:
         for sock in reserved:
             sock.close()
@@ -354,7 +360,7 @@ def _die_with_parent() -> None:
 
 def worker_main() -> None:
     """Entry point of one worker process (started by `Supervisor`)."""
-    index, cfg = pickle.load(sys.stdin.buffer)
+    index, cfg, *strategy = pickle.load(sys.stdin.buffer)
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -371,6 +377,6 @@ def worker_main() -> None:
     from tether.server import serve_forever
 
     try:
-        asyncio.run(serve_forever(cfg))
+        asyncio.run(serve_forever(cfg, strategy=strategy[0]) if strategy else serve_forever(cfg))
     except KeyboardInterrupt:
         pass

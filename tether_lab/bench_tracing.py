@@ -141,14 +141,14 @@ async def _turns_per_round(turns: int, chain: int = 20) -> float:
     """µs per turn over `turns` creates on one in-process session, in chains of `chain` turns
     (a rollout: each continues the previous with previous_response_id)."""
     from tether.config import BackendSpec, TetherConfig
-    from tether.core.engine import Engine
     from tether.responses.v1 import service_pb2
+    from tether.server import build_engine
 
     config = TetherConfig()
     config.store = "memory://"
     config.backends = {"sim": BackendSpec(options={"ttft_ms": 0, "tokens_per_s": 0, "output_tokens": 20})}
     config.limits.coalesce_ms = 0
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     try:
         session = await engine.open_session("", transport="grpc")
         events = session.events()

@@ -40,6 +40,7 @@ from tether.config import BackendSpec, TetherConfig
 from tether.core.engine import Engine
 from tether.core.outbox import Delta
 from tether.protocol import json_codec
+from tether.server import build_engine
 
 
 async def _engine(options: dict) -> Engine:
@@ -47,7 +48,7 @@ async def _engine(options: dict) -> Engine:
     config.store = "memory://"
     config.log_level = "warning"
     config.backends = {"sim": BackendSpec(options=options)}
-    return await Engine.start(config)
+    return await build_engine(config)
 
 
 async def _until_terminal(events) -> tuple[dict, int]:

@@ -2,7 +2,7 @@
 subprocesses (`ServerProcess`, the one helper that starts them), so their CPU time and memory can
 be read from /proc and the client's own work never shares their event loop.
 
-    python -m tether serve --config bench.toml --set server.prototype_append=true
+    python -m tether_lab.prototype serve --config bench.toml   (tether serve + the prototype turns)
     python -m tether bridge --upstream HOST:PORT --port 0
 
 `write_config` renders the server configuration for a set of (workload, speed) pairs: one
@@ -203,6 +203,7 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)
     prelude: str = ""
     program: str = "serve"
+    module: str = "tether"  # the program's module: `tether_lab.prototype` serves with the prototype turns
     log_level: str | None = "warning"
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
@@ -266,9 +267,9 @@ class ServerProcess:
             cli += ["--log-level", self.log_level]
         cli += list(self.args)
         if self.prelude:
-            launcher = "import sys\nfrom tether.cli import main\nsys.exit(main())\n"
+            launcher = f"import runpy\nrunpy.run_module({self.module!r}, run_name='__main__', alter_sys=True)\n"
             return [sys.executable, "-c", self.prelude + "\n" + launcher, *cli]
-        return [sys.executable, "-m", "tether", *cli]
+        return [sys.executable, "-m", self.module, *cli]
 
     def start(self, timeout: float = 60.0) -> ServerProcess:
         raise_fd_limit()
@@ -392,8 +393,8 @@ class ServerProcess:
 
 
 def serve_process(config: Path, workdir: Path, *, name: str = "server", extra: Sequence[str] = ()) -> ServerProcess:
-    """`tether serve` as the bench runs it: ephemeral ports, the prototype shape on."""
-    return ServerProcess(config, workdir, name=name, args=["--set", "server.prototype_append=true", *extra])
+    """`tether serve` as the bench runs it: ephemeral ports, the prototype turns on."""
+    return ServerProcess(config, workdir, name=name, module="tether_lab.prototype", args=list(extra))
 
 
 def bridge_process(upstream: str, workdir: Path, *, name: str = "bridge") -> ServerProcess:

@@ -2,7 +2,7 @@
 by inclusive share of the samples, with file paths shortened and line numbers merged per function.
 
     py-spy record -r 500 -f raw -o turns.raw -- python -m tether_lab.hotpath turns
-    python -m tether_lab.pyspy_top turns.raw --within run_until_complete --without Engine.start
+    python -m tether_lab.pyspy_top turns.raw --within run_until_complete --without build_engine
 
 `--within` keeps only the samples whose stack holds that text (the measured run, not the imports
 before it); `--without` drops those that hold it (start-up work inside the run; an idle loop's

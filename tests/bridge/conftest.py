@@ -14,7 +14,6 @@ from openai import AsyncOpenAI
 
 from tests.support.stacks import Stack, running_stack
 from tether.auth import Authenticator
-from tether.service.grpc_server import start_grpc_server
 
 from .helpers import KEY_A, KEY_B
 
@@ -39,11 +38,7 @@ def make_stack(authenticator: Authenticator) -> Callable[..., Any]:
 @pytest.fixture
 async def grpc_port(stack: Stack, authenticator: Authenticator) -> AsyncIterator[int]:
     """The gRPC service on the same engine as `stack` (127.0.0.1, port 0)."""
-    server = await start_grpc_server(stack.engine, stack.config, authenticator)
-    try:
-        yield server.port
-    finally:
-        await server.stop(0)
+    yield stack.grpc_port
 
 
 @pytest.fixture

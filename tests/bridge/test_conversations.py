@@ -197,7 +197,7 @@ async def test_agents_sdk_conversation_over_websocket(stack: Stack) -> None:
         api_key=KEY_A, base_url=stack.base_url, websocket_base_url=f"ws://127.0.0.1:{stack.port}/v1"
     ) as ws:
         agent = _agent("sim-model")
-        websockets = stack.engine.metrics.connections_total.labels("websocket")
+        websockets = stack.engine.telemetry.connections_total.labels("websocket")
         before = websockets._value.get()
         await _two_turns(lambda q, cid: ws.run(agent, q, conversation_id=cid), conv.id)
         assert websockets._value.get() == before + 1  # all four model calls on one WebSocket

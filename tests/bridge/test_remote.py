@@ -19,12 +19,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support.configs import instant_config
 from tests.support.stacks import Stack
+from tether import server
 from tether.auth import Authenticator
-from tether.bridge import start_bridge
 from tether.core.engine import Engine
 from tether.protocol.wire import error_from_rpc
-from tether.service.grpc_server import start_grpc_server
-from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
+from tether.service.remote import RemoteResponsesAPI
 
 from .helpers import KEY_A, KEY_B, WEATHER_TOOL, recv_json, recv_response, send_json
 
@@ -45,22 +44,21 @@ async def remote_stack(forward: bool) -> AsyncIterator[RemoteStack]:
     forward=True: callers' keys are forwarded upstream. forward=False: the bridge checks keys itself
     and calls upstream as sk-a."""
     config = instant_config()
-    upstream_auth = Authenticator({KEY_A: "a", KEY_B: "b"})
-    engine = await Engine.start(config)
-    grpc_server = await start_grpc_server(engine, config, upstream_auth)
+    config.server.bridge = False  # the upstream: gRPC only
+    upstream = await server.start(config, authenticator=Authenticator({KEY_A: "a", KEY_B: "b"}))
+    engine, grpc_server = upstream.engine, upstream.grpc
     target = f"127.0.0.1:{grpc_server.port}"
-    if forward:
-        api, bridge_auth = RemoteResponsesAPI(target, api_key=None), ForwardingAuthenticator()
+    if forward:  # the callers' keys go upstream (ForwardingAuthenticator)
+        remote = await server.start_remote_bridge(config, upstream=target)
     else:
-        api, bridge_auth = RemoteResponsesAPI(target, api_key=KEY_A), Authenticator({"sk-bridge": "x"})
-    bridge = await start_bridge(api, bridge_auth, config)
+        remote = await server.start_remote_bridge(
+            config, upstream=target, api_key=KEY_A, authenticator=Authenticator({"sk-bridge": "x"})
+        )
     try:
-        yield RemoteStack(engine, bridge, config, grpc_server, api)
+        yield RemoteStack(engine, remote.bridge, config, grpc_server, remote.api)
     finally:
-        await bridge.stop(0.5)
-        await api.aclose()
-        await grpc_server.stop(0)
-        await engine.aclose()
+        await remote.stop(0.5)
+        await upstream.stop(0)
 
 
 @pytest.fixture(params=[True, False], ids=["forward-keys", "bridge-key"])
@@ -230,8 +228,9 @@ def test_error_mapping_from_status() -> None:
 @pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
 async def test_tether_bridge_cli_subprocess() -> None:
     config = instant_config()
-    engine = await Engine.start(config)
-    grpc_server = await start_grpc_server(engine, config, Authenticator({KEY_A: "a"}))
+    config.server.bridge = False
+    upstream = await server.start(config, authenticator=Authenticator({KEY_A: "a"}))
+    grpc_server = upstream.grpc
     env = {**os.environ, "TETHER_API_KEYS": ""}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tether", "bridge", "--upstream", f"127.0.0.1:{grpc_server.port}",
@@ -260,8 +259,7 @@ async def test_tether_bridge_cli_subprocess() -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        await grpc_server.stop(0)
-        await engine.aclose()
+        await upstream.stop(0)
 
 
 async def test_conversations_over_grpc(remote: Any) -> None:

@@ -99,34 +99,28 @@ async def test_websocket_refused_steer_returns_its_input(make_stack: Any) -> Non
 
 
 async def test_grpc_steer_interrupts_and_succeeds(make_stack: Any, authenticator: Any) -> None:
-    from tether.service.grpc_server import start_grpc_server
-
     async with make_stack(backend=SLOW_TEXT) as stack:
-        server = await start_grpc_server(stack.engine, stack.config, authenticator)
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                session = RawSession(channel, KEY_A)
-                await session.create(model="sim-model", input="write a lot", store=False)
-                while True:
-                    ev = await session.next_event()
-                    if ev.WhichOneof("event") == "output_text_delta":
-                        break
-                target = ev.response_id
-                steer = json_codec.client_event_from_json(
-                    {"type": "response.steer", "previous_response_id": target, "input": "go left"}
-                )
-                await session.send(steer)
-                arms = []
-                while not arms or arms[-1] != "completed":
-                    ev = await session.next_event()
-                    arms.append(ev.WhichOneof("event"))
-                    if arms[-1] == "incomplete":
-                        assert ev.incomplete.response.incomplete_details.reason == "steered"
-                assert arms.index("steer_accepted") < arms.index("incomplete") < arms.index("created")
-                assert ev.completed.response.previous_response_id == target
-                session.call.cancel()
-        finally:
-            await server.stop(0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as channel:
+            session = RawSession(channel, KEY_A)
+            await session.create(model="sim-model", input="write a lot", store=False)
+            while True:
+                ev = await session.next_event()
+                if ev.WhichOneof("event") == "output_text_delta":
+                    break
+            target = ev.response_id
+            steer = json_codec.client_event_from_json(
+                {"type": "response.steer", "previous_response_id": target, "input": "go left"}
+            )
+            await session.send(steer)
+            arms = []
+            while not arms or arms[-1] != "completed":
+                ev = await session.next_event()
+                arms.append(ev.WhichOneof("event"))
+                if arms[-1] == "incomplete":
+                    assert ev.incomplete.response.incomplete_details.reason == "steered"
+            assert arms.index("steer_accepted") < arms.index("incomplete") < arms.index("created")
+            assert ev.completed.response.previous_response_id == target
+            session.call.cancel()
 
 
 async def test_prewarm_is_a_warm_up(make_stack: Any) -> None:

@@ -16,7 +16,7 @@ from websockets.asyncio.client import connect
 from tests.support.configs import instant_config
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
-from tether.core.engine import Engine
+from tether.server import start as start_server
 
 from .helpers import KEY_A, recv_response, send_json
 
@@ -41,8 +41,8 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
     cert, key = self_signed(tmp_path)
     config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
-    engine = await Engine.start(config)
-    bridge = await start_bridge(engine, authenticator, config)
+    running = await start_server(config, authenticator=authenticator)
+    bridge = running.bridge
     try:
         assert bridge.tls and bridge.base_url.startswith("https://")
         trust = ssl.create_default_context(cafile=str(cert))
@@ -62,8 +62,7 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
             with pytest.raises(httpx.HTTPError):
                 await plain.get(f"http://127.0.0.1:{bridge.port}/healthz")
     finally:
-        await bridge.stop(0.5)
-        await engine.aclose()
+        await running.stop(0.5)
 
 
 async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> None:
@@ -81,14 +80,11 @@ async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path, authentic
     cert, key = self_signed(tmp_path)
     config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
-    engine = await Engine.start(config)
+    running = await start_server(config, authenticator=authenticator)
+    bridge = running.bridge
     try:
-        bridge = await start_bridge(engine, authenticator, config)
-        try:
-            lines = startup_lines(config, SimpleNamespace(grpc_port=50051, bridge=bridge))  # type: ignore[arg-type]
-        finally:
-            await bridge.stop(0.5)
+        lines = startup_lines(config, SimpleNamespace(grpc_port=50051, bridge=bridge))  # type: ignore[arg-type]
     finally:
-        await engine.aclose()
+        await running.stop(0.5)
     assert lines[0] == f"tether: gRPC on 127.0.0.1:50051, HTTP/WebSocket on https://127.0.0.1:{bridge.port}/v1"
     assert lines[1] == f"tether: console at https://127.0.0.1:{bridge.port}/console"

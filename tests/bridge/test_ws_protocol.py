@@ -12,8 +12,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support.configs import instant_config
 from tests.support.stacks import running_stack
-from tether.bridge import start_bridge
-from tether.core.engine import Engine
+from tether.server import start as start_server
 
 from .helpers import (
     WEATHER_TOOL,
@@ -281,17 +280,15 @@ async def test_permessage_deflate_is_negotiated_when_offered(stack: Any) -> None
 async def test_compression_can_be_turned_off(authenticator: Any) -> None:
     config = instant_config()
     config.server.ws_compression = False
-    engine = await Engine.start(config)
-    bridge = await start_bridge(engine, authenticator, config)
+    running = await start_server(config, authenticator=authenticator)
     try:
-        url = f"ws://127.0.0.1:{bridge.port}/v1/responses"
+        url = f"ws://127.0.0.1:{running.bridge_port}/v1/responses"
         async with connect(
             url, additional_headers={"Authorization": "Bearer sk-a"}, compression="deflate"
         ) as conn:
             assert "Sec-WebSocket-Extensions" not in conn.response.headers
     finally:
-        await bridge.stop(0.5)
-        await engine.aclose()
+        await running.stop(0.5)
 
 
 async def test_openai_beta_and_unknown_headers_are_ignored(stack: Any) -> None:

@@ -33,7 +33,7 @@ async def test_explicit_reconnect_continues_from_the_store(server):
         assert s.reconnects == 1
         third = await (await s.create("tether-sim", "again", previous_response_id=second.id)).final_response()
         assert third.usage.cached_tokens > 0  # and cached on it from then on
-    hydrations = server.engine.metrics.hydrations.labels("found")._value.get()
+    hydrations = server.engine.telemetry.hydrations.labels("found")._value.get()
     assert hydrations == 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tests.core.clocks import SetClock
 from tether.core.outbox import Outbox, OutboxClosed
 from tether.responses.v1 import events_pb2
 
@@ -122,3 +123,28 @@ async def test_merged_deltas_concatenate_their_log_probabilities_in_order():
     ev = merged.to_event()
     assert [lp["logprob"] for lp in orjson.loads(ev.output_text_delta.logprobs_json)] == [-1.0, -1.0, -2.0, -3.0]
 
+
+async def _one_step(coro) -> asyncio.Task:
+    """`coro` as a task that has run until its first wait."""
+    task = asyncio.create_task(coro)
+    await asyncio.sleep(0)
+    return task
+
+
+async def test_the_coalescing_window_runs_on_the_outbox_clock():
+    clock = SetClock()
+    box = Outbox(max_events=16, coalesce_s=0.010, max_coalesced_bytes=1 << 16, clock=clock)
+    await box.put(created("r"))
+    assert len(await box.get_batch()) == 1  # flushed at t = 0
+    await box.put(delta("r", "a"))
+    waiting = await _one_step(box.get_batch())
+    assert not waiting.done()  # a delta inside the window waits for more
+    await box.put(delta("r", "b"))
+    await box.put(completed("r"))  # a non-delta ends the wait
+    batch = await waiting
+    assert [ev.WhichOneof("event") for ev in batch] == ["output_text_delta", "completed"]
+    assert batch[0].output_text_delta.delta == "ab"
+    clock.advance(0.010)  # the window since that flush is over: the next delta goes at once
+    await box.put(delta("s", "c"))
+    at_once = await _one_step(box.get_batch())
+    assert at_once.done() and [ev.output_text_delta.delta for ev in at_once.result()] == ["c"]

@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.configs import make_config
+from tether import render
 from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, runs_of
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
-from tether.core.engine import Engine
 from tether.core.outbox import DELTA_ARMS, Delta, Outbox
-from tether.core.stages import render
 from tether.core.wakeups import WakeupReader
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2
+from tether.server import build_engine
 
 # -- WakeupReader ---------------------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ async def test_a_wakeup_of_many_one_token_chunks_goes_out_as_one_delta_event():
     # tokens_per_s = 0: the simulated model makes every token ready in one wake-up, one per chunk.
     config = make_config(backends={"sim": {"kind": "simulated", "ttft_ms": 0, "tokens_per_s": 0,
                                            "output_tokens": 200, "call_tools": False}})  # fmt: skip
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     try:
         session = await engine.open_session("", transport="grpc")
         request = service_pb2.SessionRequest()
@@ -205,7 +205,7 @@ async def _two_turns(limits: dict, script: str | None = None, output_tokens: int
     """A turn and its cached continuation (a 2 KB tool-ish output) on one session; the responses."""
     sim = {"kind": "simulated", "ttft_ms": 20, "tokens_per_s": 0, "output_tokens": output_tokens, "call_tools": False}
     config = make_config(backends={"sim": {**sim, **({"script": script} if script else {})}}, limits=limits)
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     out = []
     try:
         session = await engine.open_session("", transport="grpc")
@@ -277,7 +277,7 @@ def test_token_cache_skips_short_texts_oversize_texts_and_is_off_at_zero():
 async def test_a_stateless_full_resend_does_not_tokenise_its_history_again():
     config = make_config(backends={"sim": {"kind": "simulated", "ttft_ms": 0, "tokens_per_s": 0,
                                            "output_tokens": 4, "call_tools": False}})  # fmt: skip
-    engine = await Engine.start(config)
+    engine = await build_engine(config)
     try:
         history = "the tool printed this long log line\n" * 40
         usages = []

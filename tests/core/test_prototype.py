@@ -1,7 +1,7 @@
-"""The prototype shape (`tether.core.prototype`): one response across a whole tool loop.
+"""The prototype shape (`tether_lab.prototype`): one response across a whole tool loop.
 
-The session calls the module's hooks when `[server] prototype_append = true`; every engine here is
-started with that flag.
+The session calls the strategy's hooks; every engine here is built by the composition root with
+the prototype turns (`PrototypeTurns`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 
 from tests.support.configs import make_config
-from tether.core import prototype
 from tether.core.engine import Engine
 from tether.protocol.json_codec import event_to_json
 from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
 from tether.responses.v1 import items_pb2, service_pb2
+from tether.server import build_engine
+from tether_lab import prototype
 
 SCRIPT = {
     "sim": {"kind": "simulated", "ttft_ms": 1, "tokens_per_s": 0, "script": "coding_agent.json"},
@@ -22,8 +23,9 @@ TERMINAL = {"completed", "failed", "incomplete"}
 
 
 async def _engine(**limits) -> Engine:
-    server = {"grpc_port": 0, "bridge_port": 0, "prototype_append": True}
-    return await Engine.start(make_config("memory://", backends=SCRIPT, limits=limits or None, server=server))
+    server = {"grpc_port": 0, "bridge_port": 0}
+    config = make_config("memory://", backends=SCRIPT, limits=limits or None, server=server)
+    return await build_engine(config, strategy=prototype.PrototypeTurns())
 
 
 def _create(include_proto: bool = True, **fields) -> service_pb2.SessionRequest:

@@ -11,9 +11,8 @@ from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
 from tether import errors
 from tether.config import TetherConfig
-from tether.core.engine import Engine
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
-from tether.service.grpc_server import start_grpc_server
+from tether.server import start as start_server
 
 
 def read_file_tool() -> request_pb2.Tool:
@@ -114,8 +113,8 @@ def upstream_config(tmp_path, fake_upstream) -> TetherConfig:
 @pytest.mark.parametrize("store", [False, True])
 async def test_backend_receives_whole_history(upstream_config, fake_upstream, store):
     """By content, not by status: each continuation feeds the whole chain to the backend."""
-    engine = await Engine.start(upstream_config)
-    server = await start_grpc_server(engine, upstream_config, _open_auth())
+    running = await start_server(upstream_config, authenticator=_open_auth())
+    server = running.grpc
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             session = RawSession(ch)
@@ -143,8 +142,7 @@ async def test_backend_receives_whole_history(upstream_config, fake_upstream, st
             ("user", "third question"),
         ]  # and no system message: instructions are not inherited
     finally:
-        await server.stop(0)
-        await engine.aclose()
+        await running.stop(0)
 
 
 def _open_auth():
@@ -297,8 +295,8 @@ async def test_health_and_reflection(grpc_server, channel):
 @pytest.mark.parametrize("durability", ["overlap", "before_terminal"])
 async def test_store_durability_modes_both_persist_every_completed_response(tmp_path, durability):
     config = make_config(f"sqlite:///{tmp_path}/d.db", store_durability=durability)
-    engine = await Engine.start(config)
-    server = await start_grpc_server(engine, config, _open_auth())
+    running = await start_server(config, authenticator=_open_auth())
+    engine, server = running.engine, running.grpc
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
             session = RawSession(ch)
@@ -311,5 +309,4 @@ async def test_store_durability_modes_both_persist_every_completed_response(tmp_
         await engine.post.flush()
         assert [u.response_id for u in await engine.store.usage_records()] == [r1.id]
     finally:
-        await server.stop(0)
-        await engine.aclose()
+        await running.stop(0)

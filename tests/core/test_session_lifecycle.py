@@ -14,20 +14,19 @@ from tests.support.validator import validate_events
 from tether import errors
 from tether.auth import Authenticator
 from tether.compaction_codec import decode_payload
-from tether.core.engine import Engine
 from tether.responses.v1 import items_pb2, request_pb2, service_pb2, service_pb2_grpc
-from tether.service.grpc_server import start_grpc_server
+from tether.server import start as start_server
 
 
 async def serve(config):
-    engine = await Engine.start(config)
-    server = await start_grpc_server(engine, config, Authenticator({}))
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    config.server.bridge = False
+    running = await start_server(config, authenticator=Authenticator({}))
+    engine = running.engine
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{running.grpc_port}")
 
     async def stop():
         await channel.close()
-        await server.stop(0)
-        await engine.aclose()
+        await running.stop(0)
 
     return engine, channel, stop
 
@@ -193,7 +192,7 @@ async def test_safety_block_mode_rejects_credentials_and_flag_mode_lets_them_thr
         session = RawSession(channel)
         await session.create(model="m", input=secret, store=False)
         assert (await session.until_terminal()).WhichOneof("event") == "completed"
-        assert b'tether_safety_findings_total{kind="aws_access_key"} 1.0' in engine.metrics.render()
+        assert b'tether_safety_findings_total{kind="aws_access_key"} 1.0' in engine.telemetry.render()
         await session.close()
     finally:
         await stop()

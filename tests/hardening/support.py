@@ -32,13 +32,12 @@ from tests.bridge.helpers import (
 )
 from tests.support.configs import instant_config
 from tests.support.grpc_client import RawSession
+from tether import server
 from tether.auth import Authenticator
 from tether.backends.base import BackendBase, BackendRequest, Finish, TextDelta, Usage
 from tether.backends.registry import register_backend
-from tether.bridge import start_bridge
 from tether.config import BackendSpec, Route, TetherConfig
 from tether.core.engine import Engine
-from tether.service.grpc_server import start_grpc_server
 
 __all__ = [
     "KEY_A",
@@ -97,7 +96,7 @@ async def recv_turn(conn: Any, within: float = 30.0) -> list[dict[str, Any]]:
 
 def metric(engine: Engine, name: str, **labels: str) -> float:
     """A sample from the engine's own Prometheus registry (0 when the series does not exist)."""
-    value = engine.metrics.registry.get_sample_value(name, labels)
+    value = engine.telemetry.registry.get_sample_value(name, labels)
     return value or 0.0
 
 
@@ -145,19 +144,13 @@ async def full_stack(
     """An engine with both front ends: the bridge (HTTP + WS) and the gRPC service."""
     config = config or instant_config()
     auth = Authenticator({KEY_A: "a", KEY_B: "b"} if keys is None else keys)
+    config.server.bridge = True
     with local_adapters(spec.kind for spec in config.backends.values()):
-        engine = await Engine.start(config)
-    bridge = grpc_server = None
+        running = await server.start(config, authenticator=auth)
     try:
-        bridge = await start_bridge(engine, auth, config)
-        grpc_server = await start_grpc_server(engine, config, auth)
-        yield FullStack(engine, bridge, grpc_server, config)
+        yield FullStack(running.engine, running.bridge, running.grpc, config)
     finally:
-        if bridge is not None:
-            await bridge.stop(0.5)
-        if grpc_server is not None:
-            await grpc_server.stop(0)
-        await engine.aclose()
+        await running.stop(0.5)
 
 
 # Backend adapters only these tests use: registered while an engine is built, then removed, so

@@ -16,10 +16,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.bridge.helpers import wait_for
+from tether import render
 from tether.backends.base import BackendBase, BackendRequest, Finish, TextDelta, Usage
 from tether.bridge.ws_transport import GuardedWebSocketProtocol
 from tether.core.postinference import PostInference, PostJob
-from tether.core.stages import render
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether.store.base import ResponseRecord, UsageRecord
 from tether.store.memory import MemoryStore

@@ -60,7 +60,7 @@ async def test_twenty_call_rollout_moves_every_counter_exactly(rollout_server):
     assert tc.output_text(final) == "All twenty steps done." and ran == list(range(CALLS))
     assert len(responses) == TURNS
     await engine.post.flush()
-    await _wait_for(lambda: engine.metrics.connections.labels("grpc")._value.get() == 0)
+    await _wait_for(lambda: engine.telemetry.connections.labels("grpc")._value.get() == 0)
 
     status, headers, body = await http_get(metrics.port, "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -152,8 +152,8 @@ async def test_active_responses_gauge_during_a_turn(tmp_path):
         async with tc.connect(srv.target) as s:
             stream = await s.create("tether-sim", "slow")
             await stream.wait_created()
-            assert srv.engine.metrics.active_responses._value.get() == 1
+            assert srv.engine.telemetry.active_responses._value.get() == 1
             await stream.final_response()
-        assert srv.engine.metrics.active_responses._value.get() == 0
+        assert srv.engine.telemetry.active_responses._value.get() == 0
     finally:
         await srv.stop()

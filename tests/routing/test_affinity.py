@@ -14,9 +14,9 @@ from openai import AsyncOpenAI
 
 from tests.fakes import FakeChatServer, unavailable
 from tether.auth import Authenticator
-from tether.bridge import start_bridge
 from tether.config import TetherConfig, from_dict
 from tether.core.engine import Engine
+from tether.server import start as start_server
 
 KEY = "sk-a"
 INSTRUCTIONS = "You are a careful coding agent. " * 40  # a header worth caching
@@ -41,16 +41,12 @@ def sim_pool(policy: str, replicas: int = 3) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def tether(cfg: TetherConfig) -> AsyncIterator[tuple[Engine, AsyncOpenAI]]:
-    engine = await Engine.start(cfg)
+    running = await start_server(cfg, authenticator=Authenticator({KEY: "t"}))
     try:
-        bridge = await start_bridge(engine, Authenticator({KEY: "t"}), cfg)
-        try:
-            async with AsyncOpenAI(base_url=f"http://127.0.0.1:{bridge.port}/v1", api_key=KEY, max_retries=0) as c:
-                yield engine, c
-        finally:
-            await bridge.stop(0.5)
+        async with AsyncOpenAI(base_url=f"http://127.0.0.1:{running.bridge_port}/v1", api_key=KEY, max_retries=0) as c:
+            yield running.engine, c
     finally:
-        await engine.aclose()
+        await running.stop(0.5)
 
 
 async def ws_turn(conn: Any, **body: Any) -> Any:

@@ -1,9 +1,17 @@
-"""The routing policies and health rules of a backend pool (tether/core/routing.py), without I/O."""
+"""The routing policies and health rules of a backend pool (tether/backends/balancer.py), without I/O."""
 
 from __future__ import annotations
 
-from tether.core.routing import Balancer, BalancerSettings, Block, Health, Policy, PrefixIndex, prefix_chain
-from tether.core.turn import user_message
+from tether.backends.balancer import (
+    Balancer,
+    BalancerSettings,
+    Block,
+    Health,
+    Policy,
+    PrefixIndex,
+    prefix_chain,
+)
+from tether.core.items import user_message
 
 
 def balancer(policy: Policy, n: int = 3, **settings) -> Balancer:

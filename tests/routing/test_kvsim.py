@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tether.backends.balancer import Block, prefix_chain
 from tether.backends.base import BackendRequest, Finish
 from tether.backends.kvsim import LLAMA_31_8B_H100, KVPrefixCache, ReplicaPhysics
 from tether.backends.registry import build_backend
-from tether.core.routing import Block, prefix_chain
-from tether.core.turn import user_message
+from tether.core.items import user_message
 
 
 def chain(*labels: str):

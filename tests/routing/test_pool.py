@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes import FakeChatServer, bad_request, unavailable
+from tether.backends.balancer import Health
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.backends.pool import BackendPool, build_configured_backend
 from tether.config import from_dict
-from tether.core.routing import Health
-from tether.core.turn import user_message
-from tether.metrics import Metrics
+from tether.core.items import user_message
+from tether.observability.metrics import Metrics
 
 
 @pytest.fixture

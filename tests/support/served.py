@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
+from tether import server
 from tether.auth import Authenticator
-from tether.bridge import start_bridge
 from tether.config import TetherConfig
 from tether.core.engine import Engine
 
@@ -34,12 +34,9 @@ def loopback(config: TetherConfig) -> TetherConfig:
 
 @contextlib.asynccontextmanager
 async def served(config: TetherConfig, keys: Mapping[str, str]) -> AsyncIterator[Served]:
-    engine = await Engine.start(config)
+    config.server.bridge = True
+    running = await server.start(config, authenticator=Authenticator(dict(keys)))
     try:
-        bridge = await start_bridge(engine, Authenticator(dict(keys)), config)
-        try:
-            yield Served(engine, bridge.port)
-        finally:
-            await bridge.stop(0.5)
+        yield Served(running.engine, running.bridge_port or 0)
     finally:
-        await engine.aclose()
+        await running.stop(0.5)

@@ -1,6 +1,7 @@
-"""Real servers for in-process tests: `Stack` (an Engine behind a real bridge on 127.0.0.1:0,
-with the official SDK and a raw WebSocket client at hand) and `Server` (an Engine behind a real
-grpc.aio server that a test can stop and start again on the same port)."""
+"""Real servers for in-process tests, built by the composition root (`tether.server.start`):
+`Stack` (an Engine behind a real bridge and gRPC server on 127.0.0.1:0, with the official SDK and a
+raw WebSocket client at hand) and `Server` (an Engine behind a real grpc.aio server that a test
+can stop and start again on the same port)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,22 @@ from websockets.asyncio.client import connect
 
 from tests.bridge.helpers import KEY_A
 from tests.support.configs import instant_config
+from tether import server
 from tether.auth import Authenticator
-from tether.bridge import BridgeServer, start_bridge
+from tether.bridge import BridgeServer
 from tether.config import TetherConfig
 from tether.core.engine import Engine
-from tether.service.grpc_server import GrpcServer, start_grpc_server
+from tether.service.grpc_server import GrpcServer
 
 
 class Stack:
-    """An engine and a bridge in front of it."""
+    """An engine with the bridge and the gRPC service in front of it."""
 
-    def __init__(self, engine: Engine, bridge: BridgeServer, config: TetherConfig) -> None:
+    def __init__(self, engine: Engine, bridge: BridgeServer, config: TetherConfig, grpc_port: int = 0) -> None:
         self.engine = engine
         self.bridge = bridge
         self.config = config
+        self.grpc_port = grpc_port
 
     @property
     def port(self) -> int:
@@ -55,17 +58,14 @@ async def running_stack(
     authenticator: Authenticator, backend: dict[str, Any] | None = None, *, config: TetherConfig | None = None,
     **limits: Any,
 ) -> AsyncIterator[Stack]:
-    """`config` (default: `instant_config(backend, **limits)`) served by an engine and a bridge."""
+    """`config` (default: `instant_config(backend, **limits)`) served by the composition root."""
     config = config or instant_config(backend, **limits)
-    engine = await Engine.start(config)
+    config.server.bridge = True
+    running = await server.start(config, authenticator=authenticator)
     try:
-        bridge = await start_bridge(engine, authenticator, config)
-        try:
-            yield Stack(engine, bridge, config)
-        finally:
-            await bridge.stop(0.5)
+        yield Stack(running.engine, running.bridge, config, running.grpc_port)  # type: ignore[arg-type]
     finally:
-        await engine.aclose()
+        await running.stop(0.5)
 
 
 
@@ -75,6 +75,7 @@ class Server:
         self.auth = authenticator or Authenticator({})
         self.engine: Engine | None = None
         self.grpc: GrpcServer | None = None
+        self.running: server.Running | None = None
         self.port = 0
 
     @property
@@ -83,16 +84,14 @@ class Server:
 
     async def start(self) -> Server:
         self.config.server.grpc_port = self.port
-        self.engine = await Engine.start(self.config)
-        self.grpc = await start_grpc_server(self.engine, self.config, self.auth)
+        self.config.server.bridge = False
+        self.running = await server.start(self.config, authenticator=self.auth)
+        self.engine, self.grpc = self.running.engine, self.running.grpc
         self.port = self.grpc.port
         return self
 
     async def stop(self, grace: float = 0.0) -> None:
-        if self.grpc is None or self.engine is None:
+        if self.running is None:
             return
-        await self.grpc.health.enter_graceful_shutdown()
-        await self.engine.shutdown(grace)
-        await self.grpc.stop(grace)
-        await self.engine.aclose()
-        self.grpc = self.engine = None
+        await self.running.stop(grace)
+        self.running = self.grpc = self.engine = None

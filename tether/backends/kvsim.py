@@ -5,7 +5,7 @@ flat `ttft_ms` (the behaviour the rest of the suite relies on).
 
 With the model on, one call on a replica:
 
-1. looks up the longest prefix of its prompt (`tether.core.routing.prefix_chain`: the rendered
+1. looks up the longest prefix of its prompt (`tether.backends.balancer.prefix_chain`: the rendered
    header, then one block per item) in the replica's KV cache: an LRU of blocks bounded by
    `kv_cache_tokens` in total (blocks are inserted leaf first, so a shared root outlives its
    leaves, as vLLM frees blocks in reverse order);
@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tether.core.routing import Block
+from tether.backends.balancer import Block
 
 # Llama 3.1 8B Instruct (BF16) on one H100 SXM 80 GB, served by vLLM (see docs/replicas.md for the
 # sources and the arithmetic): option name -> value, ready to splice into a simulated backend.

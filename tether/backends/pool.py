@@ -3,7 +3,7 @@
 A backend whose config has a `pool` table is built as a `BackendPool`: one adapter instance per
 replica (the backend's options, with each replica's own overrides), behind one name, so model
 routing (`[models]`) is unchanged. For each model call the pool asks its `Balancer`
-(`tether.core.routing`, the policies and health rules) for candidates, streams from the first,
+(`tether.backends.balancer`, the policies and health rules) for candidates, streams from the first,
 and fails over to the next when a replica fails before its first chunk (connection refused, 5xx,
 429, timeout); once a chunk has arrived, errors go to the client as before. The `Finish` chunk
 carries the serving replica's name; the turn records it with the response (connection cache and
@@ -26,7 +26,7 @@ A replica's name is its `name`, else its base URL, else `<backend>/<index>`.
 Health: passive (consecutive failures before the first byte eject a replica for `eject_s`, after
 which it is on probation) and, with `health_path`, active (a GET every `health_interval_s`; a
 failure ejects, a success readmits). Metrics: per-replica in-flight calls, calls by outcome,
-routability, and prompt / cached tokens (`tether.metrics`).
+routability, and prompt / cached tokens (`tether.observability.metrics`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ from typing import Any
 
 import httpx
 
-from tether.backends.base import Backend, BackendError, BackendRequest, Chunk, Finish, chunks_of
-from tether.backends.registry import build_backend, parse_dataclass
-from tether.core.routing import (
+from tether.backends.balancer import (
     Balancer,
     BalancerSettings,
     Block,
@@ -52,6 +50,8 @@ from tether.core.routing import (
     conversation_key,
     prefix_chain,
 )
+from tether.backends.base import Backend, BackendError, BackendRequest, Chunk, Finish, chunks_of
+from tether.backends.registry import build_backend, parse_dataclass
 
 log = logging.getLogger("tether.pool")
 
@@ -138,7 +138,7 @@ class BackendPool:
         self.config = config
         self.replicas = replicas
         self.balancer = Balancer([r.name for r in replicas], config)
-        self.metrics: Any = None  # tether.metrics.Metrics, bound by the engine
+        self.metrics: Any = None  # tether.observability.metrics.Metrics, bound by the engine
         self._health_task: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
 

@@ -65,6 +65,7 @@ from typing import Any, ClassVar
 import orjson
 
 from tether import errors
+from tether.backends.balancer import prefix_chain
 from tether.backends.base import (
     BackendBase,
     BackendError,
@@ -79,7 +80,6 @@ from tether.backends.base import (
     Usage,
 )
 from tether.backends.kvsim import ReplicaPhysics
-from tether.core.routing import prefix_chain
 from tether.errors import TetherError
 from tether.protocol.calls import answered_call_id, call_of
 from tether.responses.v1 import items_pb2, request_pb2

@@ -62,9 +62,9 @@ class BridgeContext:
         """Count an error the bridge answers itself (a WebSocket frame that never reached the
         session) in `tether_errors_total`, like every error the session core answers. A bridge in
         front of a remote Tether has no engine registry here (`metrics_response` says the same)."""
-        metrics = getattr(self.api, "metrics", None)
-        if metrics is not None:
-            metrics.error(code)
+        telemetry = getattr(self.api, "telemetry", None)
+        if telemetry is not None:
+            telemetry.error(code)
 
 
 def http_header_timeout(server: ServerConfig) -> float:

@@ -4,9 +4,6 @@ Binding first (instead of letting uvicorn bind) gives an `OSError` rather than `
 busy port, and makes `port=0` usable: `BridgeServer.port` is the bound port. uvicorn's `serve()`
 is not used because it installs signal handlers; the CLI owns signals and calls `stop()`.
 
-`serve_remote_forever` is `tether bridge --upstream`: the bridge alone, in front of a remote
-Tether over `RemoteResponsesAPI`, until SIGTERM/SIGINT.
-
 `stop(grace)`: stop accepting, refuse new upgrades (503), let WebSocket connections with responses
 in flight finish them (others close at once with `server_shutting_down` + 1001), then close the
 rest with 1001 when the grace period ends; in-flight HTTP requests get what is left of the grace.
@@ -17,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import socket
 from dataclasses import dataclass, field
 
@@ -32,7 +28,6 @@ from tether.bridge.common import REQUEST_TIMEOUT, BridgeContext, http_header_tim
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import TetherError
-from tether.process_memory import MemoryReclaimer
 
 log = logging.getLogger("tether.bridge")
 
@@ -256,45 +251,3 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         _socket=sock,
         _main_loop=main_loop,
     )
-
-
-async def serve_remote_forever(
-    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
-) -> None:
-    """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT.
-
-    With `api_key`, the bridge authenticates callers itself (`server.api_keys_file` /
-    TETHER_API_KEYS) and calls upstream as that one key. Without it, each caller's own key is
-    forwarded and the upstream authenticates and scopes it (`ForwardingAuthenticator`).
-    """
-    from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
-
-    authenticator: Authenticator
-    if api_key:
-        authenticator = Authenticator.from_sources(file=config.server.api_keys_file)
-        if authenticator.open:
-            log.warning(
-                "no API keys configured for the bridge: it is OPEN, and every caller uses the upstream key"
-            )
-    else:
-        authenticator = ForwardingAuthenticator()
-    api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
-    reclaimer: MemoryReclaimer | None = None
-    try:
-        bridge = await start_bridge(api, authenticator, config)
-        app = bridge.app
-        reclaimer = MemoryReclaimer(
-            lambda: (len(app.connections), app.connections_closed), config.server.memory_reclaim_interval_s
-        ).start()
-        print(f"tether bridge: HTTP/WebSocket on {bridge.base_url} -> gRPC {upstream}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
-        await bridge.stop(config.server.shutdown_grace_s)
-    finally:
-        if reclaimer is not None:
-            await reclaimer.stop()
-        await api.aclose()

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tether import render
 from tether.backends.base import Usage
-from tether.core.stages import render
 from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2
 

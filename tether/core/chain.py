@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from tether import render
 from tether.compaction_codec import effective_context
-from tether.core.stages import render
 from tether.protocol.calls import answered_call_id, call_of
 from tether.responses.v1 import items_pb2, response_pb2
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from tether import errors, ids
 from tether.config import Limits
+from tether.core.items import assign_ids
 from tether.core.stages import validate
-from tether.core.turn import assign_ids
 from tether.errors import TetherError
 from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2, service_pb2

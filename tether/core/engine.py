@@ -1,5 +1,8 @@
 """The engine: process-wide parts (store, backends, router, classifier, post-inference worker,
-cache budget, metrics) and the in-process implementation of `ResponsesAPI`.
+cache budget, telemetry) and the in-process implementation of `ResponsesAPI`.
+
+It depends on the store and backend interfaces only: the composition root (`tether.server`)
+opens the store, builds the backends and hands them in, with the telemetry and the turn strategy.
 
 Transports never reach past this class: the gRPC servicer and the JSON bridge both call the
 same methods, and a stateless HTTP create is a one-turn session, so there is one meaning of
@@ -14,28 +17,29 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
-from tether import errors, ids
+from tether import errors, ids, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
-from tether.backends.pool import build_configured_backend
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.clock import SYSTEM_CLOCK, Clock
+from tether.core.context import TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
+from tether.core.items import user_message
 from tether.core.outbox import Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
-from tether.core.stages import fields, render, validate
+from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
-from tether.core.turn import user_message
+from tether.core.telemetry import Telemetry
+from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.errors import TetherError
-from tether.metrics import Metrics
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Store
-from tether.store.factory import open_store
 
 log = logging.getLogger("tether.engine")
 
@@ -47,53 +51,39 @@ _MAX_KEPT_ITEMS = 32
 
 
 class Engine:
-    def __init__(self, config: TetherConfig, store: Store, backends: dict[str, Backend]) -> None:
+    def __init__(self, config: TetherConfig, store: Store, backends: dict[str, Backend], *, telemetry: Telemetry,
+                 strategy: TurnStrategy = STANDARD_TURNS, clock: Clock = SYSTEM_CLOCK) -> None:  # fmt: skip
         self.config = config
         self.store = store
         self.backends = backends
+        self.telemetry = telemetry
+        self.strategy = strategy  # the kind of turn every session runs
         self.router = Router(config.models, backends, config.limits.max_input_tokens)
-        self.metrics = Metrics()
         self.classifier: Classifier = SecretDetector()
         self.cache_budget = CacheBudget(config.limits.cache_bytes_per_process)
-        self.post = PostInference(
-            store, on_done=self.metrics.post_inference, on_failure=self.metrics.post_inference_failure
-        )
+        self.post = PostInference(store, on_done=telemetry.post_inference, on_failure=telemetry.post_inference_failure)
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
+        self.services = TurnServices(
+            config=config,
+            router=self.router,
+            classify=self.classify,
+            token_cache=self.token_cache,
+            rate_limiter=self.rate_limiter,
+            reasoning=self.reasoning,
+            conversations=self.conversations,
+            post=self.post,
+            summarize=self.summarize,
+            hydrate=self.hydrate,
+            telemetry=telemetry,
+            clock=clock,
+        )
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
         self._stopping = False
-
-    @classmethod
-    async def start(cls, config: TetherConfig) -> Engine:
-        store = await open_store(config.store)
-        backends = {
-            name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
-            for name, spec in config.backends.items()
-        }
-        engine = cls(config, store, backends)
-        render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
-        for name, backend in backends.items():
-            added = engine.router.add_discovered(name, list(await backend.discover()))
-            if added:
-                log.info("backend %s lists %d model(s), routed to it", name, added)
-        catch_all = engine.router.catch_all
-        if catch_all is not None:
-            log.warning(
-                "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
-                catch_all,
-                config.backends[catch_all].kind,
-            )
-        for backend in backends.values():
-            if hasattr(backend, "on_retry"):
-                backend.on_retry = engine.metrics.retry_hook(backend.name)
-            if hasattr(backend, "bind_metrics"):  # a pool: per-replica metrics and health checks
-                backend.bind_metrics(engine.metrics)
-                await backend.start()
-        return engine
 
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
@@ -123,18 +113,19 @@ class Engine:
                 errors.RATE_LIMIT_EXCEEDED,
                 f"Too many open connections for this API key (limit {self.config.limits.max_connections_per_key}).",
             )
-        session = Session(self, tenant, transport)
+        session = Session(self.services, tenant, transport, cache_budget=self.cache_budget, strategy=self.strategy,
+                          on_closed=self._session_closed)  # fmt: skip
         self.sessions.add(session)
         self._per_tenant[tenant] += 1
-        self.metrics.session_opened(transport)
+        self.telemetry.session_opened(transport)
         return session
 
-    def session_closed(self, session: Session) -> None:
+    def _session_closed(self, session: Session) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
             self._per_tenant[session.tenant] -= 1
             self.sessions_closed += 1
-            self.metrics.session_closed(session.transport)
+            self.telemetry.session_closed(session.transport)
 
     # -- shared stage helpers ---------------------------------------------------------------------
 
@@ -145,7 +136,7 @@ class Engine:
             return 0
         findings = self.classifier.classify(texts)
         for finding in findings:
-            self.metrics.safety_finding(finding.kind)
+            self.telemetry.safety_finding(finding.kind)
         if findings:
             kinds = sorted({f.kind for f in findings})
             if mode == "block":
@@ -157,11 +148,11 @@ class Engine:
             log.warning("safety findings in input", extra={"kinds": kinds, "count": len(findings)})
         return len(findings)
 
-    async def hydrate(self, tenant: str, response_id: str, *, lane: str = "") -> CachedResponse | None:
+    async def hydrate(self, tenant: str, response_id: str, lane: str = "") -> CachedResponse | None:
         """Load a stored response as connection state: one store read, then one tokenisation."""
         await self.post.wait_durable(tenant, response_id)
         hydrated = await self.store.load_context(tenant, response_id)
-        self.metrics.hydration(hydrated is not None)
+        self.telemetry.hydration(hydrated is not None)
         if hydrated is None:
             return None
         input_node = Node.continue_with(None, tuple(Segment.of(k.key, k.item) for k in hydrated.inputs))
@@ -176,13 +167,6 @@ class Engine:
             nbytes=input_node.nbytes + context.nbytes,
             replica=hydrated.replica,
         )
-
-    async def conversation_node(self, tenant: str, conversation_id: str) -> Node | None:
-        """A conversation's items as the chain a create continues (None when it has none yet)."""
-        items = await self.conversations.context(tenant, conversation_id)
-        if not items:
-            return None
-        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
 
     async def summarize(
         self,

@@ -28,11 +28,11 @@ memory. Merged deltas take no extra entry, which keeps generation going while th
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 
 import orjson
 
+from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
 
@@ -142,7 +142,10 @@ Outgoing = events_pb2.ServerEvent | Delta
 
 
 class Outbox:
-    def __init__(self, *, max_events: int, coalesce_s: float, max_coalesced_bytes: int) -> None:
+    def __init__(
+        self, *, max_events: int, coalesce_s: float, max_coalesced_bytes: int, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self._clock = clock
         self._queue: deque[Outgoing] = deque()
         self._max_events = max(1, max_events)
         self._coalesce_s = coalesce_s
@@ -212,7 +215,7 @@ class Outbox:
             self._ready.clear()
             await self._ready.wait()
         if self._coalesce_s > 0 and type(self._queue[0]) is Delta and not self._closed:
-            wait = self._last_flush + self._coalesce_s - time.monotonic()
+            wait = self._last_flush + self._coalesce_s - self._clock.monotonic()
             if wait > 0:
                 # The window's end sets the same event a non-delta would (a timer, not wait_for,
                 # which costs a task per batch); the event is cleared when the batch leaves.
@@ -238,7 +241,7 @@ class Outbox:
             batch.append(entry)
         self._urgent.clear()
         self._space.set()
-        self._last_flush = time.monotonic()
+        self._last_flush = self._clock.monotonic()
         self.events_out += len(batch)
         self.batches_out += 1
         return batch

@@ -9,38 +9,37 @@ socket. It owns:
   connection's life;
 - per-connection memos of the render and route stages (header tokens, model routes);
 - its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
-  timeout, and its outbox (coalescing, backpressure, sequence numbers).
+  timeout (the rule: `tether.core.lifetime`, on the injected clock), and its outbox (coalescing,
+  backpressure, sequence numbers).
 Request-scoped problems become in-band `error` events; the session stays usable.
+
+A session knows neither the engine nor any kind of turn but the one its `TurnStrategy` makes: it
+gets the process-wide `TurnServices`, builds each turn a `TurnContext`, and interrupts a turn
+only through the turn's `TurnControl` (steer, cancel, cut).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import hashlib
 import logging
-import time
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import orjson
 
 from tether import errors, ids
-from tether.core import prototype
-from tether.core.chain import CachedResponse, ResponseCache
+from tether.core import lifetime
+from tether.core.chain import CacheBudget, ResponseCache
+from tether.core.context import Memo, Parents, TurnContext, TurnServices, send_error
+from tether.core.items import user_message
+from tether.core.lane import Lane
 from tether.core.outbox import Outbox, OutboxClosed, Outgoing
-from tether.core.stages import render
-from tether.core.stages.route import Resolved
+from tether.core.outcome import Outcome, TurnControl
 from tether.core.stages.validate import check_stream_id
-from tether.core.turn import Turn, user_message
+from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
-from tether.observability import tracing
 from tether.protocol.calls import call_of
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
-
-if TYPE_CHECKING:
-    from tether.core.engine import Engine
 
 log = logging.getLogger("tether.session")
 
@@ -48,26 +47,6 @@ LIFETIME_MESSAGE = (
     "Responses websocket connection limit reached ({minutes} minutes). "
     "Create a new websocket connection to continue."
 )
-
-
-class Lane:
-    """The FIFO of one stream_id."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str]] = deque()  # (create, event_id)
-        self.worker: asyncio.Task | None = None
-        self.last_response_id = ""
-        # Steers accepted for a response that stopped for tool output: merged into the next
-        # create that continues that response.
-        self.pending_steers: dict[str, list[list[items_pb2.Item]]] = {}
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.queue) or (self.worker is not None and not self.worker.done())
-
-    def take_pending_steer(self, previous_response_id: str) -> list[list[items_pb2.Item]]:
-        return self.pending_steers.pop(previous_response_id, []) if previous_response_id else []
 
 
 class SessionState(enum.Enum):
@@ -96,28 +75,43 @@ def next_state(current: SessionState, wanted: SessionState) -> SessionState:
 
 
 class Session:
-    def __init__(self, engine: Engine, tenant: str, transport: str) -> None:
-        self.engine = engine
+    def __init__(self, services: TurnServices, tenant: str, transport: str, *, cache_budget: CacheBudget,
+                 strategy: TurnStrategy = STANDARD_TURNS, on_closed: Callable[[Session], None] = lambda _: None,
+                 ) -> None:  # fmt: skip
+        self.services = services
         self.tenant = tenant
         self.transport = transport
         self.id = ids.new_id("sess")
-        limits = engine.config.limits
+        self.strategy = strategy
+        self._on_closed = on_closed
+        limits = services.limits
         self.limits = limits
+        self.clock = services.clock
         self.outbox = Outbox(
             max_events=limits.outbound_buffer_events,
             coalesce_s=limits.coalesce_ms / 1000.0,
             max_coalesced_bytes=limits.max_coalesced_bytes,
+            clock=services.clock,
         )
         self.cache = ResponseCache(
-            limits.cache_responses_per_connection, engine.cache_budget, on_evict=engine.metrics.cache_eviction
+            limits.cache_responses_per_connection, cache_budget, on_evict=services.telemetry.cache_eviction
+        )
+        self.context = TurnContext(
+            tenant=tenant,
+            transport=transport,
+            session_id=self.id,
+            outbox=self.outbox,
+            cache=self.cache,
+            parents=Parents(self.cache, tenant, services),
+            memo=Memo(tenant, services),
+            services=services,
+            register=self._register,
         )
         self._lanes: dict[str, Lane] = {}
         self._active = asyncio.Semaphore(limits.max_active_responses)
-        self._routes: dict[str, Resolved] = {}
-        self._headers: OrderedDict[bytes, int] = OrderedDict()
         self._turns: dict[str, Turn] = {}  # response id -> running turn
-        self._finishing: dict[str, asyncio.Future] = {}
-        self._created = time.monotonic()
+        self._steers: dict[str, list[tuple[str, list[items_pb2.Item]]]] = {}  # response id -> accepted steers
+        self._created = self.clock.monotonic()
         self._last_activity = self._created
         self.state = SessionState.OPEN
         self._close_task: asyncio.Future | None = None
@@ -128,7 +122,7 @@ class Session:
     async def send(self, request: service_pb2.SessionRequest) -> None:
         if self.state is SessionState.CLOSED:
             raise TetherError(errors.INVALID_REQUEST, "The session is closed.")
-        self._last_activity = time.monotonic()
+        self._last_activity = self.clock.monotonic()
         arm = request.WhichOneof("event")
         event_id = request.event_id  # echoed on the error events this client event causes
         if arm == "create":
@@ -136,7 +130,7 @@ class Session:
         elif arm == "steer":
             await self._steer(request.steer, event_id)
         elif arm == "append":
-            if self.engine.config.server.prototype_append and prototype.deliver_append(self, request.append):
+            if self.strategy.deliver_append(self.id, request.append):  # a turn kind that waits for appends
                 return
             await self._append(request.append, event_id)
         elif arm == "cancel":
@@ -175,7 +169,7 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.outbox.close()
         self.cache.clear()
-        self.engine.session_closed(self)
+        self._on_closed(self)
 
     async def wait_idle(self) -> None:
         """Wait until every lane has finished its queued and running turns."""
@@ -183,71 +177,8 @@ class Session:
         if workers:
             await asyncio.gather(*workers, return_exceptions=True)
 
-    # -- used by turns ----------------------------------------------------------------------------
-
     async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
-        self.engine.metrics.error(exc.code)
-        ev = events_pb2.ServerEvent(stream_id=stream_id)
-        ev.error.error.CopyFrom(exc.to_proto())
-        ev.error.event_id = event_id
-        try:
-            await self.outbox.put(ev)
-        except OutboxClosed:
-            pass
-
-    async def resolve_parent(self, response_id: str, *, lane: str) -> tuple[CachedResponse | None, bool]:
-        """(state, from_cache) for previous_response_id: connection cache first, then the store."""
-        if not response_id:
-            return None, False
-        finishing = self._finishing.get(response_id)
-        if finishing is not None:
-            await finishing  # its terminal event is out; its state lands in the cache right after
-        entry = self.cache.get(response_id)
-        if entry is not None:
-            self.engine.metrics.cache_lookup(hit=True)
-            return entry, True
-        self.engine.metrics.cache_lookup(hit=False)
-        entry = await self.engine.hydrate(self.tenant, response_id, lane=lane)
-        if entry is None:
-            raise TetherError(
-                errors.PREVIOUS_RESPONSE_NOT_FOUND,
-                f"Previous response with id '{response_id}' not found.",
-                param="previous_response_id",
-            )
-        self.cache.put(entry)
-        return entry, False
-
-    def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
-        """Tokens of the instructions+tools header, memoised per connection: (count, was_cached)."""
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update((instructions or "").encode())
-        for tool in tools:
-            digest.update(tool.SerializeToString())
-        key = digest.digest()
-        count = self._headers.get(key)
-        if count is not None:
-            self._headers.move_to_end(key)
-            return count, True
-        count = len(self.engine.token_cache.encode(self.tenant, render.render_header(instructions, list(tools))))
-        self._headers[key] = count
-        if len(self._headers) > 8:
-            self._headers.popitem(last=False)
-        return count, False
-
-    def route(self, model: str) -> Resolved:
-        resolved = self._routes.get(model)
-        if resolved is None:
-            resolved = self.engine.router.resolve(model)
-            self._routes[model] = resolved
-        return resolved
-
-    def begin_finishing(self, response_id: str) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self._finishing[response_id] = fut
-        return fut
-
-    def end_finishing(self, response_id: str) -> None:
-        self._finishing.pop(response_id, None)
+        await send_error(self.outbox, self.services.telemetry, exc, stream_id=stream_id, event_id=event_id)
 
     # -- lanes ------------------------------------------------------------------------------------
 
@@ -296,19 +227,16 @@ class Session:
         while lane.queue:
             params, event_id = lane.queue.popleft()
             async with self._active:
-                if self.engine.config.server.prototype_append:
-                    turn = prototype.turn_for(self, params, lane)
-                else:
-                    turn = Turn(self, params, lane)
-                turn.task = task
-                turn.event_id = event_id
+                turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
                 try:
-                    with tracing.turn_span(turn):
+                    with self.services.telemetry.turn_span(turn):
                         await turn.run()
                 except asyncio.CancelledError:
-                    if not turn.cancel_requested or self.state is SessionState.CLOSED:
+                    # A cancel the turn did not claim: an interruption that came before it was
+                    # generating (the lane goes on), or the session going away.
+                    if turn.control.claim() is None or self.state is SessionState.CLOSED:
                         raise
-                    task.uncancel()  # the client cancelled this response only; the lane goes on
+                    task.uncancel()
                 except OutboxClosed:
                     return
                 except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
@@ -319,29 +247,29 @@ class Session:
                     )
                 finally:
                     self._turns.pop(turn.response_id, None)
-                await self._after_turn(turn)
-            self._last_activity = time.monotonic()
+                await self._after_turn(turn, self._steers.pop(turn.response_id, []))
+            self._last_activity = self.clock.monotonic()
 
-    def register_turn(self, turn: Turn) -> None:
+    def _register(self, turn: Turn) -> None:
         self._turns[turn.response_id] = turn
 
-    async def _after_turn(self, turn: Turn) -> None:
+    async def _after_turn(self, turn: Turn, steers: list[tuple[str, list[items_pb2.Item]]]) -> None:
         """Accepted steers, once their target response has ended: a successor continuing it with
         the steer input starts at once, or, when the response waits for tool output,
         `response.steer.pending` says so and the input joins the create that brings the output."""
-        if not turn.steers or not turn.response_id:
+        if not steers or not turn.response_id:
             return
         entry = self.cache.get(turn.response_id)
         if entry is None:
             return
         if entry.context_node is not None and entry.context_node.open_calls:
-            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(items for _, items in turn.steers)
+            turn.lane.pending_steers.setdefault(turn.response_id, []).extend(items for _, items in steers)
             required = [
                 {"type": call.output_type, "call_id": call.call_id, "name": call.name}
                 for call in map(call_of, (s.item for s in entry.context_node.all_segments()))
                 if call is not None and call.call_id in entry.context_node.open_calls
             ]  # fmt: skip
-            for steer_id, _ in turn.steers:
+            for steer_id, _ in steers:
                 ev = events_pb2.ServerEvent(stream_id=turn.stream_id)
                 pending = ev.steer_pending
                 pending.steer.id, pending.steer.previous_response_id = steer_id, turn.response_id
@@ -356,7 +284,7 @@ class Session:
         successor.ClearField("generate")
         successor.ClearField("prompt")  # expanded already: into instructions, and input now in the chain
         successor.previous_response_id = turn.response_id
-        for _, items in turn.steers:
+        for _, items in steers:
             successor.input.extend(items)
         turn.lane.queue.appendleft((successor, ""))
 
@@ -405,7 +333,7 @@ class Session:
                 failed.input_text = steer.input_text
             await self.outbox.put(ev)
             return
-        turn.steers.append((steer_id, items))
+        self._steers.setdefault(target, []).append((steer_id, items))
         ev.steer_accepted.steer.id, ev.steer_accepted.steer.previous_response_id = steer_id, target
         await self.outbox.put(ev)
         turn.interrupt_for_steer()
@@ -439,9 +367,7 @@ class Session:
                 event_id=event_id,
             )
             return
-        turn.cancel_requested = True
-        if turn.task is not None:
-            turn.task.cancel()
+        turn.control.interrupt(Outcome.CANCELLED)
 
     # -- lifetime ---------------------------------------------------------------------------------
 
@@ -458,21 +384,25 @@ class Session:
 
     async def _watch(self) -> None:
         limits = self.limits
-        deadline = self._created + limits.connection_lifetime_s
         while True:
-            now = time.monotonic()
-            if now >= deadline:
+            check = lifetime.check(
+                self.clock.monotonic(),
+                opened_at=self._created,
+                last_activity=self._last_activity,
+                idle=self.idle,
+                lifetime_s=limits.connection_lifetime_s,
+                idle_timeout_s=limits.idle_timeout_s,
+            )
+            if check.ending is lifetime.Ending.LIFETIME:
                 await self.end(self._lifetime_error(), grace=limits.lifetime_grace_s)
                 return
-            idle_at = self._last_activity + limits.idle_timeout_s
-            if self.idle and now >= idle_at:
+            if check.ending is lifetime.Ending.IDLE:
                 await self.end(
                     TetherError(errors.IDLE_TIMEOUT, f"Connection idle for {limits.idle_timeout_s:g} s; closing."),
                     grace=0,
                 )
                 return
-            wake = min(deadline, idle_at if self.idle else now + limits.idle_timeout_s)
-            await asyncio.sleep(max(0.01, min(wake - now, 5.0)))
+            await self.clock.sleep(check.sleep_s)
 
     async def end(self, reason: TetherError, *, grace: float) -> None:
         """End the connection on the server's initiative (lifetime, idle, shutdown): stop taking
@@ -488,10 +418,9 @@ class Session:
             if pending:
                 # Past the grace: cut the running turns so each still ends with a terminal event
                 # (`response.failed` carrying `reason`'s code, which clients treat as "redo").
-                for turn in list(self._turns.values()):
-                    turn.cut_reason = reason
-                    turn.cancel_requested = True
-                for task in pending:
+                cut = {turn.control.task for turn in list(self._turns.values())
+                       if turn.control.interrupt(Outcome.CUT, reason)}  # fmt: skip
+                for task in pending - cut:  # turns not generating yet, or finishing
                     task.cancel()
                 _, pending = await asyncio.wait(pending, timeout=1.0)
                 if pending:  # a turn blocked on a full outbox: its client is not reading
@@ -500,7 +429,7 @@ class Session:
         # Another replica may be asked to continue these responses as soon as the client sees
         # this last event: their store writes land first.
         await asyncio.gather(
-            *(self.engine.post.wait_durable(self.tenant, lane.last_response_id)
+            *(self.services.post.wait_durable(self.tenant, lane.last_response_id)
               for lane in self._lanes.values() if lane.last_response_id),
             return_exceptions=True,
         )
@@ -512,4 +441,4 @@ class Session:
         if asyncio.current_task() is not self._watchdog:
             self._watchdog.cancel()
         self.cache.clear()
-        self.engine.session_closed(self)
+        self._on_closed(self)

@@ -1,14 +1,22 @@
 """One turn: the only place that knows what answering a `response.create` means.
 
-Stages, in order (each timed, each incremental over the cached chain):
+A turn gets a narrow `TurnContext` (its connection's outbox, cache, parents and memos, and the
+process-wide services); it never sees its session or the engine. Its stages, in order (each
+timed, each incremental over the cached chain):
+  validate  the params (before anything is read)
   resolve   previous_response_id -> the connection cache, else one store read (hydration)
-  validate  params and the new items (call ids against the chain's open calls)
-  classify  the new items' text (safety)
+  validate  the new items (call ids against the chain's open calls)
+  classify  the new items' rendered text (safety)
   render    the new items -> tokens appended to the cached prefix; the header's tokens reused
-  route     model -> backend (memoised per connection)
-  backend   stream chunks, a wake-up at a time -> events (OutputBuilder) -> the session's outbox
+            (when only `usage` needs the count, tokenising overlaps the backend's first token)
+  route     model -> backend (memoised per connection); the backend checks the request
+  backend   stream chunks, a wake-up at a time -> events (OutputBuilder) -> the outbox
   finalize  terminal event; the new state goes into the connection cache; the store/ledger
             write is queued for the post-inference worker (overlapping the client's next turn)
+
+How a turn ends is its `TurnControl`'s outcome (tether.core.outcome): the session interrupts a
+turn only through it (steer, cancel, cut). `_steps` is the one part a turn kind replaces (the
+lab's prototype turn loops over tool calls in one response); everything else is shared.
 """
 
 from __future__ import annotations
@@ -17,39 +25,38 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
-from tether import errors, ids
+from tether import errors, ids, render
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
 from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
+from tether.core.context import TurnContext
+from tether.core.items import assign_ids, item_key, user_message
+from tether.core.lane import Lane
+from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
-from tether.core.stages import fields, render, validate
+from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
-from tether.observability import tracing
 from tether.protocol.calls import answered_call_id
 from tether.protocol.wire import SERVER_TIMING_INCLUDE
-from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
-
-if TYPE_CHECKING:
-    from tether.core.session import Lane, Session
 
 log = logging.getLogger("tether.turn")
 
 REASONING_INCLUDE = "reasoning.encrypted_content"
 # The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
 STEERED = "steered"
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
 class Phase(enum.Enum):
@@ -58,6 +65,16 @@ class Phase(enum.Enum):
     PREPARING = "preparing"
     GENERATING = "generating"
     FINISHING = "finishing"
+
+
+@dataclass(frozen=True, slots=True)
+class Parent:
+    """What a create continues: the previous response's cached state (`entry`; None for a
+    conversation or a first turn), whether it came from this connection's cache, and its chain."""
+
+    entry: CachedResponse | None
+    from_cache: bool
+    node: Node | None
 
 
 @dataclass
@@ -120,23 +137,20 @@ class Prepared:
 
 
 class Turn:
-    def __init__(self, session: Session, params: request_pb2.ResponseCreateParams, lane: Lane) -> None:
-        self.session = session
-        self.engine = session.engine
+    def __init__(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
+                 control: TurnControl, event_id: str = "") -> None:  # fmt: skip
+        self.ctx = ctx
+        self.services = ctx.services
         self.params = params
         self.lane = lane
+        self.control = control  # how it ends; the session interrupts through it
+        self.event_id = event_id  # the client's id of the create event (echoed on its error events)
         self.stream_id = params.stream_id
         self.clock = StageClock()
         self.response_id = ""
-        self.steers: list[tuple[str, list[items_pb2.Item]]] = []  # accepted: (steer id, input)
         self.phase = Phase.PREPARING
-        self.steered = False  # interrupted by a steer: ends `incomplete` with reason `steered`
         self.builder: OutputBuilder | None = None  # while generating
-        self.cancel_requested = False
-        self.task: asyncio.Task | None = None  # the lane worker running this turn (for cancel)
-        self.cut_reason: TetherError | None = None  # set when the server ends the connection mid-turn
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
-        self.event_id = ""  # the client's id of the create event (echoed on its error events)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -146,16 +160,15 @@ class Turn:
     async def _emit_response(self, arm: str, response: response_pb2.Response) -> None:
         ev = self._event()
         getattr(ev, arm).response.CopyFrom(response)
-        await self.session.outbox.put(ev)
+        await self.ctx.outbox.put(ev)
 
     def interrupt_for_steer(self) -> None:
         """A steer was accepted: stop generating now (the output so far is kept) so that the
         successor starts. A turn not generating, or already producing tool calls (it will wait
         for their output), ends as it would; the successor or `response.steer.pending` follows."""
         calling = self.builder is not None and self.builder.tool_calls_started > 0
-        if self.phase is Phase.GENERATING and not calling and self.task is not None and not self.cancel_requested:
-            self.steered = self.cancel_requested = True
-            self.task.cancel()
+        if self.phase is Phase.GENERATING and not calling:
+            self.control.interrupt(Outcome.STEERED)
 
     # -- the turn ---------------------------------------------------------------------------------
 
@@ -164,12 +177,12 @@ class Turn:
             prepared = await self._prepare()
         except TetherError as exc:
             self._evict_parent_after_error()
-            tracing.annotate_error(exc.code)
-            await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
+            self.services.telemetry.turn_refused(exc.code)
+            await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
             return
         self.response_id = prepared.response.id
-        self.session.register_turn(self)
-        with self.engine.metrics.active_turn():
+        self.ctx.register(self)
+        with self.services.telemetry.active_turn():
             try:
                 await self._emit_response("created", prepared.response)
                 await self._emit_response("in_progress", prepared.response)
@@ -179,38 +192,72 @@ class Turn:
                     await self._generate(prepared)
             except asyncio.CancelledError:
                 # The client went away: no terminal event, but the turn ended and is counted as such.
-                self.engine.metrics.turn_abandoned(self.session.transport)
+                self.services.telemetry.turn_abandoned(self.ctx.transport)
                 raise
 
     async def _prepare(self) -> Prepared:
-        params, session, limits = self.params, self.session, self.engine.config.limits
-        clock = self.clock
-        with clock.stage("validate"):
-            validate.validate_params(params, limits, self.engine.config.server.accept_unknown_parameters)
-            self.engine.config.prompts.apply(params)  # `prompt`: the template into instructions and input
-        with clock.stage("resolve"):
+        """The stages before the backend, in the order of the module docstring: each a method
+        below, timed under its stage name."""
+        self._validate_params()
+        parent = await self._resolve()
+        new_items = self._validate_items(parent.node)
+        texts, findings = self._classify(new_items)
+        header = self._render_header()
+        route = self._route()
+        return await self._plan(parent, new_items, texts, findings, header, route)
+
+    def _validate_params(self) -> None:
+        with self.clock.stage("validate"):
+            validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
+            self.services.config.prompts.apply(self.params)  # `prompt`: the template into instructions and input
+
+    async def _resolve(self) -> Parent:
+        """previous_response_id (the connection cache, else one store read) or the conversation."""
+        params = self.params
+        with self.clock.stage("resolve"):
             if params.conversation:
-                parent, from_cache = None, False
-                parent_node = await self.engine.conversation_node(session.tenant, params.conversation)
-            else:
-                parent, from_cache = await session.resolve_parent(params.previous_response_id, lane=self.lane.name)
-                parent_node = parent.context_node if parent else None
+                return Parent(None, False, await self._conversation_node(params.conversation))
+            entry, from_cache = await self.ctx.parents.resolve(params.previous_response_id, lane=self.lane.name)
+            return Parent(entry, from_cache, entry.context_node if entry else None)
+
+    def _validate_items(self, parent_node: Node | None) -> list[items_pb2.Item]:
+        """The new items (with ids), checked against the chain's open calls."""
         new_items = self._new_items()
-        with clock.stage("validate"):
-            validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), limits)
-        with clock.stage("render"):
+        with self.clock.stage("validate"):
+            validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
+        return new_items
+
+    def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
+        """The new items' rendered text, and the safety stage's findings in it."""
+        with self.clock.stage("render"):
             texts = [render.render_item(item) for item in new_items]
-        with clock.stage("classify"):
-            findings = self.engine.classify(texts)
-        with clock.stage("render"):
-            header_tokens, header_cached = session.header_tokens(params.instructions if params.HasField("instructions") else None, params.tools)
-        with clock.stage("route"):
-            route = session.route(params.model)
+        with self.clock.stage("classify"):
+            findings = self.services.classify(texts)
+        return texts, findings
+
+    def _render_header(self) -> tuple[int, bool]:
+        """The instructions+tools header's tokens (count, memoised on the connection)."""
+        params = self.params
+        with self.clock.stage("render"):
+            instructions = params.instructions if params.HasField("instructions") else None
+            return self.ctx.memo.header_tokens(instructions, params.tools)
+
+    def _route(self) -> Resolved:
+        with self.clock.stage("route"):
+            return self.ctx.memo.route(self.params.model)
+
+    async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], texts: list[str], findings: int,
+                    header: tuple[int, bool], route: Resolved) -> Prepared:  # fmt: skip
+        """The backend request: the new input tokenised now, or while the backend computes its
+        first token when nothing before needs the count; the backend's own check; admission."""
+        params, ctx, services, clock = self.params, self.ctx, self.services, self.clock
+        header_tokens, header_cached = header
+        parent_node, from_cache = parent.node, parent.from_cache
 
         def tokenise() -> Rendered:
-            encode = self.engine.token_cache.encode
+            encode = services.token_cache.encode
             new_segments = tuple(
-                Segment(ids.new_id("itm"), item, encode(session.tenant, text))
+                Segment(ids.new_id("itm"), item, encode(ctx.tenant, text))
                 for item, text in zip(new_items, texts, strict=True)
             )
             node = Node.continue_with(parent_node, new_segments, findings)
@@ -224,7 +271,7 @@ class Turn:
             cached_tokens = reused + (header_tokens if header_cached else 0)
             return Rendered(new_segments, node, header_tokens + node.token_count, cached_tokens)
 
-        limiter = self.engine.rate_limiter
+        limiter = services.rate_limiter
         compacting = any(item.WhichOneof("item") == "compaction" for item in new_items)
         # A token is at least one byte, so the new input's UTF-8 size bounds its token count: when
         # that bound fits the context window, no token budget is charged and the backend reads the
@@ -233,11 +280,10 @@ class Turn:
             bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
             defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
             items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
-            request = self._backend_request(
-                route, items, 0, affinity=(parent.replica or None) if parent else None
-            )
+            entry = parent.entry
+            request = self._backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
             defer = defer and not route.backend.reads_input_tokens(request)
-        prepared = Prepared(self._response_skeleton(), parent, from_cache, route, request, tokenise)
+        prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
                 request.items = prepared.node.items()
@@ -251,8 +297,15 @@ class Turn:
         with clock.stage("route"):
             # What the backend cannot do is a request error now, before response.created.
             await route.backend.prepare(request)
-        limiter.admit(session.tenant, prepared.input_tokens if prepared.rendered else 0)
+        limiter.admit(ctx.tenant, prepared.input_tokens if prepared.rendered else 0)
         return prepared
+
+    async def _conversation_node(self, conversation_id: str) -> Node | None:
+        """A conversation's items as the chain a create continues (None when it has none yet)."""
+        items = await self.services.conversations.context(self.ctx.tenant, conversation_id)
+        if not items:
+            return None
+        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -268,14 +321,14 @@ class Turn:
         assign_ids(items)
         for i, item in enumerate(items):  # a stateless client's reasoning comes back sealed
             if item.WhichOneof("item") == "reasoning" and item.reasoning.HasField("encrypted_content"):
-                self.engine.reasoning.open_item(self.session.tenant, item, f"input[{i}]")
+                self.services.reasoning.open_item(self.ctx.tenant, item, f"input[{i}]")
         return items
 
     def _response_skeleton(self) -> response_pb2.Response:
         p = self.params
         r = response_pb2.Response(
             id=ids.response_id(),
-            created_at=int(time.time()),
+            created_at=int(self.services.clock.wall()),
             status="in_progress",
             model=p.model,
             previous_response_id=p.previous_response_id,
@@ -350,7 +403,7 @@ class Turn:
         away or cancels (the upstream is closed either way)."""
         self.phase = Phase.GENERATING
         reader = WakeupReader(backend.stream_runs(request), while_waiting)
-        outbox = self.session.outbox
+        outbox = self.ctx.outbox
         stream_id, response_id = self.stream_id, self.response_id
         started = time.perf_counter()
         builder.finish = None
@@ -374,7 +427,7 @@ class Turn:
         p = self.params
         seal = None
         if REASONING_INCLUDE in p.include:
-            sealer, tenant = self.engine.reasoning, self.session.tenant
+            sealer, tenant = self.services.reasoning, self.ctx.tenant
             seal = lambda item: sealer.seal(tenant, item)  # noqa: E731
         self.builder = OutputBuilder(
             max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
@@ -384,34 +437,47 @@ class Turn:
         return self.builder
 
     async def _generate(self, prepared: Prepared) -> None:
+        """Run `_steps` and end the response however they stop: the model's finish, a backend
+        error, or the interruption the control carries (steer, client cancel, server cut)."""
         builder = self._builder()
+        error: TetherError | None = None
+        finish: Finish | None = None
+        try:
+            finish = await self._steps(prepared, builder)
+        except TetherError as exc:  # a BackendError, or a rule of the steps (e.g. an append timeout)
+            error = exc
+        except Exception:  # a bug in a backend adapter fails this response, not the session
+            log.exception("backend %s failed", prepared.route.backend.name)
+            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.")
+        except asyncio.CancelledError:
+            interruption = self.control.claim()  # claimed here: the lane must not swallow a second cancel
+            if interruption is None:  # the session is going away
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if interruption is Outcome.STEERED:
+                await self._end(prepared, builder, Finish(reason=STEERED), None)
+                return
+            error = self.control.reason if interruption is Outcome.CUT else None
+            error = error or TetherError(errors.CANCELLED, "The response was cancelled by the client.")
+        await self._end(prepared, builder, self._finish_so_far(builder) if error else finish, error)
+
+    async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
+        """The backend calls of this turn: one, tokenising the new input while the backend
+        computes its first token when nothing before needed the count. Returns how it stopped."""
         request = prepared.request
 
         def render_while_waiting() -> None:
             with self.clock.stage("render_overlapped"):
                 request.input_tokens = prepared.render().input_tokens
 
-        error: TetherError | None = None
-        try:
-            while_waiting = None if prepared.rendered else render_while_waiting
-            await self._stream_step(builder, prepared.route.backend, request, while_waiting)
-        except BackendError as exc:
-            error = exc
-        except Exception:  # a bug in a backend adapter fails this response, not the session
-            log.exception("backend %s failed", prepared.route.backend.name)
-            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.")
-        except asyncio.CancelledError:
-            if not self.cancel_requested:
-                raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            self.cancel_requested = False  # handled here: the lane must not swallow a second cancel
-            if self.steered and self.cut_reason is None:
-                await self._end(prepared, builder, Finish(reason=STEERED), None)
-                return
-            error = self.cut_reason or TetherError(
-                errors.CANCELLED, "The response was cancelled by the client."
-            )
-        await self._end(prepared, builder, None if error else builder.finish or Finish(), error)
+        while_waiting = None if prepared.rendered else render_while_waiting
+        await self._stream_step(builder, prepared.route.backend, request, while_waiting)
+        return builder.finish or Finish()
+
+    def _finish_so_far(self, builder: OutputBuilder) -> Finish | None:
+        """What a response that failed or was cancelled reports as its finish (usage): none for a
+        single backend call (the usage is estimated from the output)."""
+        return None
 
     async def _end(
         self, prepared: Prepared, builder: OutputBuilder, finish: Finish | None, error: TetherError | None
@@ -419,9 +485,10 @@ class Turn:
         """Close the open items and finish: the one ending of every generation (`error` set: it
         failed or was cancelled; else `finish` says how the model stopped)."""
         self.phase = Phase.FINISHING
+        self.control.end(Outcome.FAILED if error is not None else Outcome.COMPLETED)
         if error is not None:
             await self._emit_all(builder.close_all("incomplete"))
-            self.engine.metrics.error(error.code)
+            self.services.telemetry.error(error.code)
             status = "cancelled" if error.code == errors.CANCELLED else "failed"
             await self._finish(prepared, builder.output, status, finish, error)
             return
@@ -435,7 +502,7 @@ class Turn:
     async def _emit_all(self, events: list[events_pb2.ServerEvent]) -> None:
         for ev in events:
             ev.stream_id, ev.response_id = self.stream_id, self.response_id
-            await self.session.outbox.put(ev)
+            await self.ctx.outbox.put(ev)
 
     # -- compaction -------------------------------------------------------------------------------
 
@@ -456,9 +523,9 @@ class Turn:
         ev = self._event()
         ev.compaction_compacting.item_id = item_id
         ev.compaction_compacting.output_index = builder.next_index
-        await self.session.outbox.put(ev)
+        await self.ctx.outbox.put(ev)
         context = [*prepared.node.items(), *output]
-        summary, keep = await self.engine.summarize(
+        summary, keep = await self.services.summarize(
             prepared.route, context, self.params.instructions or None, affinity=finish.replica or None
         )
         item = items_pb2.Item()
@@ -466,7 +533,7 @@ class Turn:
         item.compaction.encrypted_content = encode_payload(summary, keep)
         _, events = builder.add_finished_item(item)
         await self._emit_all(events)
-        self.engine.metrics.compaction()
+        self.services.telemetry.compaction()
         return builder.output
 
     # -- finalisation -----------------------------------------------------------------------------
@@ -482,7 +549,7 @@ class Turn:
         clock = self.clock
         r = prepared.response
         r.status = status
-        r.completed_at = int(time.time())
+        r.completed_at = int(self.services.clock.wall())
         del r.output[:]
         r.output.extend(output)
         usage = account(
@@ -495,7 +562,8 @@ class Turn:
         u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
         u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
         u.total_tokens = usage.input_tokens + usage.output_tokens
-        self.engine.rate_limiter.charge_output(self.session.tenant, usage.output_tokens)
+        services, tenant = self.services, self.ctx.tenant
+        services.rate_limiter.charge_output(tenant, usage.output_tokens)
         self.replica = finish.replica if finish else ""
         if finish and finish.timing:
             t = finish.timing
@@ -523,15 +591,16 @@ class Turn:
         if self.params.conversation and status in ("completed", "incomplete"):
             with clock.stage("finalize"):  # before the terminal event: the next create reads them
                 added = [seg.item for seg in prepared.new_segments]
-                await self.engine.conversations.append(self.session.tenant, self.params.conversation, [*added, *output])
-        finishing = self.session.begin_finishing(r.id)
-        tracing.annotate_response(r)
+                await services.conversations.append(tenant, self.params.conversation, [*added, *output])
+        parents = self.ctx.parents
+        finishing = parents.begin_finishing(r.id)
+        services.telemetry.response_finished(r)
         try:
-            if r.store and self.engine.config.store_durability == "before_terminal":
+            if r.store and services.config.store_durability == "before_terminal":
                 # Durable first: a crash after the client saw the terminal event loses nothing.
                 with clock.stage("finalize"):
                     out_segments, context = self._state_after(prepared, output)
-                    await self.engine.post.write_now(self._post_job(prepared, out_segments, context))
+                    await services.post.write_now(self._post_job(prepared, out_segments, context))
                 await self._emit_response(arm, r)
                 self._remember(prepared, status, error, context)
             else:
@@ -540,11 +609,13 @@ class Turn:
                 with clock.stage("finalize"):
                     out_segments, context = self._state_after(prepared, output)
                     self._remember(prepared, status, error, context)
-                    self.engine.post.submit(self._post_job(prepared, out_segments, context))
-            self.engine.metrics.turn_finished(self.session.transport, arm, clock, u, usage.sources)
+                    services.post.submit(self._post_job(prepared, out_segments, context))
+            services.telemetry.turn_finished(
+                self.ctx.transport, arm, clock.stages, clock.overhead(), clock.elapsed(), u, usage.sources
+            )
         finally:
             finishing.set_result(None)
-            self.session.end_finishing(r.id)
+            parents.end_finishing(r.id)
 
     def _state_after(self, prepared: Prepared, output: list) -> tuple[tuple[Segment, ...], Node]:
         """The output as rendered segments, and the context a continuation builds on."""
@@ -563,11 +634,11 @@ class Turn:
                 context_node=context,
                 lane=self.lane.name,
                 store=r.store,
-                tenant=self.session.tenant,
+                tenant=self.ctx.tenant,
                 nbytes=prepared.node.nbytes + context.nbytes,
                 replica=self.replica,
             )
-            self.session.cache.put(entry)
+            self.ctx.cache.put(entry)
             self.lane.last_response_id = r.id
 
     def _post_job(self, prepared: Prepared, out_segments: tuple[Segment, ...], context: Node) -> PostJob:
@@ -575,7 +646,7 @@ class Turn:
         if not r.store:
             return PostJob(usage=None, record=None)
         usage = UsageRecord(
-            tenant=self.session.tenant,
+            tenant=self.ctx.tenant,
             response_id=r.id,
             model=r.model,
             backend=prepared.route.backend.name,
@@ -587,7 +658,7 @@ class Turn:
             created_at=float(r.created_at),
         )
         record = ResponseRecord(
-            tenant=self.session.tenant,
+            tenant=self.ctx.tenant,
             response=r,
             input_keys=[s.key for s in prepared.node.all_segments()],
             output_keys=[s.key for s in out_segments],
@@ -601,17 +672,38 @@ class Turn:
         parent_id = self.params.previous_response_id
         if not parent_id:
             return
-        entry = self.session.cache.get(parent_id)
+        cache = self.ctx.cache
+        entry = cache.get(parent_id)
         if entry is not None and entry.lane == self.lane.name:
-            self.session.cache.evict(parent_id, reason="error")
+            cache.evict(parent_id, reason="error")
 
 
-def user_message(text: str) -> items_pb2.Item:
-    """A plain-string input (`"input": "hi"`) as the one user message it stands for."""
-    item = items_pb2.Item()
-    item.message.role = "user"
-    item.message.content.add().input_text.text = text
-    return item
+
+class TurnStrategy(Protocol):
+    """The kind of turn a session runs (injected through the engine by the composition root):
+    which `Turn` answers a create, and whether a `response.append` belongs to one of its turns."""
+
+    def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
+             control: TurnControl, event_id: str) -> Turn: ...  # fmt: skip
+
+    def deliver_append(self, session_id: str, append: service_pb2.AppendRequest) -> bool:
+        """Take `append` for a waiting turn of session `session_id`; False: the session handles
+        it (the legacy `response.append`, a new response continuing the lane)."""
+        ...
+
+
+class StandardTurns:
+    """The launched WebSocket mode: every create is a `Turn`, ended by its response."""
+
+    def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
+             control: TurnControl, event_id: str) -> Turn:  # fmt: skip
+        return Turn(ctx, params, lane, control, event_id)
+
+    def deliver_append(self, session_id: str, append: service_pb2.AppendRequest) -> bool:
+        return False
+
+
+STANDARD_TURNS = StandardTurns()
 
 
 def warm_up_only(params: request_pb2.ResponseCreateParams) -> bool:
@@ -644,24 +736,6 @@ def truncate(node: Node, budget: int) -> Node:
         return node
     log.info("truncation auto: dropped the %d oldest items (%d tokens)", start, node.token_count - total)
     return Node.extend(None, tuple(segments[start:]))
-
-
-def assign_ids(items: Iterable[items_pb2.Item]) -> None:
-    """Give items that came without an `id` a server-made one (`msg_`, `fc_`, `fco_`, `rs_`)."""
-    for item in items:
-        arm = item.WhichOneof("item")
-        prefix = _ID_PREFIX.get(arm or "")
-        if prefix:
-            inner = getattr(item, arm)
-            if not inner.id:
-                inner.id = ids.new_id(prefix)
-
-
-def item_key(item: items_pb2.Item) -> str:
-    """Storage key of an output item: its own id (server-made, 128 random bits)."""
-    arm = item.WhichOneof("item")
-    inner = getattr(item, arm) if arm else None
-    return getattr(inner, "id", "") or ids.new_id("itm")
 
 
 def _unstored(prepared: Prepared, out_segments: tuple[Segment, ...]) -> list[Segment]:

@@ -109,7 +109,12 @@ class ReadinessChecker:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
+        # Cancel until it ends: Python 3.11's `asyncio.wait_for` (in `check_once`) swallows a
+        # cancel that lands as the check completes, and the loop would go on (a server stopped
+        # right after it started then hung in `stop`).
+        while task is not None and not task.done():
             task.cancel()
+            await asyncio.wait([task], timeout=0.1)
+        if task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task

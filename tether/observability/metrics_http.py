@@ -37,10 +37,10 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Re
 def metrics_response(source: Any = None, accept: str | None = None) -> tuple[int, Headers, bytes]:
     """`(status, headers, body)` for `GET /metrics`.
 
-    `source` is the engine (or anything with `.metrics.registry`, or a `CollectorRegistry`);
+    `source` is the engine (or anything with `.telemetry.registry`, or a `CollectorRegistry`);
     the bridge passes its `ResponsesAPI`. A source without a registry (the bridge in front of a
     remote Tether) serves this process's default registry (process and Python metrics)."""
-    registry = getattr(getattr(source, "metrics", None), "registry", None)
+    registry = getattr(getattr(source, "telemetry", None), "registry", None)
     if registry is None:
         registry = source if hasattr(source, "collect") else REGISTRY
     encoder, content_type = choose_encoder(accept or "")

@@ -11,7 +11,9 @@ Switching on: `configure()` (uses the process's global TracerProvider, e.g. one 
 provider; `console` = the SDK printing spans to stderr; `otlp` = the SDK with the OTLP exporter
 (`opentelemetry-exporter-otlp`; endpoint from the standard OTEL_EXPORTER_OTLP_* variables).
 
-Hooks (called by the transports and the turn; see docs/operating.md for the exact lines):
+Hooks (called by the transports, and by the core through its telemetry port: `turn_span`,
+`annotate_error` and `annotate_response` are `Observability`'s `turn_span`, `turn_refused` and
+`response_finished`; see docs/operating.md for the exact lines):
 
 - `adopt_parent(carrier)`: a transport hands over the caller's trace context: gRPC invocation
   metadata or HTTP/WebSocket headers with W3C `traceparent` / `tracestate`. It is kept in a
@@ -23,7 +25,8 @@ Hooks (called by the transports and the turn; see docs/operating.md for the exac
   laid out back to back in pipeline order (validate, resolve, classify, render, route, backend
   with backend_ttft and stream children, finalize). Durations are exact; start offsets are
   approximate where a stage ran in pieces (validate runs before and after resolve).
-- `annotate_response(response)`: in `Turn._finish`, puts the outcome, usage and ids on the span.
+- `annotate_response(response)`: in `Turn._finish`, puts the outcome, usage and ids on the span;
+  `annotate_error(code)`: a create refused with an in-band error before `response.created`.
 """
 
 from __future__ import annotations
@@ -178,10 +181,10 @@ class _LiveTurn:
     def __enter__(self) -> _LiveTurn:
         st, turn = self._st, self._turn
         self._start_ns = time.time_ns() - int(turn.clock.elapsed() * 1e9)
-        session, params = turn.session, turn.params
+        ctx, params = turn.ctx, turn.params
         attrs = {
-            "tether.transport": session.transport,
-            "tether.session.id": getattr(session, "id", ""),
+            "tether.transport": ctx.transport,
+            "tether.session.id": ctx.session_id,
             "tether.model": params.model,
             "tether.stream_id": turn.stream_id,
             "tether.store": params.store if params.HasField("store") else True,
@@ -210,7 +213,7 @@ class _LiveTurn:
 
 
 def turn_span(turn: Any) -> Any:
-    """`with turn_span(turn):` around a turn. Reads `turn.clock`, `.session` (transport, id),
+    """`with turn_span(turn):` around a turn. Reads `turn.clock`, `.ctx` (transport, session id),
     `.params`, `.stream_id` and `.response_id`; a shared no-op when tracing is off."""
     st = _state
     if st is None:

@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 from tether.protocol.wire import SERVER_TIMING_INCLUDE
 from tether.workloads import Workload
+from tether_lab.prototype import AWAITING_EVENT
 
-AWAITING_EVENT = "response.awaiting_input"
 TERMINAL_TYPES = frozenset({"response.completed", "response.failed", "response.incomplete"})
 
 
@@ -277,7 +277,7 @@ class Transport(ABC):
                     raise RolloutError(f"the model answered at turn {index}; the workload has {workload.turns} turns")
                 return
             if self.mode == "append" and not out.awaiting:
-                raise RolloutError(f"turn {index}: tool calls but no {AWAITING_EVENT} (is prototype_append enabled?)")
+                raise RolloutError(f"turn {index}: tool calls but no {AWAITING_EVENT} (does the server run tether_lab.prototype?)")
             if index >= len(workload.steps):
                 raise RolloutError(f"turn {index}: the model called tools past the workload's last step")
             step = workload.steps[index]

@@ -1,7 +1,7 @@
-"""`ws-proto`: the WebSocket prototype shape (see `tether.core.prototype`): the whole rollout is
+"""`ws-proto`: the WebSocket prototype shape (see `tether_lab.prototype`): the whole rollout is
 ONE response; after each tool call the server waits (`response.awaiting_input`) and the client
 sends the outputs with `response.append` on the same socket. Needs the server's
-`[server] prototype_append = true` (the bench's server sets it)."""
+the prototype turns (the bench's server, `python -m tether_lab.prototype serve`, runs them)."""
 
 from __future__ import annotations
 

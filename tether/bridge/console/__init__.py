@@ -163,7 +163,7 @@ class ConsoleHandlers:
                 PERMISSION_DENIED,
                 "The server view needs an admin key (a tenant in server.console_admin_tenants).",
             )
-        registry = getattr(getattr(self.ctx.api, "metrics", None), "registry", None)
+        registry = getattr(getattr(self.ctx.api, "telemetry", None), "registry", None)
         if registry is None:
             raise TetherError(
                 NOT_IMPLEMENTED, "This bridge runs apart from the engine: its metrics are upstream."

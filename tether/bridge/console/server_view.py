@@ -1,5 +1,5 @@
 """The console's server view: one JSON snapshot of the metrics the engine already keeps
-(`tether.metrics.Metrics`), for admin keys only; the page polls it and derives rates (turns/s,
+(`tether.observability.metrics.Metrics`), for admin keys only; the page polls it and derives rates (turns/s,
 per-stage latency over the last interval) from two snapshots.
 
 Counters are cumulative, as Prometheus exposes them, so the snapshot is a plain read of the

@@ -128,7 +128,7 @@ INCLUDES: dict[str, Field] = {
     "code_interpreter_call.outputs": Field(A, "Tether runs no hosted tools: these items never appear."),
     "computer_call_output.output.image_url": Field(A, "Tether runs no hosted tools: these items never appear."),
     SERVER_TIMING_INCLUDE: Field(H, "Tether extension: per-stage timing in `server_timing`."),
-    PROTOTYPE_APPEND_INCLUDE: Field(H, "Tether extension ([server] prototype_append): the create stays open."),
+    PROTOTYPE_APPEND_INCLUDE: Field(H, "Tether extension (a server running the lab's prototype turns, `tether_lab.prototype`): the create stays open."),
 }
 
 del H, B, E, A, R

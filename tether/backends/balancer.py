@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tether.core.stages import render
+from tether import render
 from tether.responses.v1 import items_pb2, request_pb2
 
 

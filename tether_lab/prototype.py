@@ -5,12 +5,15 @@ calls, the response completes, and the client continues with a new `response.cre
 (`previous_response_id` + the tool outputs). In the prototype shape the response stays open: after
 the model's tool calls the server *blocks*, the client sends the tool outputs with
 `response.append`, and the same response goes on streaming (output indices continue) until the
-model answers without tool calls. This module implements that shape next to the normal `Turn`,
-behind a server flag and a per-create opt-in, so the lab can measure how far the launched shape is
-from it (`tether bench`, transport `ws-proto`).
+model answers without tool calls. This module implements that shape as a turn strategy
+(`PrototypeTurns`, injected into the sessions through the composition root) and a per-create
+opt-in, so the lab can measure how far the launched shape is from it (`tether bench`, transport
+`ws-proto`). The runtime knows nothing of it: `python -m tether_lab.prototype serve ...` is
+`tether serve` with this strategy (the bench's server), and `PrototypeTurn` replaces only the
+backend steps of a `Turn` (`_steps`); preparing, ending, cancelling and finishing are the turn's.
 
-Protocol (opt-in per create: `include: ["tether:prototype_append"]`, honoured only when the server
-enables `[server] prototype_append = true`):
+Protocol (opt-in per create: `include: ["tether:prototype_append"]`, honoured by a server started
+with this strategy):
 
 1. `response.create` as usual. Events stream as usual.
 2. When the model stops with tool calls, their items are closed (`output_item.done`) and the server
@@ -35,26 +38,30 @@ enables `[server] prototype_append = true`):
    the connection's `idle_timeout_s`) the response fails with `idle_timeout`; cancelling works as
    for any response.
 
-Hooks (the only two places a session calls into this module):
+The strategy's two hooks (`TurnStrategy`):
 
-- `turn_for(session, params, lane)`: the `Turn` to run for a create (a `PrototypeTurn` when the
-  create asks for it, else a plain `Turn`);
-- `deliver_append(session, append) -> bool`: offer a `response.append` to a waiting prototype turn
-  of this session; False means "not for a prototype turn", and the session handles it as before.
+- `turn(...)`: the `Turn` to run for a create (a `PrototypeTurn` when the create asks for it,
+  else a plain `Turn`);
+- `deliver_append(session_id, append) -> bool`: offer a `response.append` to a waiting prototype
+  turn of that session; False means "not for a prototype turn", and the session handles it as
+  before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
-import weakref
-from typing import TYPE_CHECKING
 
 import orjson
 
-from tether import errors
-from tether.backends.base import BackendError, Finish, Usage
-from tether.core.stages import render, validate
+from tether import errors, render
+from tether.backends.base import Finish, Usage
+from tether.core.builder import OutputBuilder
+from tether.core.context import TurnContext
+from tether.core.lane import Lane
+from tether.core.outcome import TurnControl
+from tether.core.stages import validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
 from tether.errors import TetherError
@@ -62,42 +69,49 @@ from tether.protocol.calls import answered_call_id, call_of
 from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
-if TYPE_CHECKING:
-    from tether.core.session import Lane, Session
-
 AWAITING_EVENT = "response.awaiting_input"
 APPEND_WAIT_STAGE = "append_wait"
-
-# Waiting prototype turns per session. Weak keys: a closed session's entry goes with it.
-_WAITING: weakref.WeakKeyDictionary[Session, set[PrototypeTurn]] = weakref.WeakKeyDictionary()
 
 
 def requested(params: request_pb2.ResponseCreateParams) -> bool:
     return PROTOTYPE_APPEND_INCLUDE in params.include
 
 
-def turn_for(session: Session, params: request_pb2.ResponseCreateParams, lane: Lane) -> Turn:
-    """The turn for a create on a session whose server enables the prototype shape."""
-    if requested(params):
-        return PrototypeTurn(session, params, lane)
-    return Turn(session, params, lane)
+class PrototypeTurns:
+    """The prototype shape as a turn strategy: a `PrototypeTurn` for a create that asks for it,
+    a plain `Turn` otherwise; appends go to the waiting prototype turn whose calls they answer."""
+
+    def __init__(self, append_timeout_s: float | None = None) -> None:
+        self.append_timeout_s = append_timeout_s  # None: the connection's idle_timeout_s
+        self._waiting: dict[str, set[PrototypeTurn]] = {}  # session id -> its waiting turns
+
+    def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
+             control: TurnControl, event_id: str) -> Turn:  # fmt: skip
+        if requested(params):
+            return PrototypeTurn(ctx, params, lane, control, event_id, waiting=self._waiting,
+                                 append_timeout_s=self.append_timeout_s)  # fmt: skip
+        return Turn(ctx, params, lane, control, event_id)
+
+    def deliver_append(self, session_id: str, append: service_pb2.AppendRequest) -> bool:
+        """Give `append` to the waiting prototype turn whose calls it answers; False if none."""
+        turns = self._waiting.get(session_id)
+        if not turns:
+            return False
+        items = list(append.input)
+        return any(turn.offer(items) for turn in list(turns))
+
+    def waiting_turns(self, session_id: str) -> int:
+        return len(self._waiting.get(session_id) or ())
 
 
-def deliver_append(session: Session, append: service_pb2.AppendRequest) -> bool:
-    """Give `append` to the waiting prototype turn whose calls it answers; False if none."""
-    turns = _WAITING.get(session)
-    if not turns:
-        return False
-    items = list(append.input)
-    for turn in list(turns):
-        if turn.offer(items):
-            return True
-    return False
+def deliver_append(session, append: service_pb2.AppendRequest) -> bool:  # noqa: ANN001
+    """`session`'s strategy offered `append` (tests drive a session directly)."""
+    return session.strategy.deliver_append(session.id, append)
 
 
-def waiting_turns(session: Session) -> int:
+def waiting_turns(session) -> int:  # noqa: ANN001
     """How many prototype turns of `session` wait for tool output (for tests and metrics)."""
-    return len(_WAITING.get(session) or ())
+    return session.strategy.waiting_turns(session.id)
 
 
 class PrototypeClock(StageClock):
@@ -112,24 +126,22 @@ class PrototypeClock(StageClock):
 class PrototypeTurn(Turn):
     """A turn that keeps its response open across tool calls (see the module docstring)."""
 
-    def __init__(
-        self,
-        session: Session,
-        params: request_pb2.ResponseCreateParams,
-        lane: Lane,
-        *,
-        append_timeout_s: float | None = None,
-    ) -> None:
-        super().__init__(session, params, lane)
+    def __init__(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
+                 control: TurnControl, event_id: str = "", *, waiting: dict[str, set[PrototypeTurn]],
+                 append_timeout_s: float | None = None) -> None:  # fmt: skip
+        super().__init__(ctx, params, lane, control, event_id)
         self.clock = PrototypeClock()
-        self.append_timeout_s = session.limits.idle_timeout_s if append_timeout_s is None else append_timeout_s
+        limits = ctx.services.limits
+        self.append_timeout_s = limits.idle_timeout_s if append_timeout_s is None else append_timeout_s
         self.steps = 0  # backend calls made so far
+        self._waiting = waiting  # the strategy's waiting turns by session id
         self._pending: dict[str, None] = {}  # call ids waiting for output, in call order
         self._received: list[items_pb2.Item] = []
         self._texts: list[str] = []  # rendered text of the accepted appended items
         self._wake = asyncio.Event()
+        self._so_far: Finish | None = None  # how the steps so far stopped, with their usage
 
-    # -- the append side (called by deliver_append, in the session's send path) ----------------
+    # -- the append side (called by PrototypeTurns.deliver_append, in the session's send path) --
 
     @property
     def awaiting(self) -> tuple[str, ...]:
@@ -148,13 +160,22 @@ class PrototypeTurn(Turn):
 
     # -- generation -----------------------------------------------------------------------------
 
-    async def _generate(self, prepared: Prepared) -> None:
-        builder = self._builder()
+    async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
+        """Backend calls until the model answers without tool calls, each continuing the output
+        so far with the appended tool outputs. Raises TetherError (`idle_timeout`) when no append
+        comes within `append_timeout_s`."""
         base_items = prepared.node.items()
         input_tokens = prepared.input_tokens
         output_tokens = reasoning_tokens = 0
-        error: TetherError | None = None
         finish: Finish | None = None
+
+        def so_far() -> Finish:
+            return Finish(
+                reason=finish.reason if finish else "stop",
+                usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens),
+                timing=finish.timing if finish else None,
+            )
+
         try:
             while True:
                 self.steps += 1
@@ -173,42 +194,32 @@ class PrototypeTurn(Turn):
                     self._begin_wait(open_calls)
                 await self._emit_all(closing)
                 if not open_calls:
-                    break
+                    return so_far()
                 appended = await self._await_outputs(open_calls)
                 if appended is None:
-                    error = TetherError(
+                    raise TetherError(
                         errors.IDLE_TIMEOUT,
                         f"No response.append with the tool outputs within {self.append_timeout_s:g} s.",
                     )
-                    break
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back
                 with self.clock.stage("render"):
                     input_tokens += sum(len(render.encode(text)) for text in self._texts)
                 self._texts = []
-        except BackendError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            if not self.cancel_requested:
-                raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            self.cancel_requested = False
-            error = TetherError(errors.CANCELLED, "The response was cancelled by the client.")
         finally:
             self._stop_waiting()
-        prepared.input_tokens = input_tokens
-        total = Finish(
-            reason=finish.reason if finish else "stop",
-            usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, reasoning_tokens=reasoning_tokens),
-            timing=finish.timing if finish else None,
-        )
-        await self._end(prepared, builder, total, error)
+            prepared.input_tokens = input_tokens
+            self._so_far = so_far()
+
+    def _finish_so_far(self, builder: OutputBuilder) -> Finish | None:
+        """A loop that failed or was cancelled reports the usage of the steps it finished."""
+        return self._so_far
 
     def _begin_wait(self, open_calls: list[str]) -> None:
         self._pending = dict.fromkeys(open_calls)
         self._received = []
         self._texts = []
-        _WAITING.setdefault(self.session, set()).add(self)
+        self._waiting.setdefault(self.ctx.session_id, set()).add(self)
 
     async def _await_outputs(self, open_calls: list[str]) -> list[items_pb2.Item] | None:
         """Announce the wait, then collect appended items until every open call has an output.
@@ -218,7 +229,7 @@ class PrototypeTurn(Turn):
         ev.other.json = orjson.dumps(
             {"type": AWAITING_EVENT, "response_id": self.response_id, "call_ids": open_calls}
         ).decode()
-        await self.session.outbox.put(ev)
+        await self.ctx.outbox.put(ev)
         accepted: list[items_pb2.Item] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.append_timeout_s
@@ -241,8 +252,7 @@ class PrototypeTurn(Turn):
                 try:
                     self._check(batch)
                 except TetherError as exc:
-                    self.engine.metrics.error(exc.code)
-                    await self.session.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
+                    await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
                 else:
                     accepted.extend(batch)
                     for item in batch:
@@ -260,20 +270,20 @@ class PrototypeTurn(Turn):
     def _check(self, items: list[items_pb2.Item]) -> None:
         """The stages a create runs on new input, for appended items: validate, render, classify."""
         with self.clock.stage("validate"):
-            validate.validate_items(items, frozenset(self._pending), self.engine.config.limits, param="input")
+            validate.validate_items(items, frozenset(self._pending), self.services.limits, param="input")
         with self.clock.stage("render"):
             texts = [render.render_item(item) for item in items]
         with self.clock.stage("classify"):
-            self.engine.classify(texts)
+            self.services.classify(texts)
         self._texts.extend(texts)
 
     def _stop_waiting(self) -> None:
         self._pending = {}
-        turns = _WAITING.get(self.session)
+        turns = self._waiting.get(self.ctx.session_id)
         if turns is not None:
             turns.discard(self)
             if not turns:
-                _WAITING.pop(self.session, None)
+                self._waiting.pop(self.ctx.session_id, None)
 
 
 def _open_calls(output: list[items_pb2.Item]) -> list[str]:
@@ -287,3 +297,16 @@ def awaiting_event_json(ev: events_pb2.ServerEvent) -> dict | None:
     if ev.WhichOneof("event") == "other" and ev.other.type == AWAITING_EVENT:
         return orjson.loads(ev.other.json)
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tether_lab.prototype serve [tether serve's flags]`: `tether serve` whose sessions
+    run `PrototypeTurns` (with `--workers`, every worker does)."""
+    from tether import cli
+    from tether_lab import prototype  # by its name, not as __main__: the workers unpickle the class
+
+    return cli.main(argv, strategy=prototype.PrototypeTurns())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,10 @@
 """Prometheus metrics for one engine (a private registry, so several engines can coexist in one
-process, e.g. in tests). The session core calls these small methods; nothing else knows metric
-names. Exposed at `/metrics` on the bridge (`metrics_port = 0`) or on the standalone metrics
+process, e.g. in tests). It implements the metric half of the core's `Telemetry` port
+(`tether.core.telemetry`, through `tether.observability.telemetry.Observability`); nothing else knows
+metric names. Exposed at `/metrics` on the bridge (`metrics_port = 0`) or on the standalone metrics
 server (`server.metrics_port`); see `tether.observability.metrics_http` and docs/operating.md.
 
-Stage names in `tether_stage_seconds{stage}` are the StageClock's (`tether.core.timing`):
+Stage names in `tether_stage_seconds{stage}` are the turn's stage timers':
 resolve, validate, classify, render, route, backend (model time: TTFT + streaming),
 backend_ttft, backend_wait (time blocked on the upstream), finalize, plus two derived here:
 `stream` (backend - backend_ttft: generation after the first token) and `post_inference` (the
@@ -12,7 +13,7 @@ store/ledger write, off the critical path).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from prometheus_client import (
@@ -25,7 +26,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from tether.core.timing import StageClock
 from tether.errors import CLIENT_GONE
 from tether.process_memory import allocator_in_use
 
@@ -133,16 +133,16 @@ class Metrics:
         finally:
             self.active_responses.dec()
 
-    def turn_finished(self, transport: str, outcome: str, clock: StageClock, usage, sources=None) -> None:
+    def turn_finished(self, transport: str, outcome: str, stages: Mapping[str, float], overhead_s: float,
+                      elapsed_s: float, usage, sources=None) -> None:  # fmt: skip
         self.turns.labels(transport, outcome).inc()
-        stages = clock.stages
         observe = self.stage_seconds.labels
         for stage, seconds in stages.items():
             observe(stage).observe(seconds)
         if "backend" in stages and "backend_ttft" in stages:
             observe("stream").observe(max(0.0, stages["backend"] - stages["backend_ttft"]))
-        self.overhead_seconds.labels(transport).observe(clock.overhead())
-        self.turn_seconds.labels(transport).observe(clock.elapsed())
+        self.overhead_seconds.labels(transport).observe(overhead_s)
+        self.turn_seconds.labels(transport).observe(elapsed_s)
         self.tokens.labels("input").inc(usage.input_tokens)
         self.tokens.labels("cached").inc(usage.cached_tokens)
         self.tokens.labels("output").inc(usage.output_tokens)

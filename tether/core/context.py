@@ -1,0 +1,177 @@
+"""What a turn may use, and nothing more: `TurnContext` (its connection's parts) and `TurnServices`
+(the process-wide parts, built once by the engine). A turn holds no reference to its session or
+the engine; the session builds the context, so the turn cannot reach past it.
+
+The connection's parts that the turn shares with the session live here as small classes:
+`Parents` (previous_response_id -> the connection cache, else one store read) and `Memo` (the
+header tokens and model routes a connection resolves once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tether import errors, render
+from tether.config import Limits, TetherConfig
+from tether.core.chain import CachedResponse, ResponseCache
+from tether.core.clock import Clock
+from tether.core.conversations import Conversations
+from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.postinference import PostInference
+from tether.core.ratelimit import RateLimiter
+from tether.core.stages.route import Resolved, Router
+from tether.core.telemetry import Telemetry
+from tether.errors import TetherError
+from tether.reasoning_codec import ReasoningSealer
+from tether.responses.v1 import events_pb2
+
+Hydrate = Callable[[str, str, str], Awaitable[CachedResponse | None]]  # (tenant, response id, lane)
+Summarize = Callable[..., Awaitable[tuple[str, int]]]  # (route, context, instructions, affinity=)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnServices:
+    """The process-wide parts a turn uses. `config` is read as each turn runs (limits, the
+    server's `accept_unknown_parameters`, prompt templates, `store_durability`)."""
+
+    config: TetherConfig
+    router: Router
+    classify: Callable[[Sequence[str]], int]  # the safety stage: findings, or TetherError in block mode
+    token_cache: render.TokenCache
+    rate_limiter: RateLimiter
+    reasoning: ReasoningSealer
+    conversations: Conversations
+    post: PostInference
+    summarize: Summarize
+    hydrate: Hydrate
+    telemetry: Telemetry
+    clock: Clock
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+
+class Parents:
+    """previous_response_id -> its state, for one connection: the connection cache first, then
+    the store; a response whose terminal event is out but whose state is not cached yet is
+    waited for (`finishing`)."""
+
+    __slots__ = ("_cache", "_tenant", "_services", "_finishing")
+
+    def __init__(self, cache: ResponseCache, tenant: str, services: TurnServices) -> None:
+        self._cache = cache
+        self._tenant = tenant
+        self._services = services
+        self._finishing: dict[str, asyncio.Future] = {}
+
+    async def resolve(self, response_id: str, *, lane: str) -> tuple[CachedResponse | None, bool]:
+        """(state, from_cache) for previous_response_id: connection cache first, then the store."""
+        if not response_id:
+            return None, False
+        finishing = self._finishing.get(response_id)
+        if finishing is not None:
+            await finishing  # its terminal event is out; its state lands in the cache right after
+        telemetry = self._services.telemetry
+        entry = self._cache.get(response_id)
+        if entry is not None:
+            telemetry.cache_lookup(hit=True)
+            return entry, True
+        telemetry.cache_lookup(hit=False)
+        entry = await self._services.hydrate(self._tenant, response_id, lane)
+        if entry is None:
+            raise TetherError(
+                errors.PREVIOUS_RESPONSE_NOT_FOUND,
+                f"Previous response with id '{response_id}' not found.",
+                param="previous_response_id",
+            )
+        self._cache.put(entry)
+        return entry, False
+
+    def begin_finishing(self, response_id: str) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._finishing[response_id] = fut
+        return fut
+
+    def end_finishing(self, response_id: str) -> None:
+        self._finishing.pop(response_id, None)
+
+
+class Memo:
+    """Per-connection memos of the render and route stages: the instructions+tools header's token
+    count (the last 8 headers) and each model name's route."""
+
+    __slots__ = ("_tenant", "_services", "_headers", "_routes")
+
+    HEADERS = 8
+
+    def __init__(self, tenant: str, services: TurnServices) -> None:
+        self._tenant = tenant
+        self._services = services
+        self._headers: OrderedDict[bytes, int] = OrderedDict()
+        self._routes: dict[str, Resolved] = {}
+
+    def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
+        """Tokens of the instructions+tools header: (count, was_cached)."""
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update((instructions or "").encode())
+        for tool in tools:
+            digest.update(tool.SerializeToString())
+        key = digest.digest()
+        count = self._headers.get(key)
+        if count is not None:
+            self._headers.move_to_end(key)
+            return count, True
+        encode = self._services.token_cache.encode
+        count = len(encode(self._tenant, render.render_header(instructions, list(tools))))
+        self._headers[key] = count
+        if len(self._headers) > self.HEADERS:
+            self._headers.popitem(last=False)
+        return count, False
+
+    def route(self, model: str) -> Resolved:
+        resolved = self._routes.get(model)
+        if resolved is None:
+            resolved = self._services.router.resolve(model)
+            self._routes[model] = resolved
+        return resolved
+
+
+@dataclass(frozen=True, slots=True)
+class TurnContext:
+    """A turn's view of its connection: who it serves, where its events go, the connection's
+    state, and the process-wide services. `register` makes a created response reachable for
+    steer and cancel."""
+
+    tenant: str
+    transport: str
+    session_id: str
+    outbox: Outbox
+    cache: ResponseCache
+    parents: Parents
+    memo: Memo
+    services: TurnServices
+    register: Callable[[Any], None]  # (the Turn)
+
+    async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
+        """An in-band `error` event (counted); dropped when the connection is gone."""
+        await send_error(self.outbox, self.services.telemetry, exc, stream_id=stream_id, event_id=event_id)
+
+
+async def send_error(outbox: Outbox, telemetry: Telemetry, exc: TetherError, *, stream_id: str = "",
+                     event_id: str = "") -> None:  # fmt: skip
+    """The one way an in-band `error` event is sent: counted, then queued (dropped once closed)."""
+    telemetry.error(exc.code)
+    ev = events_pb2.ServerEvent(stream_id=stream_id)
+    ev.error.error.CopyFrom(exc.to_proto())
+    ev.error.event_id = event_id
+    try:
+        await outbox.put(ev)
+    except OutboxClosed:
+        pass
+
