@@ -22,6 +22,10 @@ def function_call_id() -> str:
     return new_id("fc")
 
 
+def custom_tool_call_id() -> str:
+    return new_id("ctc")
+
+
 def call_id() -> str:
     return new_id("call")
 

@@ -65,6 +65,7 @@ from tether.core.stages import validate
 from tether.core.timing import StageClock
 from tether.core.turn import Prepared, Turn
 from tether.errors import TetherError
+from tether.protocol.calls import answered_call_id, call_of
 from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
@@ -150,11 +151,7 @@ class PrototypeTurn(Turn):
         """Take `items` if they answer at least one awaited call; wake the turn when all are in."""
         if not self._pending:
             return False
-        answers = {
-            item.function_call_output.call_id
-            for item in items
-            if item.WhichOneof("item") == "function_call_output"
-        }
+        answers = {a for a in map(answered_call_id, items) if a is not None}
         if not answers & self._pending.keys():
             return False
         self._received.extend(items)
@@ -259,8 +256,9 @@ class PrototypeTurn(Turn):
                 else:
                     accepted.extend(batch)
                     for item in batch:
-                        if item.WhichOneof("item") == "function_call_output":
-                            self._pending.pop(item.function_call_output.call_id, None)
+                        answered = answered_call_id(item)
+                        if answered is not None:
+                            self._pending.pop(answered, None)
                 t_wait = time.perf_counter()
             done = True
             return accepted
@@ -289,13 +287,9 @@ class PrototypeTurn(Turn):
 
 
 def _open_calls(output: list[items_pb2.Item]) -> list[str]:
-    """Call ids of the function calls in `output` that have no function_call_output after them."""
-    answered = {i.function_call_output.call_id for i in output if i.WhichOneof("item") == "function_call_output"}
-    return [
-        i.function_call.call_id
-        for i in output
-        if i.WhichOneof("item") == "function_call" and i.function_call.call_id not in answered
-    ]
+    """Call ids of the tool calls (function, custom) in `output` that have no output after them."""
+    answered = {a for a in map(answered_call_id, output) if a is not None}
+    return [call.call_id for call in map(call_of, output) if call is not None and call.call_id not in answered]
 
 
 def awaiting_event_json(ev: events_pb2.ServerEvent) -> dict | None:

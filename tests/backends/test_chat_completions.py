@@ -476,7 +476,8 @@ def test_schema_type_list_with_object_keeps_its_keywords_on_its_branch():
 
 
 def test_custom_tool_and_shell_items_are_carried_as_calls_and_outputs():
-    """Codex's freeform `apply_patch` (a custom tool) and shell calls reach the model's history."""
+    """Codex's freeform `apply_patch` (a custom tool) and shell calls reach the model's history
+    (the custom call as its emulating function where the dialect has no custom tools)."""
     from tether.protocol.json_codec import item_from_json
 
     items = [
@@ -487,7 +488,8 @@ def test_custom_tool_and_shell_items_are_carried_as_calls_and_outputs():
                         "action": {"type": "exec", "command": ["ls"], "env": {}}}),
         item_from_json({"type": "local_shell_call_output", "id": "c2", "output": "a.py"}),
     ]  # fmt: skip
-    msgs = to_chat_request(request(*items), generic())["messages"]
+    # A dialect that emulates custom tools (vLLM); OpenAI's native form: tests/backends/test_custom_tools.py.
+    msgs = to_chat_request(request(*items), MappingOptions(dialect=DIALECTS["vllm"]))["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant", "tool"]
     patch = msgs[1]["tool_calls"][0]
     assert (patch["id"], patch["function"]["name"]) == ("c1", "apply_patch")

@@ -236,7 +236,7 @@ def _choice(obj):
     return request_pb2.ToolChoice(other_json=orjson.dumps(obj).decode())
 
 
-HOSTED_CHOICES = ["custom", "mcp", "web_search_preview", "file_search", "code_interpreter", "image_generation",
+HOSTED_CHOICES = ["mcp", "web_search_preview", "file_search", "code_interpreter", "image_generation",
                   "computer_use_preview", "local_shell"]  # fmt: skip
 
 
@@ -246,7 +246,7 @@ async def test_tool_choice_object_types_mapped_or_refused_per_dialect(server):
     await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "function", "name": "g"}))
     assert server.last_body["tool_choice"] == {"type": "function", "function": {"name": "g"}}
     for dialect in sorted(DIALECTS):
-        assert DIALECTS[dialect].tool_choice_types == {"function", "allowed_tools"}
+        assert DIALECTS[dialect].tool_choice_types == {"function", "custom", "allowed_tools"}
         for kind in HOSTED_CHOICES:
             for offered in (tools, []):  # refused whether or not tools are offered
                 with pytest.raises(TetherError) as ei:
@@ -265,7 +265,7 @@ async def test_hosted_tool_choice_forwarded_with_hosted_tools(server):
                options={"hosted_tools": True})  # fmt: skip
     assert server.last_body["tool_choice"] == {"type": "web_search_preview"}
     assert {"type": "web_search_preview"} in server.last_body["tools"]
-    with pytest.raises(TetherError) as ei:  # custom tools are never carried, hosted_tools or not
+    with pytest.raises(TetherError) as ei:  # a custom tool that is not offered, hosted_tools or not
         await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "custom", "name": "p"}),
                    options={"hosted_tools": True})  # fmt: skip
     assert ei.value.param == "tool_choice"

@@ -1,7 +1,7 @@
 """Conformance: every Response body, SSE event and WebSocket event Tether emits validates strictly
 (pydantic strict mode) against the openai SDK's own types, across scenarios: text, tool call,
-reasoning, refusal, log probabilities, a prompt template, output cap (incomplete), content filter,
-backend failure, cancellation, request error, compaction (the `/v1/responses/compact` body and the
+reasoning, refusal, a custom (freeform) tool call, log probabilities, a prompt template, output cap
+(incomplete), content filter, backend failure, cancellation, request error, compaction (the `/v1/responses/compact` body and the
 in-stream compaction item) and conversations.
 The raw JSON is read off the wire (httpx, websockets), never through the SDK's lenient parsers.
 Where the Open Responses schema and OpenAI differ, Tether follows OpenAI (docs/fields.md)."""
@@ -45,6 +45,13 @@ def strict(adapter_or_model: Any, obj: dict) -> None:
         adapter_or_model.model_validate(obj, strict=True)
 
 
+APPLY_PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Apply a patch.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'},
+}
+
 # name -> (script step, create body extras, expected terminal status, check of the final Response)
 SCENARIOS: dict[str, tuple[dict, dict, str, Callable[[dict], None]]] = {
     "text": ({"text": "Hello there."}, {}, "completed", lambda r: None),
@@ -53,6 +60,16 @@ SCENARIOS: dict[str, tuple[dict, dict, str, Callable[[dict], None]]] = {
         {"tools": [WEATHER_TOOL]},
         "completed",
         lambda r: _check(r["output"][0]["type"] == "function_call" and r["tools"][0]["strict"] is None),
+    ),
+    "custom_tool": (
+        {"tool_calls": [{"name": "apply_patch", "input": "*** Begin Patch\n*** End Patch"}]},
+        {"tools": [WEATHER_TOOL, APPLY_PATCH_TOOL], "tool_choice": {"type": "custom", "name": "apply_patch"}},
+        "completed",
+        lambda r: _check(
+            r["output"][0]["type"] == "custom_tool_call"
+            and r["output"][0]["input"] == "*** Begin Patch\n*** End Patch"
+            and r["tools"][1] == APPLY_PATCH_TOOL
+        ),
     ),
     "reasoning": (
         {"reasoning_tokens": 6, "text": "Done."},

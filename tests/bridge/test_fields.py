@@ -54,6 +54,9 @@ REJECTED = [k for k, f in CREATE_FIELDS.items() if f.treatment is Treatment.REJE
 # (body extra, code, param)
 REFUSALS: list[tuple[dict[str, Any], str, str]] = [
     *(({key: {"x": 1} if key != "top_logprobs" else 3}, "unsupported_parameter", key) for key in REJECTED),
+    ({"tool_choice": {"type": "custom", "name": "apply_patch"}}, "invalid_request", "tool_choice"),
+    ({"tools": [{"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "peg", "definition": "x"}}]},
+     "invalid_request", "tools[0].format"),
     ({"frobnicate": True}, "unknown_parameter", "frobnicate"),
     ({"top_logprobs": 21}, "invalid_request", "top_logprobs"),
     ({"prompt": {"id": "pmpt_nope"}}, "invalid_request", "prompt.id"),

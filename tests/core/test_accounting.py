@@ -35,3 +35,19 @@ def test_model_tokenizer_counts_are_labelled():
     u = account(Usage(output_tokens=5, model_counted=frozenset({"output"})), input_tokens=9, cached_tokens=0,
                 output=[assistant("x")])  # fmt: skip
     assert u.output_tokens == 5 and u.sources["output"] == "model_tokenizer"
+
+
+def test_a_custom_tool_calls_input_is_counted_as_output():
+    from tether.protocol.calls import custom_call_item
+
+    patch = "*** Begin Patch\n*** Add File: a.py\n+print('hi')\n*** End Patch"
+    short = account(
+        None, input_tokens=9, cached_tokens=0, output=[custom_call_item("ctc_1", "c1", "p", "x", "completed")]
+    )
+    long = account(
+        None,
+        input_tokens=9,
+        cached_tokens=0,
+        output=[custom_call_item("ctc_1", "c1", "p", patch, "completed")],
+    )
+    assert long.output_tokens > short.output_tokens > 0

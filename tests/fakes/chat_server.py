@@ -218,11 +218,21 @@ def _prompt_tokens(req: RecordedRequest) -> int:
 
 @dataclass(frozen=True)
 class Call:
-    """A tool call a scenario emits; `arguments` (a JSON string) is sent in `fragments` pieces."""
+    """A tool call a scenario emits; `arguments` (a JSON string) is sent in `fragments` pieces.
+    `custom`: a native custom tool call (OpenAI's `type: "custom"`), `arguments` being its input."""
 
     name: str
     arguments: str = "{}"
     id: str | None = None
+    custom: bool = False
+
+
+def _call_json(c: Call, cid: str | None, arguments: str) -> dict[str, Any]:
+    """One `tool_calls` entry (the first of a stream carries id, type and name)."""
+    key, field = ("custom", "input") if c.custom else ("function", "arguments")
+    if cid is None:
+        return {key: {field: arguments}}
+    return {"id": cid, "type": key, key: {"name": c.name, field: arguments}}
 
 
 def completion(
@@ -263,8 +273,7 @@ def completion(
                 message["reasoning"] = reasoning
             if calls:
                 message["tool_calls"] = [
-                    {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                    for cid, c in zip(call_ids, calls, strict=True)
+                    _call_json(c, cid, c.arguments) for cid, c in zip(call_ids, calls, strict=True)
                 ]
             body = {
                 "id": "chatcmpl-fake",
@@ -290,25 +299,8 @@ def completion(
         per_call: list[list[dict[str, Any]]] = []
         for i, (cid, c) in enumerate(zip(call_ids, calls, strict=True)):
             frags = _split3(c.arguments) if fragments == 3 else [c.arguments]
-            frames = [
-                chunk(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": i,
-                                "id": cid,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": ""},
-                            }
-                        ]
-                    },
-                    model=model,
-                )
-            ]
-            frames += [
-                chunk({"tool_calls": [{"index": i, "function": {"arguments": f}}]}, model=model)
-                for f in frags
-            ]
+            frames = [chunk({"tool_calls": [{"index": i, **_call_json(c, cid, "")}]}, model=model)]
+            frames += [chunk({"tool_calls": [{"index": i, **_call_json(c, None, f)}]}, model=model) for f in frags]
             per_call.append(frames)
         if interleave_calls:
             for group in itertools.zip_longest(*per_call):

@@ -316,6 +316,11 @@ EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
         "function_call_arguments_done",
         event("response.function_call_arguments.done", {**IDX, "name": TEXT, "arguments": TEXT}),
     ),
+    (
+        "custom_tool_call_input_delta",
+        event("response.custom_tool_call_input.delta", {**IDX, "delta": TEXT}),
+    ),
+    ("custom_tool_call_input_done", event("response.custom_tool_call_input.done", {**IDX, "input": TEXT})),
     ("reasoning_text_delta", event("response.reasoning_text.delta", {**TEXT_IDX, "delta": TEXT})),
     ("reasoning_text_done", event("response.reasoning_text.done", {**TEXT_IDX, "text": TEXT})),
     *(
@@ -1038,6 +1043,14 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
             ),
         ),
         ("output_item_done", E.OutputItemEvent(output_index=2, item=_function_call("{}", "completed"))),
+        (
+            "custom_tool_call_input_delta",
+            E.CustomToolCallInputDeltaEvent(item_id="ctc_1", output_index=2, delta="*** Begin"),
+        ),
+        (
+            "custom_tool_call_input_done",
+            E.CustomToolCallInputDoneEvent(item_id="ctc_1", output_index=2, input="*** Begin Patch"),
+        ),
         ("compaction_compacting", E.CompactionCompactingEvent(item_id="cmp_1", output_index=3)),
         (
             "output_item_done",

@@ -163,6 +163,28 @@ async def test_tool_round_trip_forced_over_websocket(real: RealStack) -> None:
         assert turn.usage.output_tokens == direct["usage"]["completion_tokens"]
 
 
+async def test_forced_custom_tool_through_its_emulating_function(real: RealStack) -> None:
+    """llama-cpp-python has no custom tools: the emulating function `{"input": string}` is forced
+    (its schema constrains the model's output), and its call comes back as a custom tool call whose
+    input is the string; the output goes back as a tool message and the model answers."""
+    patch = {"type": "custom", "name": "apply_patch", "description": "Apply a patch to the workspace.",
+             "format": {"type": "text"}}  # fmt: skip
+    async with real.client() as client:
+        r = await client.responses.create(
+            model=ALIAS, input="Add a file hello.txt saying hi.", tools=[patch],
+            tool_choice={"type": "custom", "name": "apply_patch"}, max_output_tokens=96, temperature=0,
+        )  # fmt: skip
+        assert r.status == "completed", (r.status, r.output)
+        call = r.output[-1]
+        assert call.type == "custom_tool_call" and call.name == "apply_patch"
+        assert isinstance(call.input, str) and not call.input.lstrip().startswith('{"input"')
+        follow = await client.responses.create(
+            model=ALIAS, previous_response_id=r.id, tools=[patch], max_output_tokens=16, temperature=0,
+            input=[{"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}],
+        )  # fmt: skip
+    assert follow.status in ("completed", "incomplete") and follow.output[-1].type in ("message", "custom_tool_call")
+
+
 async def test_required_tool_choice_with_one_tool_calls_it(real: RealStack) -> None:
     async with real.client() as client:
         r = await client.responses.create(

@@ -87,12 +87,15 @@ class RefusalDelta:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A fragment of tool call number `index`; `call_id`/`name` arrive on its first fragment."""
+    """A fragment of tool call number `index`; `call_id`/`name` (and `custom`) arrive on its first
+    fragment. `custom`: a call to a custom (freeform) tool, whose `arguments` fragments are pieces
+    of its `input` text rather than of a JSON object (a `custom_tool_call` output item)."""
 
     index: int
     arguments: str = ""
     call_id: str | None = None
     name: str | None = None
+    custom: bool = False
 
 
 @dataclass(frozen=True)

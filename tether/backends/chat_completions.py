@@ -39,7 +39,12 @@ from tether.backends.base import (
     chunks_of,
 )
 from tether.backends.chat.dialects import Dialect, detect, dialect_named
-from tether.backends.chat.mapping import MappingOptions, forces_tool_call, to_chat_request
+from tether.backends.chat.mapping import (
+    MappingOptions,
+    emulated_custom_tools,
+    forces_tool_call,
+    to_chat_request,
+)
 from tether.backends.chat.sse import SSEDecoder
 from tether.backends.chat.stream import StreamParser
 from tether.backends.chat.upstream_errors import (
@@ -259,7 +264,8 @@ class ChatCompletionsBackend:
                 async with self._client.stream("POST", url, content=payload) as resp:
                     self._note_ratelimit(resp.headers)
                     if resp.status_code < 400:
-                        async with contextlib.aclosing(self._read(resp, forces_tool_call(body))) as runs:
+                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
+                        async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
                             async for run in runs:
                                 yield run
                         return
@@ -292,12 +298,15 @@ class ChatCompletionsBackend:
             self._count_retry(attempt, delay, reason)
             await asyncio.sleep(delay)
 
-    async def _read(self, resp: httpx.Response, forced: bool) -> AsyncIterator[list[Chunk]]:
+    async def _read(
+        self, resp: httpx.Response, forced: bool, emulated: frozenset[str]
+    ) -> AsyncIterator[list[Chunk]]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
-        obliged a tool call, and an answer without one fails rather than passing as completed."""
+        obliged a tool call, and an answer without one fails rather than passing as completed.
+        `emulated`: the functions that stand for custom tools (their calls are custom calls)."""
         assert self.dialect is not None
-        parser = StreamParser(self.dialect.reasoning_deltas)
+        parser = StreamParser(self.dialect.reasoning_deltas, emulated)
         if resp.headers.get("content-type", "").startswith("application/json"):
             # One chat.completion object (stream_upstream = false, or the server ignored stream=true).
             try:
@@ -312,7 +321,7 @@ class ChatCompletionsBackend:
                 raise BackendError(errors.BACKEND_ERROR, "upstream sent invalid JSON") from None
             if not isinstance(obj, dict) or obj.get("error"):
                 raise StreamParser.stream_error(obj if isinstance(obj, dict) else {"error": str(obj)})
-            run = parser.chunk(obj)
+            run = parser.chunk(obj) + parser.calls_done()
             run.append(await self._finish(parser, forced, []))
             yield run
             return
@@ -349,7 +358,11 @@ class ChatCompletionsBackend:
             if not parser.done:
                 where = "after partial output" if seen else "before any output (its log says why)"
                 raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
-            yield [await self._finish(parser, forced, generated)]
+            run = parser.calls_done()
+            for chunk in run:
+                _note_generated(chunk, generated)
+            run.append(await self._finish(parser, forced, generated))
+            yield run
             # Read to the end of the body so the connection goes back to the pool (normally instant).
             try:
                 async with asyncio.timeout(self.drain_timeout_s):

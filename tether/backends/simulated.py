@@ -16,14 +16,15 @@ What it says is decided per turn, in this order:
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
    of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
-4. no script: when function tools are offered and the context has no function_call_output yet,
-   one call to the first function tool (arguments built from its JSON schema), else a text answer
-   of `output_tokens` tokens (or a JSON value when `text.format` asks for one).
+4. no script: when function or custom tools are offered and the context has no tool output yet,
+   one call to the first of them (a function's arguments built from its JSON schema; a custom
+   tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar), else a text answer of
+   `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
 Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
 ones (`token_logprob`): the token itself first among its `top_logprobs`, then vocabulary words,
-each less likely. A `tool_choice` object other than `function` / `allowed_tools` is a 400 naming
-`tool_choice`, as on every Chat Completions dialect.
+each less likely. A `tool_choice` object other than `function` / `custom` / `allowed_tools` is a
+400 naming `tool_choice`, as on every Chat Completions dialect.
 
 An unscripted text answer says what it is, so a newcomer's first call explains itself: that it
 comes from the simulated model, what it received (items, the last user message's start, tools,
@@ -42,7 +43,8 @@ Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
 Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
 `reasoning` / `reasoning_tokens` (emitted first, as reasoning), `refusal` (literal, emitted as a
 refusal instead of text), `tool_calls` (list of `name`,
-optional `arguments` object or JSON string, optional `call_id`), `finish` (override the finish
+optional `arguments` object or JSON string, optional `call_id`; a call with `input` (a string) is
+a custom tool call with that input), `finish` (override the finish
 reason, e.g. "content_filter"), `ttft_ms` / `tokens_per_s` (per-step timing), `error`
 (`{"code","message","status"}`: raise a BackendError after `error_after_tokens` tokens, default 0).
 """
@@ -79,7 +81,8 @@ from tether.backends.base import (
 )
 from tether.backends.kvsim import ReplicaPhysics
 from tether.errors import TetherError
-from tether.responses.v1 import items_pb2
+from tether.protocol.calls import answered_call_id, call_of
+from tether.responses.v1 import items_pb2, request_pb2
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,9 @@ _STEP_KEYS = frozenset(
         "ttft_ms", "tokens_per_s", "error", "error_after_tokens", "comment",
     }
 )  # fmt: skip
-_CALL_KEYS = frozenset({"name", "arguments", "call_id"})
+_CALL_KEYS = frozenset({"name", "arguments", "call_id", "input"})
+# The `input` of an unscripted custom tool call.
+CUSTOM_INPUT = "input from the simulated model"
 
 
 @dataclass(kw_only=True)
@@ -115,7 +120,7 @@ class SimulatedConfig:
     reasoning_tokens: int = 0  # reasoning emitted before an unscripted answer
     summary_tokens: int = 120  # length of a compaction summary
     script: str | None = None  # path of a JSON/TOML script (relative paths also tried in scripts/)
-    call_tools: bool = True  # unscripted: call the first function tool before answering
+    call_tools: bool = True  # unscripted: call the first function or custom tool before answering
     tokens_per_chunk: int = 1  # tokens merged into one delta (1 = one delta per token, like upstreams)
     tick_ms: float = 4.0  # the shortest sleep between emissions
     # Prefill like a real replica (tether/backends/kvsim.py); 0 keeps the flat `ttft_ms`. With it,
@@ -128,8 +133,9 @@ class SimulatedConfig:
 @dataclass(frozen=True)
 class ScriptCall:
     name: str
-    arguments: str
+    arguments: str  # JSON text; a custom call's input text
     call_id: str | None = None
+    custom: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,11 @@ def _parse_step(raw: Any, where: str) -> ScriptStep:
         bad = set(c) - _CALL_KEYS
         if bad:
             raise ValueError(f"{where}.tool_calls[{j}]: unknown key(s) {sorted(bad)}")
+        if "input" in c:
+            if not isinstance(c["input"], str) or "arguments" in c:
+                raise ValueError(f"{where}.tool_calls[{j}]: a custom call's 'input' is a string, without 'arguments'")
+            calls.append(ScriptCall(c["name"], c["input"], c.get("call_id"), custom=True))
+            continue
         args = c.get("arguments", {})
         if not isinstance(args, str):
             args = orjson.dumps(args).decode()
@@ -286,7 +297,7 @@ def model_turns(items: Sequence[items_pb2.Item]) -> int:
     in_run = False
     for item in items:
         arm = item.WhichOneof("item")
-        produced = arm in ("function_call", "reasoning") or (
+        produced = arm == "reasoning" or call_of(item) is not None or (
             arm == "message" and item.message.role == "assistant"
         )
         if produced and not in_run:
@@ -500,9 +511,9 @@ class SimulatedBackend(BackendBase):
         plan.reasoning_units = c.reasoning_tokens
         tool = self._auto_tool(request)
         if tool is not None:
-            name, schema = tool
-            args = orjson.dumps(example_from_schema(schema)).decode()
-            self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args)
+            name, schema, custom = tool
+            args = CUSTOM_INPUT if custom else orjson.dumps(example_from_schema(schema)).decode()
+            self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args, custom)
             plan.finish = "tool_calls"
             return plan
         plan.units.extend(map(_text_unit, self._answer_tokens(request, c.output_tokens, turn)))
@@ -527,24 +538,27 @@ class SimulatedBackend(BackendBase):
     async def prepare(self, request: BackendRequest) -> None:
         _choice(request)  # an unmapped tool_choice type is a 400 before response.created
 
-    def _auto_tool(self, request: BackendRequest) -> tuple[str, Any] | None:
+    def _auto_tool(self, request: BackendRequest) -> tuple[str, Any, bool] | None:
+        """(name, parameters schema, is custom) of the tool an unscripted turn calls, or None."""
         if not self.config.call_tools:
             return None
-        fns = [t.function for t in request.tools if t.WhichOneof("tool") == "function"]
+        offered = [(name, t, custom) for t in request.tools for name, custom in [_tool_name(t)] if name]
         mode, named = _choice(request)
         if named is not None:
-            fns = [f for f in fns if f.name in named]
-        if not fns or mode == "none":
+            offered = [o for o in offered if o[0] in named]
+        if not offered or mode == "none":
             return None
-        target = fns[0]
-        answered = any(i.WhichOneof("item") == "function_call_output" for i in request.items)
+        name, target, custom = offered[0]
+        answered = any(answered_call_id(i) is not None for i in request.items)
         if answered and mode != "required":
             return None
+        if custom:
+            return name, None, True
         try:
-            schema = orjson.loads(target.parameters_json) if target.parameters_json else {}
+            schema = orjson.loads(target.function.parameters_json) if target.function.parameters_json else {}
         except orjson.JSONDecodeError:
             schema = {}
-        return target.name, schema
+        return name, schema, False
 
     def _answer_tokens(self, request: BackendRequest, n: int, seed: int) -> list[str]:
         fmt = request.text_format
@@ -567,8 +581,8 @@ class SimulatedBackend(BackendBase):
         return tokens
 
     @staticmethod
-    def _add_call(plan: _Plan, index: int, call_id: str, name: str, arguments: str) -> None:
-        plan.units.append(ToolCallDelta(index=index, call_id=call_id, name=name))
+    def _add_call(plan: _Plan, index: int, call_id: str, name: str, arguments: str, custom: bool = False) -> None:
+        plan.units.append(ToolCallDelta(index=index, call_id=call_id, name=name, custom=custom))
         plan.units.extend(ToolCallDelta(index=index, arguments=p) for p in _pieces(arguments) if p)
 
     def _plan_step(self, plan: _Plan, step: ScriptStep, request: BackendRequest, turn: int) -> None:
@@ -591,7 +605,7 @@ class SimulatedBackend(BackendBase):
             plan.units.extend(RefusalDelta(t) for t in split_text(step.refusal))
         for i, call in enumerate(step.tool_calls):
             self._add_call(
-                plan, i, call.call_id or _call_id(request, turn, i, call.name), call.name, call.arguments
+                plan, i, call.call_id or _call_id(request, turn, i, call.name), call.name, call.arguments, call.custom
             )
         plan.finish = step.finish or ("tool_calls" if step.tool_calls else "stop")
         plan.error = step.error
@@ -704,10 +718,22 @@ def token_logprob(token: str, top: int) -> dict[str, Any]:
     }
 
 
+def _tool_name(tool: request_pb2.Tool) -> tuple[str, bool]:
+    """(name, is custom) of a function or custom tool; ("", False) for any other tool type."""
+    arm = tool.WhichOneof("tool")
+    if arm == "function":
+        return tool.function.name, False
+    if arm == "other" and tool.other.type == "custom":
+        obj = orjson.loads(tool.other.json)
+        name = obj.get("name") if isinstance(obj, dict) else None
+        return (name, True) if isinstance(name, str) else ("", False)
+    return "", False
+
+
 def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
-    """`tool_choice` as (mode, the function names it allows or None for all): a named function
-    forces that one, `allowed_tools` narrows the choice; other object types (custom, mcp, hosted
-    tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
+    """`tool_choice` as (mode, the tool names it allows or None for all): a named function or
+    custom tool forces that one, `allowed_tools` narrows the choice; other object types (mcp,
+    hosted tools) are a 400 naming `tool_choice`, as on every Chat Completions dialect."""
     choice = request.tool_choice
     arm = choice.WhichOneof("choice") if choice is not None else None
     if arm == "mode":
@@ -718,7 +744,7 @@ def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
         return "auto", None
     obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]
     kind = obj.get("type")
-    if kind == "function":
+    if kind in ("function", "custom"):
         return "required", frozenset({str(obj.get("name", ""))})
     if kind == "allowed_tools":
         listed = obj.get("tools")
@@ -726,7 +752,7 @@ def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
         return ("required" if obj.get("mode") == "required" else "auto"), names
     raise TetherError(
         errors.UNSUPPORTED,
-        f"tool_choice of type {kind!r} cannot be honoured by the simulated backend: it calls function tools only",
+        f"tool_choice of type {kind!r} cannot be honoured by the simulated backend: it calls function and custom tools only",
         param="tool_choice",
         status=400,
     )
@@ -753,5 +779,5 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
                 break
             parts.append(u.arguments)
             j += 1
-        return ToolCallDelta(first.index, "".join(parts), first.call_id, first.name), j
+        return ToolCallDelta(first.index, "".join(parts), first.call_id, first.name, first.custom), j
     return first, j

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tether import render
 from tether.backends.base import Usage
+from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2
 
 UPSTREAM = "upstream"  # reported by the backend
@@ -51,8 +52,9 @@ def _generated_text(item: items_pb2.Item) -> str:
     arm = item.WhichOneof("item")
     if arm == "message":
         return render.message_text(item.message)
-    if arm == "function_call":
-        return item.function_call.name + item.function_call.arguments
+    call = call_of(item)  # a function call's arguments, a custom tool call's input
+    if call is not None:
+        return call.name + call.text
     if arm == "reasoning":
         r = item.reasoning
         return "\n".join(r.content) if r.content else "\n".join(r.summary)

@@ -8,7 +8,7 @@ ids, so every added item is done exactly once, indices are consistent, and the f
 equals what the stream said. The session core stamps response ids and sequence numbers.
 
 Two request options shape the output here, so every transport gets them alike:
-- `max_tool_calls`: function calls past the cap are not started; `capped` turns true, and the
+- `max_tool_calls`: tool calls (function and custom) past the cap are not started; `capped` turns true, and the
   turn stops the backend stream (the response completes with the calls it has);
 - `reasoning_summary` (`reasoning.summary` was set): the backend's reasoning text streams as the
   reasoning item's summary (`response.reasoning_summary_*` events, `summary` parts) instead of
@@ -18,6 +18,9 @@ Two request options shape the output here, so every transport gets them alike:
 Text chunks that carry log probabilities (the request asked for them) put them on their delta
 (merged deltas concatenate their lists, in order) and on the message's `output_text.done` and
 `output_text` part.
+A tool call chunk marked `custom` opens a `custom_tool_call` item (an `OtherItem`, see
+`tether.protocol.calls`) whose fragments stream as `response.custom_tool_call_input.delta` and
+end with `.done`, instead of a `function_call`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import orjson
 from tether import ids
 from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
 from tether.core.outbox import Delta
+from tether.protocol.calls import custom_call_item
 from tether.responses.v1 import events_pb2, items_pb2
 
 Event = events_pb2.ServerEvent
@@ -39,7 +43,8 @@ Emitted = Event | Delta
 @dataclass
 class _OpenItem:
     index: int
-    kind: str  # message | refusal (a message whose part is a refusal) | reasoning | function_call
+    # message | refusal (a message whose part is a refusal) | reasoning | function_call | custom_tool_call
+    kind: str
     item_id: str
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
@@ -189,19 +194,24 @@ class OutputBuilder:
             for other in (self._reasoning, self._text):
                 if other is not None:
                     events.extend(self._close_one(other))
-            item_id = ids.function_call_id()
-            item = items_pb2.Item()
-            fc = item.function_call
-            fc.id, fc.call_id, fc.name, fc.status = item_id, chunk.call_id or ids.call_id(), chunk.name or "", "in_progress"
-            call, added = self._add("function_call", item_id, item)
-            call.call_id, call.name = fc.call_id, fc.name
+            item_id = ids.custom_tool_call_id() if chunk.custom else ids.function_call_id()
+            call_id, name = chunk.call_id or ids.call_id(), chunk.name or ""
+            if chunk.custom:
+                item = custom_call_item(item_id, call_id, name, "", "in_progress")
+            else:
+                item = items_pb2.Item()
+                fc = item.function_call
+                fc.id, fc.call_id, fc.name, fc.status = item_id, call_id, name, "in_progress"
+            call, added = self._add("custom_tool_call" if chunk.custom else "function_call", item_id, item)
+            call.call_id, call.name = call_id, name
             self._calls[chunk.index] = call
             events.append(added)
         elif chunk.name and not call.name:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            _delta(events, "function_call_arguments_delta", call, chunk.arguments)
+            arm = "custom_tool_call_input_delta" if call.kind == "custom_tool_call" else "function_call_arguments_delta"
+            _delta(events, arm, call, chunk.arguments)
 
     def _close_one(self, open_item: _OpenItem) -> list[Event]:
         self._open.pop(open_item.index, None)
@@ -250,6 +260,12 @@ class OutputBuilder:
             done = Event()
             d = done.reasoning_text_done
             d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
+            events.append(done)
+        elif o.kind == "custom_tool_call":
+            item = custom_call_item(o.item_id, o.call_id, o.name, text, status)
+            done = Event()
+            d = done.custom_tool_call_input_done
+            d.item_id, d.output_index, d.input = o.item_id, o.index, text
             events.append(done)
         else:
             fc = item.function_call

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from tether import render
 from tether.compaction_codec import effective_context
+from tether.protocol.calls import answered_call_id, call_of
 from tether.responses.v1 import items_pb2, response_pb2
 
 
@@ -43,7 +44,7 @@ class Node:
     segments: tuple[Segment, ...]
     token_count: int  # tokens of the whole chain ending here
     length: int  # items in the whole chain ending here
-    open_calls: frozenset[str]  # call_ids of function calls still waiting for an output
+    open_calls: frozenset[str]  # call_ids of tool calls (function, custom) still waiting for an output
     findings: int  # safety findings in the whole chain
     nbytes: int  # approximate memory of this node's own segments
     # The chain's items, once asked for (`items()`): a tuple of references, so the next turn's
@@ -55,11 +56,13 @@ class Node:
         open_calls = set(parent.open_calls) if parent else set()
         nbytes = 0
         for seg in segments:
-            arm = seg.item.WhichOneof("item")
-            if arm == "function_call":
-                open_calls.add(seg.item.function_call.call_id)
-            elif arm == "function_call_output":
-                open_calls.discard(seg.item.function_call_output.call_id)
+            call = call_of(seg.item)
+            if call is not None:
+                open_calls.add(call.call_id)
+            else:
+                answered = answered_call_id(seg.item)
+                if answered is not None:
+                    open_calls.discard(answered)
             nbytes += seg.item.ByteSize() + seg.tokens.itemsize * len(seg.tokens) + 64
         return Node(
             parent=parent,

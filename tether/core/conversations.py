@@ -23,6 +23,7 @@ from tether.config import Limits
 from tether.core.items import assign_ids
 from tether.core.stages import validate
 from tether.errors import TetherError
+from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2, service_pb2
 from tether.store._common import item_api_id, page
 from tether.store.base import Store
@@ -94,7 +95,7 @@ class Conversations:
             raise TetherError(
                 errors.TOO_MANY_ITEMS, f"At most {MAX_ITEMS_PER_CALL} items may be added at once.", param="items"
             )
-        calls = frozenset(i.function_call.call_id for i in before if i.WhichOneof("item") == "function_call")
+        calls = frozenset(call.call_id for call in map(call_of, before) if call is not None)
         validate.validate_items(items, calls, self.limits, param="items")
         return [output_item(item) for item in items]
 

@@ -43,6 +43,7 @@ DELTA_ARMS = frozenset(
         "refusal_delta",
         "reasoning_text_delta",
         "function_call_arguments_delta",
+        "custom_tool_call_input_delta",
         "reasoning_summary_text_delta",
     }
 )
@@ -132,7 +133,7 @@ class Delta:
             p.logprobs_json = self.logprobs_json
         if arm == "reasoning_summary_text_delta":
             p.summary_index = self.summary_index
-        elif arm != "function_call_arguments_delta":
+        elif arm not in ("function_call_arguments_delta", "custom_tool_call_input_delta"):
             p.content_index = self.content_index
         return ev
 

@@ -38,6 +38,7 @@ from tether.core.outcome import Outcome, TurnControl
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
+from tether.protocol.calls import call_of
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
 log = logging.getLogger("tether.session")
@@ -264,10 +265,9 @@ class Session:
         if entry.context_node is not None and entry.context_node.open_calls:
             turn.lane.pending_steers.setdefault(turn.response_id, []).extend(items for _, items in steers)
             required = [
-                {"type": "function_call_output", "call_id": call.call_id, "name": call.name}
-                for call in (s.item.function_call for s in entry.context_node.all_segments()
-                             if s.item.WhichOneof("item") == "function_call")
-                if call.call_id in entry.context_node.open_calls
+                {"type": call.output_type, "call_id": call.call_id, "name": call.name}
+                for call in map(call_of, (s.item for s in entry.context_node.all_segments()))
+                if call is not None and call.call_id in entry.context_node.open_calls
             ]  # fmt: skip
             for steer_id, _ in steers:
                 ev = events_pb2.ServerEvent(stream_id=turn.stream_id)

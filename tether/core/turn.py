@@ -47,6 +47,7 @@ from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
+from tether.protocol.calls import answered_call_id
 from tether.protocol.wire import SERVER_TIMING_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
@@ -718,7 +719,8 @@ def warm_up_only(params: request_pb2.ResponseCreateParams) -> bool:
 
 def truncate(node: Node, budget: int) -> Node:
     """`truncation: "auto"`: the chain without its oldest whole items, so that it fits `budget`
-    tokens. The last item always stays; a tool output whose call was dropped goes with it.
+    tokens. The last item always stays; a tool output (function or custom) whose call was dropped
+    goes with it.
     Returns `node` itself when even the last item alone does not fit (the caller then answers
     `context_length_exceeded`)."""
     segments = node.all_segments()
@@ -727,7 +729,7 @@ def truncate(node: Node, budget: int) -> Node:
     while total > budget and start < last:
         total -= len(segments[start].tokens)
         start += 1
-    while start < last and segments[start].item.WhichOneof("item") == "function_call_output":
+    while start < last and answered_call_id(segments[start].item) is not None:
         total -= len(segments[start].tokens)
         start += 1
     if total > budget:

@@ -1215,6 +1215,24 @@ _EVENT_ARMS: dict[str, tuple[str, _Codec | None]] = {
             _Scalar("arguments"),
         ),
     ),
+    "custom_tool_call_input_delta": (
+        "response.custom_tool_call_input.delta",
+        _Codec(
+            events_pb2.CustomToolCallInputDeltaEvent,
+            _Scalar("item_id"),
+            _Scalar("output_index"),
+            _Scalar("delta"),
+        ),
+    ),
+    "custom_tool_call_input_done": (
+        "response.custom_tool_call_input.done",
+        _Codec(
+            events_pb2.CustomToolCallInputDoneEvent,
+            _Scalar("item_id"),
+            _Scalar("output_index"),
+            _Scalar("input"),
+        ),
+    ),
     "reasoning_text_delta": (
         "response.reasoning_text.delta",
         _text_event(events_pb2.TextDeltaEvent, "delta", logprobs=False),

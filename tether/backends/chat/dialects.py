@@ -55,13 +55,18 @@ class Dialect:
     # constrains the choice and the tool list goes out whole (its prompt prefix stays the same, so
     # it stays cached). When False, the tool list is narrowed to the allowed tools instead.
     allowed_tools_choice: bool = False
-    # The `tool_choice` object types this dialect maps (`function`: the named function;
-    # `allowed_tools`: see above). Any other type (`custom`, `mcp`, the hosted tools'
-    # `web_search_preview`, `file_search`, `code_interpreter`, `image_generation`,
-    # `computer_use_preview`, ...) is a 400 naming `tool_choice`: custom tools are not carried to a
-    # Chat Completions backend and Tether runs no hosted tools (with the backend option
+    # The `tool_choice` object types this dialect maps (`function`: the named function; `custom`:
+    # the named custom tool, natively or as its emulating function, see `custom_tools`;
+    # `allowed_tools`: see above). Any other type (`mcp`, the hosted tools' `web_search_preview`,
+    # `file_search`, `code_interpreter`, `image_generation`, `computer_use_preview`, ...) is a 400
+    # naming `tool_choice`: Tether runs no hosted tools (with the backend option
     # `hosted_tools = true` a hosted choice is forwarded with the hosted tools themselves).
-    tool_choice_types: frozenset[str] = frozenset({"function", "allowed_tools"})
+    tool_choice_types: frozenset[str] = frozenset({"function", "custom", "allowed_tools"})
+    # Custom (freeform) tools are taken natively (OpenAI: `tools: [{"type": "custom", "custom":
+    # {...}}]`, `delta.tool_calls[i].custom.input`). When False each is emulated as a function of
+    # the same name taking `{"input": string}` (its format described in the parameter's
+    # description, a grammar not enforced) and its calls are read back as custom tool calls.
+    custom_tools: bool = False
     # The server's tokenizer endpoint (path from the server root, POST {"input": text} ->
     # {"count": n}): output a stream did not count is counted there, with the model's own tokenizer.
     tokenize_path: str | None = None
@@ -81,7 +86,7 @@ class Dialect:
 DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
-        Dialect("openai", "OpenAI and any server not listed here", allowed_tools_choice=True),
+        Dialect("openai", "OpenAI and any server not listed here", allowed_tools_choice=True, custom_tools=True),
         Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier", "verbosity"})),
         Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier", "verbosity"})),
         Dialect(

@@ -210,6 +210,14 @@ def _other_as_chat(item: items_pb2.OtherItem, param: str) -> tuple[Call | None, 
                    errors.UNSUPPORTED)
 
 
+def _custom_input(item: items_pb2.OtherItem) -> str | None:
+    """A custom tool call's `input` text (None for any other item)."""
+    if item.type != "custom_tool_call":
+        return None
+    value = orjson.loads(item.json).get("input", "")
+    return value if isinstance(value, str) else _json_text(value)
+
+
 def to_chat_messages(
     instructions: str | None, items: Sequence[items_pb2.Item], opts: MappingOptions
 ) -> list[dict[str, Any]]:
@@ -230,9 +238,13 @@ def to_chat_messages(
             msg[history_field] = f"{prev}\n{text}" if prev else text
         reasoning.clear()
 
-    def add_call(call_id: str, name: str, arguments: str) -> None:
+    def add_call(call_id: str, name: str, arguments: str, custom_input: str | None = None) -> None:
+        """A function call; a custom tool call natively (`custom_input`) where the dialect takes it."""
         nonlocal open_assistant
-        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        if custom_input is not None and opts.dialect.custom_tools:
+            call: dict[str, Any] = {"id": call_id, "type": "custom", "custom": {"name": name, "input": custom_input}}
+        else:
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         if open_assistant is None:
             open_assistant = {"role": "assistant", "content": opts.dialect.tool_calls_content}
             msgs.append(open_assistant)
@@ -275,7 +287,7 @@ def to_chat_messages(
         elif arm == "other":
             call, output = _other_as_chat(item.other, param)
             if call is not None:
-                add_call(*call)
+                add_call(*call, custom_input=_custom_input(item.other))
             if output is not None:
                 add_output(*output)
         elif arm == "reasoning":
@@ -295,11 +307,75 @@ def to_chat_messages(
     return msgs
 
 
+def _format_note(fmt: Any) -> str:
+    """What an emulated custom tool's `input` must be: its format in words (a grammar verbatim)."""
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+        return (
+            f"The raw input for the tool. It must match this {fmt.get('syntax')} grammar:\n"
+            f"{fmt.get('definition', '')}"
+        )
+    return "The raw input for the tool, as free-form text."
+
+
+def _custom_tool(obj: dict[str, Any], opts: MappingOptions) -> dict[str, Any]:
+    """A custom (freeform) tool: natively (`{"type": "custom", "custom": {...}}`) where the dialect
+    takes it, else the function that emulates it (`{"input": string}`)."""
+    name = obj.get("name", "")
+    fmt = obj.get("format")
+    if opts.dialect.custom_tools:
+        custom: dict[str, Any] = {"name": name}
+        if isinstance(obj.get("description"), str):
+            custom["description"] = obj["description"]
+        if isinstance(fmt, dict) and fmt.get("type") == "grammar":
+            custom["format"] = {
+                "type": "grammar",
+                "grammar": {"syntax": fmt.get("syntax"), "definition": fmt.get("definition")},
+            }
+        elif isinstance(fmt, dict):
+            custom["format"] = {"type": "text"}
+        return {"type": "custom", "custom": custom}
+    fn: dict[str, Any] = {"name": name}
+    if isinstance(obj.get("description"), str):
+        fn["description"] = obj["description"]
+    fn["parameters"] = {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": _format_note(fmt)}},
+        "required": ["input"],
+    }
+    return {"type": "function", "function": fn}
+
+
+def emulated_custom_tools(tools: Sequence[request_pb2.Tool], dialect: Dialect) -> frozenset[str]:
+    """Names of the custom tools sent as emulating functions (their calls are read back as custom
+    tool calls); empty where the dialect takes custom tools natively."""
+    if dialect.custom_tools:
+        return frozenset()
+    names = set()
+    for t in tools:
+        if t.WhichOneof("tool") == "other" and t.other.type == "custom":
+            obj = orjson.loads(t.other.json)
+            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+                names.add(obj["name"])
+    return frozenset(names)
+
+
+def _tool_name(tool: Mapping[str, Any]) -> Any:
+    """The name of an upstream tool entry (function or custom)."""
+    return (tool.get(tool.get("type")) or {}).get("name")
+
+
+def _tool_ref(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """The upstream named choice of one tool entry."""
+    return {"type": tool["type"], tool["type"]: {"name": _tool_name(tool)}}
+
+
 def to_chat_tools(tools: Sequence[request_pb2.Tool], opts: MappingOptions) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, t in enumerate(tools):
         arm = t.WhichOneof("tool")
-        if arm == "function":
+        if arm == "other" and t.other.type == "custom":
+            out.append(_custom_tool(orjson.loads(t.other.json), opts))
+        elif arm == "function":
             f = t.function
             try:
                 params = (
@@ -328,7 +404,7 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
     if mode != "required" or dialect.tool_choice_required:
         return mode
     if len(tools) == 1:
-        return {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        return _tool_ref(tools[0])
     raise _invalid(
         f'tool_choice "required" with {len(tools)} tools cannot be honoured by {dialect.server}: it would '
         "answer with plain text; name the function to call in tool_choice",
@@ -338,10 +414,7 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
 
 
 def _unmapped_choice(kind: str, dialect: Dialect) -> TetherError:
-    why = {
-        "custom": "custom (freeform) tools are not carried to this backend",
-        "mcp": "Tether runs no MCP servers",
-    }.get(kind, "Tether runs no hosted tools")
+    why = "Tether runs no MCP servers" if kind == "mcp" else "Tether runs no hosted tools"
     return _invalid(
         f"tool_choice of type {kind!r} cannot be honoured by {dialect.server}: {why}",
         "tool_choice",
@@ -349,10 +422,13 @@ def _unmapped_choice(kind: str, dialect: Dialect) -> TetherError:
     )
 
 
-def _named(name: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
-    if not any(t.get("function", {}).get("name") == name for t in tools):
-        raise _invalid(f"tool_choice names the function {name!r}, which is not in 'tools'", "tool_choice")
-    return {"type": "function", "function": {"name": name}}
+def _named(name: str, tools: list[dict[str, Any]], kind: str = "function") -> dict[str, Any]:
+    """The upstream choice of the `kind` tool (function, custom) called `name`: a custom tool's
+    emulating function where the dialect has no custom tools."""
+    for t in tools:
+        if _tool_name(t) == name and (t["type"] == kind or kind == "custom"):
+            return _tool_ref(t)
+    raise _invalid(f"tool_choice names the {kind} tool {name!r}, which is not in 'tools'", "tool_choice")
 
 
 def _tool_choice(
@@ -384,16 +460,16 @@ def _tool_choice(
         if opts.hosted_tools and kind not in ("custom", "mcp", "function", "allowed_tools"):
             return obj, tools  # forwarded with the hosted tools themselves
         raise _unmapped_choice(str(kind), dialect)
-    if kind == "function":
-        return _named(str(obj.get("name", "")), tools), tools
+    if kind in ("function", "custom"):
+        return _named(str(obj.get("name", "")), tools, kind), tools
     # allowed_tools
     listed = obj.get("tools")
-    allowed = {t.get("name") for t in listed if isinstance(t, dict)} if isinstance(listed, list) else set()
-    narrowed = [t for t in tools if t.get("function", {}).get("name") in allowed]
+    allowed = {t.get("name") for t in listed if isinstance(t, dict)} - {None} if isinstance(listed, list) else set()
+    narrowed = [t for t in tools if _tool_name(t) in allowed]
     mode = obj.get("mode", "auto")
     mode = mode if mode in ("auto", "required") else "auto"
     if dialect.allowed_tools_choice:  # a constraint on the choice; the list stays whole
-        names = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in narrowed]
+        names = [_tool_ref(t) for t in narrowed]
         return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": names}}, tools
     return _forced(mode, narrowed, dialect), narrowed
 

@@ -1,12 +1,17 @@
 """Upstream `chat.completion.chunk` objects (or one `chat.completion`) -> base chunks.
 
 `StreamParser.feed(event, data)` per SSE event; `done` turns true at `[DONE]`; `finish()` builds
-the closing `Finish`. Usage is taken field by field: what the server reports is kept, what it
-leaves out stays None, so the turn can count the rest itself (and say so).
+the closing `Finish`. Custom tool calls arrive natively (`tool_calls[i].type == "custom"`,
+`custom: {name, input}`) or, on a dialect that emulates custom tools, as calls of the emulating
+function (`emulated` names it): the `input` string of its `{"input": ...}` arguments streams as
+it arrives (`EmulatedInput`), and `calls_done()` gives what is left at the end (arguments that
+are not such an object are passed on whole as the input text, unchanged). Usage is taken field by field: what the server
+reports is kept, what it leaves out stays None, so the turn can count the rest itself (and say so).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -90,12 +95,90 @@ def _logprobs(obj: Any) -> list[dict[str, Any]] | None:
     return out or None
 
 
+_INPUT_OPEN = re.compile(r'\s*\{\s*"input"\s*:\s*"')
+
+
+def _string_end(s: str, i: int) -> tuple[int, bool]:
+    """How far `s[i:]` holds whole JSON string characters (an escape is whole or not taken), and
+    whether the string's closing quote is there."""
+    n, j = len(s), i
+    while j < n:
+        c = s[j]
+        if c == '"':
+            return j, True
+        if c != "\\":
+            j += 1
+            continue
+        if j + 1 >= n:
+            break
+        if s[j + 1] != "u":
+            j += 2
+            continue
+        if j + 6 > n:
+            break
+        if s[j + 2 : j + 4].lower() in ("d8", "d9", "da", "db"):  # a high surrogate: its pair too
+            if j + 12 > n:
+                break
+            j += 12
+        else:
+            j += 6
+    return j, False
+
+
+class EmulatedInput:
+    """The `input` of an emulated custom tool call, decoded as its `{"input": "..."}` arguments
+    stream: `feed` returns the input text that became certain, `end` the rest once they are whole
+    (arguments of another shape, never streamed, are then the input text as they are)."""
+
+    def __init__(self) -> None:
+        self.raw = ""
+        self.start: int | None = None  # where the input string's characters begin in `raw`
+        self.decoded_to = 0  # `raw` index up to which the input has been given out
+        self.given = ""  # the input given out so far
+        self.closed = False  # the input string ended (or cannot be read as it streams)
+
+    def feed(self, fragment: str) -> str:
+        self.raw += fragment
+        if self.closed:
+            return ""
+        if self.start is None:
+            m = _INPUT_OPEN.match(self.raw)
+            if m is None:
+                return ""
+            self.start = self.decoded_to = m.end()
+        end, self.closed = _string_end(self.raw, self.decoded_to)
+        try:
+            piece = orjson.loads('"' + self.raw[self.decoded_to : end] + '"')
+        except orjson.JSONDecodeError:
+            self.closed = True  # not a JSON string after all: `end()` decides
+            return ""
+        self.decoded_to = end
+        self.given += piece
+        return piece
+
+    def end(self) -> str:
+        try:
+            obj = orjson.loads(self.raw)
+        except orjson.JSONDecodeError:
+            obj = None
+        value = obj.get("input") if isinstance(obj, dict) else None
+        if not self.given:
+            return value if isinstance(value, str) else self.raw
+        if isinstance(value, str) and value.startswith(self.given):
+            return value[len(self.given) :]
+        return ""  # arguments cut short (an output cap): the input is what streamed
+
+
 class StreamParser:
     """Upstream chat.completion.chunk objects -> base chunks. Call `feed` per SSE event; `done`
     turns true at `[DONE]`; `finish()` builds the closing `Finish`."""
 
-    def __init__(self, reasoning_fields: Sequence[str] = ("reasoning",)) -> None:
+    def __init__(
+        self, reasoning_fields: Sequence[str] = ("reasoning",), emulated: frozenset[str] = frozenset()
+    ) -> None:
         self.reasoning_fields = tuple(reasoning_fields)
+        self.emulated = emulated  # names of the functions that emulate custom tools
+        self._held: dict[int, EmulatedInput] = {}  # our index -> an emulated custom tool call
         self.done = False
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
@@ -170,7 +253,8 @@ class StreamParser:
         return out
 
     def _tool_delta(self, tc: Mapping[str, Any], default_index: int | None) -> ToolCallDelta | None:
-        fn = tc.get("function") or {}
+        native = tc.get("type") == "custom" or "custom" in tc
+        fn = (tc.get("custom") if native else tc.get("function")) or {}
         cid = tc.get("id")
         key = tc.get("index", default_index)
         if key is None:
@@ -178,16 +262,30 @@ class StreamParser:
             if key is None:
                 key = ("id", None)
         self._last_key = key
-        args = fn.get("arguments") or ""
+        args = fn.get("input" if native else "arguments") or ""
         if not isinstance(args, str):
             args = orjson.dumps(args).decode()
         ours = self._calls.get(key)
         if ours is None:
             ours = self._calls[key] = len(self._calls)
-            return ToolCallDelta(ours, args, cid or ids.call_id(), fn.get("name") or "")
+            name = fn.get("name") or ""
+            if not native and name in self.emulated:
+                held = self._held[ours] = EmulatedInput()
+                return ToolCallDelta(ours, held.feed(args), cid or ids.call_id(), name, custom=True)
+            return ToolCallDelta(ours, args, cid or ids.call_id(), name, custom=native)
+        if ours in self._held:
+            args = self._held[ours].feed(args)
         if not args:
             return None
         return ToolCallDelta(ours, args)
+
+    def calls_done(self) -> list[Chunk]:
+        """The rest of each emulated custom tool call's input, once its arguments are complete."""
+        out: list[Chunk] = [
+            ToolCallDelta(index, rest) for index, held in self._held.items() if (rest := held.end())
+        ]
+        self._held.clear()
+        return out
 
     @property
     def calls(self) -> int:

@@ -1,8 +1,9 @@
 """Validation: structure, sizes and call_id bookkeeping of a create, O(new input).
 
 Request-level checks look at the params only; item checks look only at the new items, using the
-open function calls carried on the parent chain node (a function_call_output must answer a call
-that is still open in the conversation it continues, or one made earlier in the same input).
+open tool calls carried on the parent chain node (a function_call_output or custom_tool_call_output
+must answer a call that is still open in the conversation it continues, or one made earlier in the
+same input).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tether.compaction_codec import is_tether_payload
 from tether.config import Limits
 from tether.core.stages import fields
 from tether.errors import TetherError
+from tether.protocol.calls import CUSTOM_CALL, CUSTOM_OUTPUT
 from tether.responses.v1 import items_pb2, request_pb2
 
 STREAM_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
@@ -168,38 +170,95 @@ def _check_enums(params: request_pb2.ResponseCreateParams) -> None:
 
 
 def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
-    """Function tools: valid, unique names and JSON Schema object parameters. An agent resends the
-    same tools every turn, so the verdict is memoised on their names and schemas (`_tools_problem`);
-    hosted/unknown tool types are carried, not validated."""
+    """Function and custom tools: valid, unique names, JSON Schema object parameters (functions),
+    a text or lark/regex grammar `format` (custom tools); a custom `tool_choice` names a custom
+    tool. An agent resends the same tools every turn, so the verdict is memoised on their names,
+    schemas and custom tools' JSON (`_tools_problem`); hosted/unknown tool types are carried, not
+    validated."""
     key = tuple(
-        (i, tool.function.name, tool.function.parameters_json)
-        for i, tool in enumerate(params.tools)
+        (i, "function", tool.function.name, tool.function.parameters_json)
         if tool.WhichOneof("tool") == "function"
+        else (i, "custom", "", tool.other.json)
+        for i, tool in enumerate(params.tools)
+        if tool.WhichOneof("tool") == "function" or (tool.WhichOneof("tool") == "other" and tool.other.type == "custom")
     )
     problem = _tools_problem(key)
     if problem is not None:
         message, param = problem
         raise TetherError(errors.INVALID_REQUEST, message, param=param)
+    _check_custom_choice(params)
 
 
 @functools.lru_cache(maxsize=64)
-def _tools_problem(tools: tuple[tuple[int, str, str], ...]) -> tuple[str, str] | None:
-    """The first problem of (index, name, parameters JSON) function tools as (message, param)."""
+def _tools_problem(tools: tuple[tuple[int, str, str, str], ...]) -> tuple[str, str] | None:
+    """The first problem of (index, "function", name, parameters JSON) function tools and
+    (index, "custom", "", tool JSON) custom tools as (message, param)."""
     names = set()
-    for i, name, parameters_json in tools:
-        if not _FUNCTION_NAME_RE.match(name):
+    for i, kind, name, payload in tools:
+        if kind == "custom":
+            obj = _json_object(payload)
+            if obj is None:
+                return f"'tools[{i}]' must be a JSON object.", f"tools[{i}]"
+            name = obj.get("name")
+            if not isinstance(name, str) or not _FUNCTION_NAME_RE.match(name):
+                return f"Invalid custom tool name {name!r}.", f"tools[{i}].name"
+            if not _custom_format_ok(obj.get("format")):
+                return (
+                    f"Invalid 'tools[{i}].format': a custom tool's format is {{\"type\": \"text\"}} or "
+                    "{\"type\": \"grammar\", \"syntax\": \"lark\" | \"regex\", \"definition\": ...}.",
+                    f"tools[{i}].format",
+                )
+        elif not _FUNCTION_NAME_RE.match(name):
             return f"Invalid function name {name!r}.", f"tools[{i}].name"
         if name in names:
             return f"Duplicate tool name {name!r}.", f"tools[{i}].name"
         names.add(name)
-        if parameters_json:
-            try:
-                schema = orjson.loads(parameters_json)
-            except orjson.JSONDecodeError:
-                schema = None
-            if not isinstance(schema, dict):
-                return "Tool parameters must be a JSON Schema object.", f"tools[{i}].parameters"
+        if kind == "function" and payload and _json_object(payload) is None:
+            return "Tool parameters must be a JSON Schema object.", f"tools[{i}].parameters"
     return None
+
+
+def _json_object(text: str) -> dict | None:
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _custom_format_ok(fmt: object) -> bool:
+    """A custom tool's `format`: absent, `{"type": "text"}` or a lark/regex grammar."""
+    return fmt is None or (
+        isinstance(fmt, dict)
+        and (
+            fmt.get("type") == "text"
+            or (
+                fmt.get("type") == "grammar"
+                and fmt.get("syntax") in ("lark", "regex")
+                and isinstance(fmt.get("definition"), str)
+            )
+        )
+    )
+
+
+def _check_custom_choice(params: request_pb2.ResponseCreateParams) -> None:
+    """`tool_choice: {"type": "custom", "name"}` names a custom tool in `tools` (on every backend)."""
+    if params.tool_choice.WhichOneof("choice") != "other_json":
+        return
+    choice = _json_object(params.tool_choice.other_json)
+    if choice is None or choice.get("type") != "custom":
+        return  # not a JSON object: refused by _check_enums
+    custom = {
+        (_json_object(t.other.json) or {}).get("name")
+        for t in params.tools
+        if t.WhichOneof("tool") == "other" and t.other.type == "custom"
+    }
+    if choice.get("name") not in custom:
+        raise TetherError(
+            errors.INVALID_REQUEST,
+            f"tool_choice names the custom tool {choice.get('name')!r}, which is not a custom tool in 'tools'.",
+            param="tool_choice",
+        )
 
 
 def validate_items(
@@ -240,6 +299,8 @@ def validate_items(
                     param=f"{where}.call_id",
                 )
             pending.discard(call_id)
+        elif arm == "other" and item.other.type in (CUSTOM_CALL, CUSTOM_OUTPUT):
+            _check_custom_item(item.other, where, pending)
         elif arm == "compaction" and not is_tether_payload(item.compaction.encrypted_content):
             raise TetherError(
                 errors.INVALID_ITEM,
@@ -251,3 +312,30 @@ def validate_items(
             raise TetherError(
                 errors.UNSUPPORTED, "item_reference inputs are not supported; send the item itself.", param=where
             )
+
+
+def _check_custom_item(other: items_pb2.OtherItem, where: str, pending: set[str]) -> None:
+    """A custom tool call (`call_id`, `name`, `input` string) opens a call; its output answers one."""
+    try:
+        obj = orjson.loads(other.json)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise TetherError(errors.INVALID_ITEM, f"{where} must be a JSON object.", param=where)
+    call_id = obj.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise TetherError(errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id")
+    if other.type == CUSTOM_CALL:
+        if not isinstance(obj.get("name"), str) or not obj["name"] or not isinstance(obj.get("input"), str):
+            raise TetherError(
+                errors.INVALID_ITEM, f"{where} needs a 'name' and an 'input' string.", param=where
+            )
+        pending.add(call_id)
+        return
+    if call_id not in pending:
+        raise TetherError(
+            errors.UNKNOWN_CALL_ID,
+            f"No tool call found for custom tool call output with call_id {call_id}.",
+            param=f"{where}.call_id",
+        )
+    pending.discard(call_id)

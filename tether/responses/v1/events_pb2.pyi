@@ -55,6 +55,8 @@ class ServerEvent(_message.Message):
     REASONING_SUMMARY_TEXT_DELTA_FIELD_NUMBER: _builtins.int
     REASONING_SUMMARY_TEXT_DONE_FIELD_NUMBER: _builtins.int
     COMPACTION_COMPACTING_FIELD_NUMBER: _builtins.int
+    CUSTOM_TOOL_CALL_INPUT_DELTA_FIELD_NUMBER: _builtins.int
+    CUSTOM_TOOL_CALL_INPUT_DONE_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     STEER_ACCEPTED_FIELD_NUMBER: _builtins.int
     STEER_PENDING_FIELD_NUMBER: _builtins.int
@@ -113,6 +115,10 @@ class ServerEvent(_message.Message):
     @_builtins.property
     def compaction_compacting(self) -> Global___CompactionCompactingEvent: ...
     @_builtins.property
+    def custom_tool_call_input_delta(self) -> Global___CustomToolCallInputDeltaEvent: ...
+    @_builtins.property
+    def custom_tool_call_input_done(self) -> Global___CustomToolCallInputDoneEvent: ...
+    @_builtins.property
     def error(self) -> Global___ErrorEvent: ...
     @_builtins.property
     def steer_accepted(self) -> Global___SteerAcceptedEvent: ...
@@ -153,17 +159,19 @@ class ServerEvent(_message.Message):
         reasoning_summary_text_delta: Global___ReasoningSummaryTextDeltaEvent | None = ...,
         reasoning_summary_text_done: Global___ReasoningSummaryTextDoneEvent | None = ...,
         compaction_compacting: Global___CompactionCompactingEvent | None = ...,
+        custom_tool_call_input_delta: Global___CustomToolCallInputDeltaEvent | None = ...,
+        custom_tool_call_input_done: Global___CustomToolCallInputDoneEvent | None = ...,
         error: Global___ErrorEvent | None = ...,
         steer_accepted: Global___SteerAcceptedEvent | None = ...,
         steer_pending: Global___SteerPendingEvent | None = ...,
         steer_failed: Global___SteerFailedEvent | None = ...,
         other: _items_pb2.OtherJson | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "error", "steer_accepted", "steer_pending", "steer_failed", "other"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "custom_tool_call_input_delta", "custom_tool_call_input_done", "error", "steer_accepted", "steer_pending", "steer_failed", "other"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -375,6 +383,60 @@ class FunctionCallArgumentsDoneEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FunctionCallArgumentsDoneEvent: _TypeAlias = FunctionCallArgumentsDoneEvent  # noqa: Y015
+
+@_typing.final
+class CustomToolCallInputDeltaEvent(_message.Message):
+    """custom_tool_call_input.delta: a fragment of a custom (freeform) tool call's `input` text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    output_index: _builtins.int
+    delta: _builtins.str
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        output_index: _builtins.int = ...,
+        delta: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "item_id", b"item_id", "output_index", b"output_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CustomToolCallInputDeltaEvent: _TypeAlias = CustomToolCallInputDeltaEvent  # noqa: Y015
+
+@_typing.final
+class CustomToolCallInputDoneEvent(_message.Message):
+    """custom_tool_call_input.done: the call's whole `input` text."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    output_index: _builtins.int
+    input: _builtins.str
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        output_index: _builtins.int = ...,
+        input: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "item_id", b"item_id", "output_index", b"output_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CustomToolCallInputDoneEvent: _TypeAlias = CustomToolCallInputDoneEvent  # noqa: Y015
 
 @_typing.final
 class ReasoningSummaryPartEvent(_message.Message):
