@@ -58,7 +58,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 H, B, E, A, R = Treatment.HONOURED, Treatment.BACKEND, Treatment.ECHOED, Treatment.ACCEPTED, Treatment.REJECTED
 
 CREATE_FIELDS: dict[str, Field] = {
-    "model": Field(H, "Routed to a backend by `[models]`; unknown names are 404 `model_not_found`."),
+    "model": Field(H, "Routed to a backend by `[models]`; unknown names are 400 `model_not_found`."),
     "input": Field(H, "The new items, validated and appended to the chain; every item type is carried into "
                    "the model's context or refused with a 400 naming `input[i]` (see the items table)."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
