@@ -25,6 +25,7 @@ from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
 from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.observability.health import ReadinessChecker
+from tether.observability.metrics import BridgeMetrics
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
 from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
@@ -130,7 +131,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     if config.server.bridge:
         from tether.bridge.listener import start_bridge
 
-        bridge = await start_bridge(engine, auth, config)
+        bridge = await start_bridge(engine, auth, config, metrics=engine.telemetry)
     reclaimer = MemoryReclaimer(
         lambda: (len(engine.sessions), engine.sessions_closed),
         config.server.memory_reclaim_interval_s,
@@ -211,7 +212,7 @@ async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: s
             authenticator = ForwardingAuthenticator()
     api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
     try:
-        bridge = await start_bridge(api, authenticator, config)
+        bridge = await start_bridge(api, authenticator, config, metrics=BridgeMetrics())
     except BaseException:
         await api.aclose()
         raise

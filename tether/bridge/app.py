@@ -134,12 +134,12 @@ class BridgeApp:
             common.check_header_size(scope, self.ctx.server)
         except TetherError as err:
             await receive()  # websocket.connect
-            await ws.deny(scope, send, err)
+            await ws.deny(self.ctx, scope, send, err)
             return
         if _segments(scope["path"]) != WS_PATH:
             await receive()  # websocket.connect
             err = TetherError(NOT_FOUND, f"Invalid URL (GET {scope['path']}).")
-            await ws.deny(scope, send, err)
+            await ws.deny(self.ctx, scope, send, err)
             return
         await ws.serve(self.ctx, scope, receive, send, self)
 
@@ -177,6 +177,7 @@ class BridgeApp:
             err = common.as_tether_error(exc)
             if started:  # too late for a status: the stream just ends
                 return
+            self.ctx.count_error(err)
             if err.status in (408, 413):  # the body was not read to its end: do not keep the
                 extra.append((b"connection", b"close"))  # connection for a next request
             await send_error(send, err, extra)

@@ -1,7 +1,9 @@
 """What the HTTP and WebSocket sides of the bridge share, so neither carries its own copy.
 
-- `BridgeContext`: the API, the authenticator and the limits. (Connections per key are counted
-  once, by the engine's sessions: a WebSocket holds its slot exactly as long as its session.)
+- `BridgeContext`: the API, the authenticator, the limits and the metrics the bridge counts its
+  errors in (`count_error`: every error it answers, once; an `InBandError` was counted by the
+  core). (Connections per key are counted once, by the engine's sessions: a WebSocket holds its
+  slot exactly as long as its session.)
 - `authenticate`: `Authorization: Bearer` -> tenant (401 `TetherError` on failure).
 - `decode_object`: size check, depth-limited JSON decode, "must be an object" check; raises the
   same `TetherError`s (`request_too_large`, `invalid_json`, `invalid_type`) on both transports.
@@ -27,7 +29,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 from tether.auth import Authenticator
 from tether.config import Limits, ServerConfig
@@ -50,6 +52,19 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
+class ErrorMetrics(Protocol):
+    """Where the bridge counts the errors it answers (`tether_errors_total{code}`) and what its
+    `/metrics` serves: the engine's telemetry in-process, `BridgeMetrics` in a bridge of its own."""
+
+    registry: Any
+
+    def error(self, code: str) -> None: ...
+
+
+class InBandError(TetherError):
+    """An `error` event the API sent (counted where it was made: the session core's
+    `send_error`), raised to answer it with its HTTP status; `count_error` does not count it again."""
+
 
 @dataclass
 class BridgeContext:
@@ -57,14 +72,14 @@ class BridgeContext:
     authenticator: Authenticator
     limits: Limits
     server: ServerConfig
+    metrics: ErrorMetrics | None = None
 
-    def count_error(self, code: str) -> None:
-        """Count an error the bridge answers itself (a WebSocket frame that never reached the
-        session) in `tether_errors_total`, like every error the session core answers. A bridge in
-        front of a remote Tether has no engine registry here (`metrics_response` says the same)."""
-        telemetry = getattr(self.api, "telemetry", None)
-        if telemetry is not None:
-            telemetry.error(code)
+    def count_error(self, err: TetherError) -> None:
+        """Count an error the bridge answers (HTTP status, refused handshake, a WebSocket frame
+        that never reached the session, an in-band SSE error) in `tether_errors_total`, once:
+        errors the core sent in-band (`InBandError`) were counted by the core."""
+        if self.metrics is not None and not isinstance(err, InBandError):
+            self.metrics.error(err.code)
 
 
 def http_header_timeout(server: ServerConfig) -> float:

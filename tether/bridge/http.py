@@ -5,8 +5,10 @@ app renders every error the same way (`common.http_error_body`). Create streams 
 (`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape) or collects the final Response
 (HTTP 200 also for a failed response: the failure is in the body, with `Retry-After` when the
 upstream rate-limited it). A request error of a create
-arrives as the stream's first event, before anything is sent, so it still becomes a proper HTTP
-status. A client that disconnects cancels its create (the generator is closed, which cancels the
+arrives as the stream's first event, or is raised by the API's `create` (a refusal at admission:
+too many connections for the key, shutting down; over gRPC, the call's status), before anything is
+sent, so it still becomes a proper HTTP status. Errors answered here are counted once
+(`BridgeContext.count_error`). A client that disconnects cancels its create (the generator is closed, which cancels the
 generation in the core).
 
 Query parameters OpenAI defines but Tether does not implement are accepted and ignored:
@@ -143,7 +145,7 @@ class HttpHandlers:
             try:
                 first = await anext(aiter(events), None)
                 if first is not None and first.WhichOneof("event") == "error":
-                    raise TetherError.from_proto(first.error.error)
+                    raise common.InBandError.from_proto(first.error.error)
                 if stream:
                     await self._stream_sse(req, first, events, watch)
                 else:
@@ -170,7 +172,9 @@ class HttpHandlers:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the headers are out: report in-band, as the core would
-            frame = sse_frame(common.error_event(common.as_tether_error(exc)))
+            err = common.as_tether_error(exc)
+            self.ctx.count_error(err)
+            frame = sse_frame(common.error_event(err))
             await send({"type": "http.response.body", "body": frame, "more_body": True})
         watch.finishing()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -182,6 +186,7 @@ class HttpHandlers:
             "GET /v1/responses is the WebSocket endpoint: send an `Upgrade: websocket` request, "
             "or POST /v1/responses for HTTP.",
         )
+        self.ctx.count_error(err)
         await send_error(req.send, err, [(b"upgrade", b"websocket"), (b"connection", b"Upgrade")])
 
     # GET /v1/responses/{id}
@@ -320,10 +325,11 @@ class HttpHandlers:
         else:
             await send_json(req.send, 503, b'{"status":"not_ready"}')
 
-    # GET /metrics (ServerConfig.metrics_port == 0): the engine's Prometheus registry.
+    # GET /metrics (ServerConfig.metrics_port == 0): the registry of the bridge's metrics (the
+    # engine's in-process; `BridgeMetrics` in a bridge of its own).
     async def metrics(self, req: HttpRequest) -> None:
         accept = dict(req.headers).get(b"accept", b"").decode("latin-1")
-        status, headers, body = metrics_response(self.ctx.api, accept)
+        status, headers, body = metrics_response(getattr(self.ctx.metrics, "registry", None), accept)
         await req.send({"type": "http.response.start", "status": status, "headers": headers})
         await req.send({"type": "http.response.body", "body": body})
 
@@ -351,7 +357,7 @@ async def _final_response(
             response = getattr(ev, arm).response
             return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
         if arm == "error":
-            raise TetherError.from_proto(ev.error.error)
+            raise common.InBandError.from_proto(ev.error.error)
     raise TetherError(SERVER_ERROR, "The response ended without a terminal event.")
 
 

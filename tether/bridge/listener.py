@@ -24,7 +24,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from tether.auth import Authenticator
 from tether.bridge import ws_transport
 from tether.bridge.app import BridgeApp
-from tether.bridge.common import REQUEST_TIMEOUT, BridgeContext, http_header_timeout, raw_http_error
+from tether.bridge.common import (
+    REQUEST_TIMEOUT,
+    BridgeContext,
+    ErrorMetrics,
+    http_header_timeout,
+    raw_http_error,
+)
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import TetherError
@@ -195,13 +201,15 @@ def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     return sock
 
 
-async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: TetherConfig) -> BridgeServer:
+async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: TetherConfig, *,
+                       metrics: ErrorMetrics | None = None) -> BridgeServer:  # fmt: skip
     """Serve `api` over HTTP + WebSocket on `config.server.bridge_host:bridge_port` (0 = any free
-    port); HTTPS/WSS when `tls_cert` and `tls_key` are both set."""
+    port); HTTPS/WSS when `tls_cert` and `tls_key` are both set. `metrics`: where the bridge counts
+    the errors it answers, and what its `/metrics` serves (`BridgeContext.metrics`)."""
     sc, limits = config.server, config.limits
     if bool(sc.tls_cert) != bool(sc.tls_key):
         raise ValueError("server.tls_cert and server.tls_key must be set together")
-    app = BridgeApp(BridgeContext(api=api, authenticator=authenticator, limits=limits, server=sc))
+    app = BridgeApp(BridgeContext(api=api, authenticator=authenticator, limits=limits, server=sc, metrics=metrics))
     ping = sc.ws_ping_interval_s if sc.ws_ping_interval_s and sc.ws_ping_interval_s > 0 else None
     ucfg = uvicorn.Config(
         app,

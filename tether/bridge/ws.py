@@ -42,9 +42,11 @@ _LANE_IN_TEXT = re.compile(r'"stream_id"\s*:\s*"([A-Za-z0-9_.-]{1,256})"')
 
 
 async def deny(
-    scope: dict[str, Any], send: Send, err: TetherError, headers: Iterable[tuple[bytes, bytes]] = ()
+    ctx: BridgeContext, scope: dict[str, Any], send: Send, err: TetherError,
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    """Refuse an upgrade with an HTTP status and the JSON error body (before the 101)."""
+    """Refuse an upgrade with an HTTP status and the JSON error body (before the 101); counted."""
+    ctx.count_error(err)
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": 1008})  # the server can only answer 403
         return
@@ -163,7 +165,7 @@ class WsConnection:
         await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
 
     async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
-        self._ctx.count_error(err.code)
+        self._ctx.count_error(err)
         text = common.ws_error_text(err, stream_id, event_id)
         async with self._send_lock:
             if not self._closed:
@@ -175,6 +177,8 @@ class WsConnection:
                 return
             self._closed = True
             self.close_code = code
+            if err is not None:
+                self._ctx.count_error(err)
             with contextlib.suppress(Exception):  # the client may be gone already
                 if err is not None:
                     await self._send({"type": "websocket.send", "text": common.ws_error_text(err)})
@@ -210,14 +214,14 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
     if message["type"] != "websocket.connect":
         return
     if app.draining:
-        await deny(scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down."))
+        await deny(ctx, scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down."))
         return
     try:
         tenant, subprotocol = console.ws_credentials(app.console, ctx, scope)
         # The engine counts connections per key (Limits.max_connections_per_key): a 429 here.
         session = await ctx.api.open_session(tenant, transport="websocket")
     except Exception as exc:
-        await deny(scope, send, common.as_tether_error(exc))
+        await deny(ctx, scope, send, common.as_tether_error(exc))
         return
     tracing.adopt_parent(scope["headers"])
     conn = WsConnection(ctx, receive, send, session)

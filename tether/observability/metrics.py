@@ -9,6 +9,9 @@ resolve, validate, classify, render, route, backend (model time: TTFT + streamin
 backend_ttft, backend_wait (time blocked on the upstream), finalize, plus two derived here:
 `stream` (backend - backend_ttft: generation after the first token) and `post_inference` (the
 store/ledger write, off the critical path).
+
+`BridgeMetrics` is the registry of a bridge in a process of its own (`tether bridge --upstream`):
+the errors it answers and the process, nothing of an engine.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from tether.process_memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+def _errors_counter(registry: CollectorRegistry) -> Counter:
+    return Counter("tether_errors", "Errors by code", ["code"], registry=registry)
 
 
 class Metrics:
@@ -64,7 +71,7 @@ class Metrics:
             "tether_usage_source", "Turns by where each usage figure came from (upstream or tether)",
             ["kind", "source"], registry=r,
         )
-        self.errors = Counter("tether_errors", "Errors by code", ["code"], registry=r)
+        self.errors = _errors_counter(r)
         self.backend_retries = Counter("tether_backend_retries", "Upstream retries", ["backend"], registry=r)
         self.post_failures = Counter(
             "tether_post_inference_failures",
@@ -206,3 +213,19 @@ class Metrics:
 
     def safety_finding(self, kind: str) -> None:
         self.safety_findings.labels(kind).inc()
+
+
+class BridgeMetrics:
+    """The metrics of a bridge in a process of its own (`tether bridge --upstream`), which has no
+    engine: the errors the bridge answers itself (`tether_errors_total{code}`; the upstream's core
+    counts its in-band errors in its own registry) and the process. Served at the bridge's
+    `/metrics`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.errors = _errors_counter(r)
+
+    def error(self, code: str) -> None:
+        self.errors.labels(code).inc()

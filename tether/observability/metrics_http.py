@@ -38,8 +38,8 @@ def metrics_response(source: Any = None, accept: str | None = None) -> tuple[int
     """`(status, headers, body)` for `GET /metrics`.
 
     `source` is the engine (or anything with `.telemetry.registry`, or a `CollectorRegistry`);
-    the bridge passes its `ResponsesAPI`. A source without a registry (the bridge in front of a
-    remote Tether) serves this process's default registry (process and Python metrics)."""
+    the bridge passes its metrics' registry (the engine's, or `BridgeMetrics`' in a bridge of its
+    own). Without one, this process's default registry (process and Python metrics)."""
     registry = getattr(getattr(source, "telemetry", None), "registry", None)
     if registry is None:
         registry = source if hasattr(source, "collect") else REGISTRY

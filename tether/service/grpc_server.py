@@ -145,8 +145,11 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await _abort(context, exc)
             return
         tracing.adopt_parent(context.invocation_metadata())
-        async for event in self._api.create(tenant, request.params):
-            yield service_pb2.CreateResponseResponse(events=[event])
+        try:
+            async for event in self._api.create(tenant, request.params):
+                yield service_pb2.CreateResponseResponse(events=[event])
+        except TetherError as exc:  # refused at admission (connections per key, shutting down)
+            await _abort(context, exc)
 
     async def GetResponse(self, request, context):
         async def call(tenant):

@@ -9,8 +9,12 @@ Mapping:
   each `SessionResponse`'s batch; `close()` cancels the call (the server cancels the session's
   work). A session that ends with a non-OK gRPC status (upstream gone, auth refused) yields one
   `error` event with the mapped error as its last batch, like a connection-fatal error in-band.
-- `create` -> the server-streaming `CreateResponse`, flattened to events; a failed call becomes a
-  single `error` event (the `ResponsesAPI.create` contract). Closing the iterator cancels the call.
+- `create` -> the server-streaming `CreateResponse`, flattened to events. A call that fails raises
+  the `TetherError` rebuilt from its status, as the Engine's `create` raises a refusal at admission
+  (too many connections for the key, shutting down): before any event it is the HTTP status of the
+  answer, and the bridge counts it like any error it answers from an exception. The upstream's
+  in-band `error` events (counted by its core) pass through as events. Closing the iterator
+  cancels the call.
 - Unary RPCs raise `TetherError` rebuilt from the status: trailing metadata `tether-error-code`,
   `tether-error-param` and `tether-error-status` when the server set them, otherwise the status
   code mapped to an HTTP-equivalent status (`tether.protocol.wire`) and the details as message.
@@ -209,7 +213,7 @@ class RemoteResponsesAPI:
                 for ev in batch.events:
                     yield ev
         except grpc.aio.AioRpcError as exc:
-            yield _error_event(error_from_rpc(exc))
+            raise error_from_rpc(exc) from None
         finally:
             call.cancel()
 
