@@ -117,7 +117,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     engine = await build_engine(config, strategy=strategy)
     try:
         auth = authenticator if authenticator is not None else make_authenticator(config)
-        grpc_server = await start_grpc_server(engine, config, auth)
+        grpc_server = await start_grpc_server(engine, config, auth, count_error=engine.telemetry.error)
     except BaseException:
         await engine.aclose()
         raise

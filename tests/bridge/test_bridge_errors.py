@@ -156,9 +156,10 @@ async def test_bridge_level_errors_are_counted_once_and_core_errors_still_once()
 
 
 async def test_a_refusal_the_engine_raises_is_counted_once() -> None:
-    """Too many connections for the key: the Engine raises at admission (it counts nothing), the
-    bridge that answers the 429 counts it: once in-process, once in the standalone bridge's own
-    metrics (and not in the upstream's, which only refused the gRPC call)."""
+    """Too many connections for the key: the Engine raises at admission (it counts nothing), and
+    each process counts the refusal it answers, once: the in-process bridge its 429; through the
+    standalone bridge, the upstream's gRPC service the call it ended (it cannot tell a bridge from
+    any other gRPC client) and the standalone bridge its 429, in its own metrics."""
     async with two_bridges(max_connections_per_key=0) as (upstream, remote):
         port = upstream.bridge_port
         assert port is not None
@@ -167,7 +168,7 @@ async def test_a_refusal_the_engine_raises_is_counted_once() -> None:
         assert (await _refusal(port, KEY_A, stream=True))[1] == code
         assert _counted(before, await _scrape(port), {code}) == {code: 1}
         assert (await _refusal(remote.bridge.port, KEY_A, stream=False))[1] == code
-        assert _counted(before, await _scrape(port), {code}) == {code: 1}
+        assert _counted(before, await _scrape(port), {code}) == {code: 2}
         assert _counted(remote_before, await _scrape(remote.bridge.port), {code}) == {code: 1}
 
 
@@ -191,3 +192,55 @@ async def test_the_standalone_bridge_counts_what_it_answers_in_its_own_metrics()
         code = errors.PREVIOUS_RESPONSE_NOT_FOUND
         assert _counted(after, await _scrape(port), {code}) == {code: 0}
         assert _counted(upstream_before, await _scrape(upstream_port), {code}) == {code: 1}
+
+
+async def test_errors_the_grpc_service_ends_calls_with_are_counted_once() -> None:
+    """A call the gRPC service ends with an error status (a bad key, an unknown id, an undecodable
+    request, a session refused at admission) is counted once in `tether_errors_total{code}`; an
+    error a session sends in-band (counted by the core) is not counted again."""
+    import grpc
+
+    from tether.protocol import json_codec, wire
+    from tether.responses.v1 import service_pb2, service_pb2_grpc
+
+    async with two_bridges(max_connections_per_key=1) as (upstream, _):
+        before = await _scrape(upstream.bridge_port)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{upstream.grpc_port}") as channel:
+            stub = service_pb2_grpc.ResponsesServiceStub(channel)
+            ended: list[str] = []
+            for key, rpc, request in (
+                ("sk-wrong", "ListModels", service_pb2.ListModelsRequest()),
+                (KEY_A, "GetResponse", service_pb2.GetResponseRequest(response_id="resp_nope")),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await getattr(stub, rpc)(request, metadata=wire.bearer(key))
+                ended.append(dict(failed.value.trailing_metadata() or ())[wire.ERROR_CODE_KEY])
+            raw = channel.unary_unary("/tether.responses.v1.ResponsesService/GetResponse")
+            with pytest.raises(grpc.aio.AioRpcError):
+                await raw(b"\xff\xff\xff", metadata=wire.bearer(KEY_A))
+            # One session holds the key's only slot; a second is refused at admission. The first
+            # gets an in-band error (an unknown previous response), which the core counts.
+            first = stub.Session(metadata=wire.bearer(KEY_A))
+            await first.write(json_codec.client_event_from_json(
+                {"type": "response.create", "model": "sim-model", "input": "x", "previous_response_id": "resp_gone"}
+            ))  # fmt: skip
+            reply = await first.read()
+            assert any(ev.WhichOneof("event") == "error" for ev in reply.events), reply
+            second = stub.Session(metadata=wire.bearer(KEY_A))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await second.read()
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            await first.done_writing()
+            while await first.read() != grpc.aio.EOF:
+                pass
+        after = await _scrape(upstream.bridge_port)
+    assert ended == [errors.INVALID_API_KEY, errors.RESPONSE_NOT_FOUND]
+    counted = _counted(before, after, {errors.INVALID_API_KEY, errors.RESPONSE_NOT_FOUND, errors.INVALID_REQUEST,
+                                        errors.RATE_LIMIT_EXCEEDED, errors.PREVIOUS_RESPONSE_NOT_FOUND})  # fmt: skip
+    assert counted == {
+        errors.INVALID_API_KEY: 1,
+        errors.RESPONSE_NOT_FOUND: 1,
+        errors.INVALID_REQUEST: 1,  # the undecodable request
+        errors.RATE_LIMIT_EXCEEDED: 1,
+        errors.PREVIOUS_RESPONSE_NOT_FOUND: 1,
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -70,15 +71,30 @@ def _malformed(request: _Undecodable) -> TetherError:
     return TetherError(errors.INVALID_REQUEST, f"The request message could not be decoded: {request.error}")
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
+async def _end_call(context: grpc.aio.ServicerContext, exc: TetherError) -> None:
     context.set_trailing_metadata(wire.error_metadata(exc))
     await context.abort(wire.grpc_status_for(exc), exc.message)
 
 
+def _uncounted(code: str) -> None:
+    return None
+
+
 class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
-    def __init__(self, api: ResponsesAPI, authenticator: Authenticator) -> None:
+    """`count_error` is where the errors this service ends calls with are counted
+    (`tether_errors_total{code}`): refusals the API raised (auth, admission, not found...) and
+    undecodable requests, which no core code counted. An error the session core already sent
+    in-band (and counted) is not counted again when the call's status repeats it."""
+
+    def __init__(self, api: ResponsesAPI, authenticator: Authenticator,
+                 count_error: Callable[[str], None] = _uncounted) -> None:  # fmt: skip
         self._api = api
         self._auth = authenticator
+        self._count_error = count_error
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: TetherError) -> None:
+        self._count_error(exc.code)
+        await _end_call(context, exc)
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         metadata = context.invocation_metadata() or ()
@@ -86,18 +102,18 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
 
     async def _unary(self, context, call, request=None):
         if isinstance(request, _Undecodable):
-            await _abort(context, _malformed(request))
+            await self._abort(context, _malformed(request))
         try:
             return await call(self._tenant(context))
         except TetherError as exc:
-            await _abort(context, exc)
+            await self._abort(context, exc)
 
     async def Session(self, request_iterator, context):
         try:
             tenant = self._tenant(context)
             session = await self._api.open_session(tenant, transport="grpc")
         except TetherError as exc:
-            await _abort(context, exc)
+            await self._abort(context, exc)
             return
 
         malformed: list[_Undecodable] = []
@@ -131,25 +147,25 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await asyncio.gather(reader, return_exceptions=True)
             await session.close()
         if malformed:
-            await _abort(context, _malformed(malformed[0]))
+            await self._abort(context, _malformed(malformed[0]))
         if last and last[-1].error.error.code == errors.SERVER_SHUTTING_DOWN:
             # The reason went in-band; the status (with its metadata) says the same to the channel.
-            await _abort(context, TetherError(errors.SERVER_SHUTTING_DOWN, "server shutting down; reconnect"))
+            await _end_call(context, TetherError(errors.SERVER_SHUTTING_DOWN, "server shutting down; reconnect"))
 
     async def CreateResponse(self, request, context):
         if isinstance(request, _Undecodable):
-            await _abort(context, _malformed(request))
+            await self._abort(context, _malformed(request))
         try:
             tenant = self._tenant(context)
         except TetherError as exc:
-            await _abort(context, exc)
+            await self._abort(context, exc)
             return
         tracing.adopt_parent(context.invocation_metadata())
         try:
             async for event in self._api.create(tenant, request.params):
                 yield service_pb2.CreateResponseResponse(events=[event])
         except TetherError as exc:  # refused at admission (connections per key, shutting down)
-            await _abort(context, exc)
+            await self._abort(context, exc)
 
     async def GetResponse(self, request, context):
         async def call(tenant):
@@ -218,9 +234,13 @@ def _server_credentials(config: TetherConfig) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)])
 
 
-async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticator: Authenticator) -> GrpcServer:
+async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticator: Authenticator,
+                            count_error: Callable[[str], None] = _uncounted) -> GrpcServer:  # fmt: skip
+    """`count_error`: where the errors the service ends calls with are counted (the composition
+    root passes the engine's telemetry)."""
     server = grpc.aio.server(options=_options(config))
-    service_pb2_grpc.add_ResponsesServiceServicer_to_server(ResponsesServicer(api, authenticator), _LenientRegistrar(server))
+    servicer = ResponsesServicer(api, authenticator, count_error)
+    service_pb2_grpc.add_ResponsesServiceServicer_to_server(servicer, _LenientRegistrar(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
