@@ -35,12 +35,11 @@ from pathlib import Path
 
 import grpc
 
+from tether.protocol.wire import DELTA_ARMS
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether_lab.metrics import ProcStat, machine
 from tether_lab.processes import ServerProcess, serve_process, worker_pids
 from tether_lab.report import pct
-
-_DELTAS = frozenset({"output_text_delta", "reasoning_text_delta", "function_call_arguments_delta"})
 
 
 @dataclass
@@ -150,7 +149,7 @@ async def _one_stream(addr: str, start: asyncio.Event) -> StreamResult:
             for ev in msg.events:
                 res.events += 1
                 arm = ev.WhichOneof("event")
-                if arm in _DELTAS:
+                if arm in DELTA_ARMS:
                     res.deltas += 1
                     if first is None:
                         first = time.perf_counter()

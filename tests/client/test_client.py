@@ -4,6 +4,7 @@ RPCs, API keys."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -12,6 +13,7 @@ from tests.support.configs import FAST, server_config
 from tests.support.stacks import Server
 from tether import errors
 from tether.auth import Authenticator
+from tether.backends.simulated import CUSTOM_INPUT
 from tether.responses.v1 import items_pb2
 
 SCRIPTED = {"sim": {**FAST, "script": "coding_agent.json"}}
@@ -131,6 +133,83 @@ async def test_tool_loop_limits_and_tool_errors(tmp_path):
         await srv.stop()
 
 
+def _outputs_by_kind(items: list[items_pb2.Item]) -> dict[str, list[tuple[str, str]]]:
+    """(call_id, output) of the function and custom tool call outputs among `items`."""
+    out: dict[str, list[tuple[str, str]]] = {"function": [], "custom": []}
+    for item in items:
+        if item.HasField("function_call_output"):
+            out["function"].append((item.function_call_output.call_id, item.function_call_output.output_text))
+        elif item.HasField("other") and item.other.type == "custom_tool_call_output":
+            obj = json.loads(item.other.json)
+            out["custom"].append((obj["call_id"], obj["output"]))
+    return out
+
+
+async def test_tool_loop_runs_a_custom_tool(server):
+    """A response whose only call is a custom tool call is not the final answer: the loop runs
+    the tool on the call's input text and answers with a custom_tool_call_output."""
+    inputs: list[str] = []
+
+    async def apply_patch(patch: str) -> str:
+        """Apply a patch to the workspace."""
+        inputs.append(patch)
+        return "Done: 1 file changed."
+
+    async with tc.connect(server.target) as s:
+        first = await (await s.create("tether-sim", "fix it", tools=[tc.custom_tool(apply_patch)])).final_response()
+        [call] = tc.tool_calls(first)
+        assert (call.name, call.output_type, call.text) == ("apply_patch", "custom_tool_call_output", CUSTOM_INPUT)
+        assert not tc.function_calls(first)
+
+        final = await s.run_tool_loop(
+            "tether-sim", "fix it", tools={"apply_patch": apply_patch},
+            tool_specs=[tc.custom_tool(apply_patch, format={"type": "text"})],
+        )
+        assert inputs == [CUSTOM_INPUT]
+        assert final.status == "completed" and not tc.tool_calls(final) and tc.output_text(final)
+        items = [i async for i in s.iter_input_items(final.id)]
+        calls = [i for i in items if i.HasField("other") and i.other.type == "custom_tool_call"]
+        assert len(calls) == 1
+        call_id = json.loads(calls[0].other.json)["call_id"]
+        assert _outputs_by_kind(items) == {"function": [], "custom": [(call_id, "Done: 1 file changed.")]}
+
+
+async def test_tool_loop_answers_function_and_custom_calls_of_one_response(tmp_path):
+    script = tmp_path / "mixed.json"
+    script.write_text(json.dumps({"steps": [
+        {"tool_calls": [{"name": "apply_patch", "input": "*** Begin Patch\n*** End Patch", "call_id": "call_p"},
+                        {"name": "read_file", "arguments": {"path": "a.py"}, "call_id": "call_r"}]},
+        {"text": "Both done."},
+    ]}))  # fmt: skip
+    srv = await Server(server_config(tmp_path, backends={"sim": {**FAST, "script": str(script)}})).start()
+    ran: list[tuple[str, object]] = []
+
+    def apply_patch(patch: str) -> dict:
+        ran.append(("apply_patch", patch))
+        return {"applied": True}
+
+    def read_file(path: str) -> str:
+        ran.append(("read_file", path))
+        return "x = 1\n"
+
+    grammar = {"type": "grammar", "syntax": "regex", "definition": r"\*\*\* Begin Patch[\s\S]*"}
+    try:
+        async with tc.connect(srv.target) as s:
+            final = await s.run_tool_loop(
+                "tether-sim", "go", tools={"apply_patch": apply_patch, "read_file": read_file},
+                tool_specs=[read_file, {"type": "custom", "name": "apply_patch", "format": grammar}],
+            )
+            assert tc.output_text(final) == "Both done."
+            assert sorted(ran) == [("apply_patch", "*** Begin Patch\n*** End Patch"), ("read_file", "a.py")]
+            items = [i async for i in s.iter_input_items(final.id)]
+            assert _outputs_by_kind(items) == {
+                "function": [("call_r", "x = 1\n")],
+                "custom": [("call_p", '{"applied":true}')],
+            }
+    finally:
+        await srv.stop()
+
+
 async def test_warmup_then_continue(server):
     def grep(pattern: str, path: str = ".") -> str:
         """Search files."""
@@ -230,6 +309,16 @@ def test_params_helpers():
     assert params.tool_choice.mode == "required"
     assert isinstance(tc.to_items("hi")[0], items_pb2.Item)
     assert tc.function_call_output("c", {"a": 1}).function_call_output.output_text == '{"a":1}'
+    custom = tc.custom_tool(lambda_tool, format={"type": "text"})
+    assert (custom.other.type, json.loads(custom.other.json)) == (
+        "custom", {"type": "custom", "name": "lambda_tool", "description": "Do something.", "format": {"type": "text"}}
+    )
+    assert json.loads(tc.custom_tool(name="t").other.json) == {"type": "custom", "name": "t"}
+    with pytest.raises(ValueError):
+        tc.custom_tool()
+    assert json.loads(tc.custom_tool_call_output("c", {"a": 1}).other.json) == {
+        "type": "custom_tool_call_output", "call_id": "c", "output": '{"a":1}'
+    }
 
 
 def lambda_tool(n: int, names: list[str], flag: bool = False) -> str:

@@ -13,6 +13,7 @@ import tether.client as tc
 from tests.support.configs import server_config
 from tests.support.stacks import Server
 from tether import errors
+from tether.backends.simulated import CUSTOM_INPUT
 
 
 def _sync_session_work(target: str) -> dict:
@@ -44,6 +45,27 @@ async def test_sync_facade(server):
     assert out["loop"] == ("completed", 3)  # user message, function_call, function_call_output
     assert out["lane"] and out["warm"] and "tether-sim" in out["models"]
     assert out["missing"] == errors.RESPONSE_NOT_FOUND
+
+
+def _sync_custom_loop(target: str) -> tuple[list[str], str, list[str]]:
+    inputs: list[str] = []
+
+    def apply_patch(patch: str) -> str:
+        """Apply a patch."""
+        inputs.append(patch)
+        return "applied"
+
+    with tc.connect_sync(target) as s:
+        final = s.run_tool_loop("tether-sim", "patch it", tools={"apply_patch": apply_patch},
+                                tool_specs=[tc.custom_tool(apply_patch)])
+        kinds = [i.other.type if i.HasField("other") else i.WhichOneof("item") for i in s.iter_input_items(final.id)]
+        return inputs, final.status, kinds
+
+
+async def test_sync_tool_loop_runs_a_custom_tool(server):
+    inputs, status, kinds = await asyncio.to_thread(_sync_custom_loop, server.target)
+    assert inputs == [CUSTOM_INPUT] and status == "completed"
+    assert kinds == ["message", "custom_tool_call", "custom_tool_call_output"]
 
 
 def _sync_refused(target: str) -> str:

@@ -1,6 +1,6 @@
 """The console in a real browser: headless Chromium (Debian's `chromium` + `chromium-driver`)
 driven by selenium against a real bridge. Connect, run a tool turn answered with canned outputs,
-run the transport race on a small workload, check the server view; no Content-Security-Policy
+then one with a custom (freeform) tool on another lane, stored, run the transport race on a small workload, check the server view; no Content-Security-Policy
 violation or script error on the way. Screenshots go to $TETHER_TEST_ARTIFACTS (default: the
 test's tmp dir).
 
@@ -10,12 +10,16 @@ Without chromium the test skips with the reason; under TETHER_TEST_REQUIRE_SERVE
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tether.backends.simulated import CUSTOM_INPUT
 
 from .conftest import KEY_ADMIN, ConsoleStack
 
@@ -26,6 +30,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--window-size=1400,1000")  # fmt: skip
 WAIT_S = 20.0
+CUSTOM_TOOLS = [{"type": "custom", "name": "apply_patch", "description": "Apply a patch.", "format": {"type": "text"}}]
 
 
 def browser_or_skip():
@@ -98,6 +103,20 @@ def drive(webdriver, origin: str, shots: Path, *, key: str = KEY_ADMIN, workload
             seen["chain"] = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#s-chain li")]
             seen["events"] = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#s-events tr")]
             driver.save_screenshot(str(shots / "session.png"))
+            # A custom tool on a lane of its own (a new chain), stored: its call answered the same way.
+            driver.find_element(By.ID, "s-lane").send_keys("custom")
+            driver.find_element(By.ID, "s-store").click()
+            driver.execute_script("document.getElementById('s-tools').value = arguments[0]", json.dumps(CUSTOM_TOOLS))
+            driver.find_element(By.ID, "s-send").click()
+            wait.until(ec.element_to_be_clickable((By.ID, "s-send-outputs")))
+            seen["custom_call"] = driver.find_element(By.CSS_SELECTOR, "#s-calls .call").text
+            driver.find_element(By.XPATH, "//button[text()='fill all canned']").click()
+            driver.find_element(By.ID, "s-send-outputs").click()
+            wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#s-chain li")) == 4)
+            seen["custom_chain"] = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#s-chain li")][2:]
+            seen["custom_events"] = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#s-events tr")
+                                     if "custom_tool_call" in row.text]  # fmt: skip
+            driver.find_element(By.ID, "s-store").click()
             # A turn on another lane for a model that does not exist: the server view counts its code.
             for field_id, value in (("s-model", "tether-lab/nope"), ("s-lane", "probe")):
                 driver.find_element(By.ID, field_id).clear()
@@ -153,6 +172,17 @@ async def test_console_in_a_browser(stack: ConsoleStack, tmp_path: Path) -> None
     assert "backend" in seen["stages"] and "render" in seen["stages"]
     assert len(seen["chain"]) == 2 and "← resp_" in seen["chain"][1]
     assert any("response.completed" in row for row in seen["events"])
+    assert seen["custom_call"].startswith(f"apply_patch {CUSTOM_INPUT}")
+    assert all("· lane custom · completed" in li for li in seen["custom_chain"])
+    assert any("response.custom_tool_call_input.delta" in row for row in seen["custom_events"])
+    assert any(f"response.custom_tool_call_input.done {json.dumps(CUSTOM_INPUT)}" in row for row in seen["custom_events"])
+    # The call was answered with a custom_tool_call_output carrying the canned text.
+    final_id = seen["custom_chain"][1].split()[0]
+    async with httpx.AsyncClient(base_url=stack.origin, headers={"Authorization": f"Bearer {KEY_ADMIN}"}) as http:
+        items = (await http.get(f"/v1/responses/{final_id}/input_items", params={"order": "asc"})).json()["data"]
+    assert [i["type"] for i in items] == ["message", "custom_tool_call", "custom_tool_call_output"]
+    assert items[2]["call_id"] == items[1]["call_id"]
+    assert json.loads(items[2]["output"])["input"] == CUSTOM_INPUT
     assert "done" in seen["race_http"] and "done" in seen["race_ws"], (seen["race_http"], seen["race_ws"])
     assert seen["race_status"].startswith("done: WebSocket")
     assert seen["race_points"] == 2 * 4  # chat3: 4 turns per transport

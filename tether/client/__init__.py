@@ -9,6 +9,9 @@
         response = await stream.final_response()     # the Response proto
 
         answer = await s.run_tool_loop("tether-sim", "fix the bug", tools={"read_file": read_file})
+        answer = await s.run_tool_loop(                # a custom (freeform) tool: fn(input_text)
+            "tether-sim", "fix it", tools={"read_file": read_file, "apply_patch": apply_patch},
+            tool_specs=[read_file, tether.client.custom_tool(apply_patch)])
         warm_id = await s.warmup("tether-sim", tools=[...], instructions="...")
         a, b = s.lane("a"), s.lane("b")              # concurrent lanes over the one stream
 
@@ -27,12 +30,16 @@ requests), `_sync` (the blocking facade over the same objects).
 from tether.client._connection import ConnectionLost, RetryPolicy
 from tether.client._params import (
     build_params,
+    custom_tool,
+    custom_tool_call_output,
     function_call_output,
     function_calls,
     function_tool,
     output_text,
     to_items,
     to_tools,
+    tool_call_output,
+    tool_calls,
     user_message,
 )
 from tether.client._session import DEFAULT_TARGET, ClientLane, ClientSession, connect
@@ -59,6 +66,8 @@ __all__ = [
     "build_params",
     "connect",
     "connect_sync",
+    "custom_tool",
+    "custom_tool_call_output",
     "events_pb2",
     "function_call_output",
     "function_calls",
@@ -70,5 +79,7 @@ __all__ = [
     "service_pb2",
     "to_items",
     "to_tools",
+    "tool_call_output",
+    "tool_calls",
     "user_message",
 ]

@@ -4,7 +4,9 @@ Everything that takes "input" accepts a plain string (one user message), a list 
 or a list of JSON-shaped dicts (`{"type": "message", "role": "user", "content": "hi"}`, the
 OpenAI Responses item shapes, read with `tether.protocol.json_codec.item_from_json`), mixed
 freely. Tools may be `Tool` protos, JSON dicts (`{"type": "function", "name": ..., "parameters":
-{...}}`) or plain Python functions (`function_tool` derives the schema from the signature).
+{...}}`, `{"type": "custom", "name": ..., "format": {...}}`) or plain Python functions
+(`function_tool` derives the schema from the signature; `custom_tool` declares a freeform tool,
+whose calls carry one input text instead of JSON arguments).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Union
 
 import orjson
 
+from tether.protocol.calls import CUSTOM_OUTPUT, Call, call_of
 from tether.protocol.json_codec import item_from_json, params_from_json
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2
 
@@ -29,9 +32,13 @@ __all__ = [
     "to_tools",
     "user_message",
     "function_call_output",
+    "custom_tool_call_output",
+    "tool_call_output",
     "function_tool",
+    "custom_tool",
     "output_text",
     "function_calls",
+    "tool_calls",
 ]
 
 
@@ -49,6 +56,20 @@ def function_call_output(call_id: str, output: Any) -> items_pb2.Item:
     item.function_call_output.call_id = call_id
     item.function_call_output.output_text = output if isinstance(output, str) else orjson.dumps(output).decode()
     return item
+
+
+def custom_tool_call_output(call_id: str, output: Any) -> items_pb2.Item:
+    """The answer to a custom (freeform) tool call; non-string outputs are sent as JSON text."""
+    text = output if isinstance(output, str) else orjson.dumps(output).decode()
+    return item_from_json({"type": CUSTOM_OUTPUT, "call_id": call_id, "output": text})
+
+
+def tool_call_output(call: Call, output: Any) -> items_pb2.Item:
+    """The answer to `call` (from `tool_calls`): a `function_call_output` or a
+    `custom_tool_call_output`, whichever answers its kind of call."""
+    if call.output_type == CUSTOM_OUTPUT:
+        return custom_tool_call_output(call.call_id, output)
+    return function_call_output(call.call_id, output)
 
 
 def to_items(value: InputLike, *, path: str = "input") -> list[items_pb2.Item]:
@@ -131,6 +152,30 @@ def function_tool(
     return tool
 
 
+def custom_tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    format: Mapping[str, Any] | None = None,
+) -> request_pb2.Tool:
+    """A custom (freeform) tool declaration: the model calls it with one input text (the tool
+    function gets it as its single argument) instead of JSON arguments. `format` is
+    `{"type": "text"}` (the default: any text) or `{"type": "grammar", "syntax": "lark" | "regex",
+    "definition": ...}`. With `fn`, the name and description (first docstring paragraph) are
+    taken from it; explicit arguments win."""
+    tool_name = name or (fn.__name__ if fn is not None else "")
+    if not tool_name:
+        raise ValueError("custom_tool needs a name or a function")
+    doc = description if description is not None else (inspect.getdoc(fn) or "").split("\n\n")[0] if fn else None
+    body: dict[str, Any] = {"type": "custom", "name": tool_name}
+    if doc:
+        body["description"] = doc
+    if format is not None:
+        body["format"] = dict(format)
+    return params_from_json({"tools": [body]}).tools[0]
+
+
 def to_tools(value: Iterable[ToolLike] | Mapping[str, Callable[..., Any]] | None) -> list[request_pb2.Tool]:
     """Tool declarations from protos, JSON dicts, functions, or a `{name: function}` mapping."""
     if value is None:
@@ -198,5 +243,13 @@ def output_text(response: response_pb2.Response) -> str:
 
 
 def function_calls(response: response_pb2.Response) -> list[items_pb2.FunctionCall]:
-    """The function calls the model made in this response, in order."""
+    """The function calls the model made in this response, in order (`tool_calls` has the
+    custom tool calls too)."""
     return [item.function_call for item in response.output if item.WhichOneof("item") == "function_call"]
+
+
+def tool_calls(response: response_pb2.Response) -> list[Call]:
+    """Every tool call the model made in this response, function and custom (freeform) alike, in
+    order: `Call(call_id, name, output_type, text)`, `text` being a function's JSON arguments or a
+    custom tool's input; answer each with `tool_call_output(call, output)`."""
+    return [call for item in response.output if (call := call_of(item)) is not None]

@@ -296,11 +296,15 @@ class ClientSession:
         **kwargs: Any,
     ) -> response_pb2.Response:
         """Run an agent loop: the model calls tools, this client runs `tools[name](**arguments)`
-        (sync or async) and sends the outputs with `previous_response_id`, until the model answers
-        without calling a tool. Returns that final Response.
+        for a function call or `tools[name](input)` for a custom (freeform) tool call (sync or
+        async) and sends the outputs (`function_call_output` / `custom_tool_call_output`) with
+        `previous_response_id`, until the model answers without calling a tool. Returns that
+        final Response.
 
-        `tool_specs` declares the tools to the model (default: derived from the functions'
-        signatures). A tool's return value is sent as text (JSON for non-strings); an exception
+        `tool_specs` declares the tools to the model (default: each function in `tools` as a
+        function tool, its schema derived from its signature); declare a custom tool there
+        (`custom_tool(fn, format=...)` or a `{"type": "custom", ...}` dict), next to functions
+        and other specs. A tool's return value is sent as text (JSON for non-strings); an exception
         is sent to the model as `"Error: ..."` unless `raise_tool_errors`. Each turn is retried
         (up to `retry.max_attempts`) when its connection is lost. Raises `ToolLoopError` after
         `max_turns` model calls or when a turn fails. Other kwargs go to every create."""

@@ -1,6 +1,8 @@
 """The agent loop on the client: the model calls tools, the client runs them and sends their
 outputs as the next turn (chained with `previous_response_id`), until the model answers without
-a tool call.
+a tool call. A call is a function call (`tools[name](**arguments)`, answered with a
+`function_call_output`) or a custom (freeform) tool call (`tools[name](input)`, answered with a
+`custom_tool_call_output`): `tether.protocol.calls` says which is which, as it does for the server.
 
 It needs only a way to create a response (`Creator`: the client session, or a lane of it) and
 the retry policy; a turn whose connection was lost mid-generation (`ConnectionLost`) is redone.
@@ -17,10 +19,11 @@ import orjson
 
 from tether import errors
 from tether.client._connection import ConnectionLost, RetryPolicy
-from tether.client._params import InputLike, ToolLike, function_call_output, function_calls, to_tools
+from tether.client._params import InputLike, ToolLike, to_tools, tool_call_output, tool_calls
 from tether.client._streams import ResponseStream
 from tether.errors import CATALOGUE, MAX_TURNS_EXCEEDED, TetherError
-from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2
+from tether.protocol.calls import CUSTOM_OUTPUT, Call
+from tether.responses.v1 import events_pb2, request_pb2, response_pb2
 
 
 class ToolLoopError(TetherError):
@@ -71,13 +74,13 @@ async def run_tool_loop(
                 response.error.message or "The response failed.",
                 response,
             )
-        calls = function_calls(response)
+        calls = tool_calls(response)
         if not calls:
             return response
         outputs = await asyncio.gather(
             *(run_tool(tools, call, raise_tool_errors, run_sync_tools_in_thread) for call in calls)
         )
-        next_input = [function_call_output(call.call_id, out) for call, out in zip(calls, outputs, strict=True)]
+        next_input = [tool_call_output(call, out) for call, out in zip(calls, outputs, strict=True)]
         previous = response.id
     assert response is not None
     raise ToolLoopError(MAX_TURNS_EXCEEDED, f"The model still called tools after {max_turns} turns.", response)
@@ -112,21 +115,27 @@ async def _turn_with_retries(
 
 async def run_tool(
     tools: Mapping[str, Callable[..., Any]],
-    call: items_pb2.FunctionCall,
+    call: Call,
     raise_errors: bool,
     in_thread: bool,
 ) -> str:
-    """One tool call's output text: `tools[call.name](**arguments)`, sync (in a worker thread
-    unless `in_thread` is False) or async; a failure is the text `Error: ...` unless `raise_errors`."""
+    """One tool call's output text: `tools[call.name](**arguments)` for a function call (JSON
+    arguments that are not an object are passed as one value), `tools[call.name](input)` for a
+    custom tool call; sync (in a worker thread unless `in_thread` is False) or async; a failure is
+    the text `Error: ...` unless `raise_errors`."""
     fn = tools.get(call.name)
     if fn is None:
         if raise_errors:
             raise KeyError(f"the model called an unknown tool {call.name!r}")
         return f"Error: no tool named {call.name!r}."
-    try:
-        args: Any = orjson.loads(call.arguments) if call.arguments.strip() else {}
-    except orjson.JSONDecodeError:
-        args = call.arguments
+    args: Any
+    if call.output_type == CUSTOM_OUTPUT:
+        args = call.text
+    else:
+        try:
+            args = orjson.loads(call.text) if call.text.strip() else {}
+        except orjson.JSONDecodeError:
+            args = call.text
 
     def invoke() -> Any:
         return fn(**args) if isinstance(args, dict) else fn(args)

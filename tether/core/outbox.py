@@ -33,20 +33,8 @@ from collections import deque
 import orjson
 
 from tether.core.clock import SYSTEM_CLOCK, Clock
-from tether.protocol.wire import TERMINAL_ARMS
+from tether.protocol.wire import DELTA_ARMS, TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
-
-# Delta arms and the field that holds their text.
-DELTA_ARMS = frozenset(
-    {
-        "output_text_delta",
-        "refusal_delta",
-        "reasoning_text_delta",
-        "function_call_arguments_delta",
-        "custom_tool_call_input_delta",
-        "reasoning_summary_text_delta",
-    }
-)
 
 
 class OutboxClosed(Exception):

@@ -3,7 +3,9 @@
 The proto files define the messages; this module holds the rest of the contract that travels
 with them and that each side would otherwise spell for itself:
 
-- which events end a response (`TERMINAL_ARMS` in protobuf, `TERMINAL_EVENT_TYPES` in JSON);
+- which events end a response (`TERMINAL_ARMS` in protobuf, `TERMINAL_EVENT_TYPES` in JSON), and
+  which stream a fragment of text (`DELTA_ARMS`: the server's outbox merges them, the lab counts
+  them and times the first one);
 - Tether's own `include` strings;
 - the gRPC metadata keys: the API key, and the trailing metadata that carries a `TetherError`
   across a gRPC status (`tether-error-code`, `-param`, `-status`);
@@ -41,6 +43,17 @@ from tether.errors import (
 TERMINAL_ARMS = frozenset({"completed", "failed", "incomplete"})
 # The same events as JSON `type`s.
 TERMINAL_EVENT_TYPES = frozenset(f"response.{arm}" for arm in TERMINAL_ARMS)
+# The `ServerEvent` oneof arms that stream a fragment of text in their `delta` field.
+DELTA_ARMS = frozenset(
+    {
+        "output_text_delta",
+        "refusal_delta",
+        "reasoning_text_delta",
+        "function_call_arguments_delta",
+        "custom_tool_call_input_delta",
+        "reasoning_summary_text_delta",
+    }
+)
 
 # -- include strings ------------------------------------------------------------------------------
 

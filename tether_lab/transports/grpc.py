@@ -14,13 +14,11 @@ import time
 import grpc
 
 from tether.protocol import json_codec
-from tether.protocol.wire import TERMINAL_ARMS
+from tether.protocol.wire import DELTA_ARMS, TERMINAL_ARMS
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether_lab.metrics import server_timing
 from tether_lab.transports.base import Call, RolloutError, Transport, TurnOutcome
 
-_DELTAS = frozenset({"output_text_delta", "reasoning_text_delta", "function_call_arguments_delta",
-                     "refusal_delta", "reasoning_summary_text_delta"})
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -70,7 +68,7 @@ class GrpcTransport(Transport):
             for ev in msg.events:
                 out.events += 1
                 arm = ev.WhichOneof("event")
-                if arm in _DELTAS:
+                if arm in DELTA_ARMS:
                     if out.ttft_s is None:
                         out.ttft_s = time.perf_counter() - started
                 elif arm == "output_item_done":

@@ -12,6 +12,9 @@ const SAMPLE_TOOLS = [
     parameters: { type: "object", properties: { path: { type: "string" } }, required: ["path"] },
   },
 ];
+// The tool calls a response can make, each with the item type that answers it (function calls
+// and custom (freeform) tool calls, as tether/protocol/calls.py has them).
+const CALL_OUTPUT = { function_call: "function_call_output", custom_tool_call: "custom_tool_call_output" };
 const TERMINAL = new Set(["response.completed", "response.failed", "response.incomplete"]);
 const MAX_ROWS = 600;
 
@@ -102,7 +105,10 @@ function detailOf(ev) {
     case "response.output_text.delta":
     case "response.reasoning_text.delta":
     case "response.function_call_arguments.delta":
+    case "response.custom_tool_call_input.delta":
       return JSON.stringify(ev.delta);
+    case "response.custom_tool_call_input.done":
+      return JSON.stringify(ev.input);
     case "response.output_item.added":
     case "response.output_item.done":
       return `${ev.item.type}${ev.item.name ? ` ${ev.item.name}` : ""}${ev.item.call_id ? ` ${ev.item.call_id}` : ""}`;
@@ -165,12 +171,18 @@ function finished(lane, state, r) {
       el("dt", {}, "server overhead"), el("dd", {}, timing ? `${fmt(timing.overhead_ms, 2)} ms` : "–"),
       el("dt", {}, "stages (ms)"), el("dd", { id: "s-stages" }, stages)),
     text ? el("div", { class: "answer", id: "s-answer" }, text) : "");
-  const calls = (r.output || []).filter((i) => i.type === "function_call");
+  const calls = (r.output || []).filter((i) => Object.hasOwn(CALL_OUTPUT, i.type));
   if (calls.length) showCalls(calls);
 }
 
+// What the model sent: a function's JSON arguments, a custom tool's input text.
+function callText(call) {
+  return call.type === "custom_tool_call" ? call.input : call.arguments;
+}
+
 function canned(call) {
-  return JSON.stringify({ ok: true, tool: call.name, arguments: safeParse(call.arguments), result: `canned output for ${call.name}` });
+  const sent = call.type === "custom_tool_call" ? { input: call.input } : { arguments: safeParse(call.arguments) };
+  return JSON.stringify({ ok: true, tool: call.name, ...sent, result: `canned output for ${call.name}` });
 }
 
 function safeParse(text) {
@@ -186,14 +198,14 @@ function showCalls(calls) {
   const outputs = calls.map((call) => {
     const area = el("textarea", { rows: 2, class: "call-output", "data-call-id": call.call_id, spellcheck: "false" });
     const fill = el("button", { class: "secondary", type: "button", onclick: () => { area.value = canned(call); } }, "canned output");
-    box.append(el("div", { class: "call" }, el("div", {}, el("strong", {}, call.name), " ", el("code", {}, call.arguments),
+    box.append(el("div", { class: "call" }, el("div", {}, el("strong", {}, call.name), " ", el("code", {}, callText(call)),
       el("span", { class: "muted" }, ` ${call.call_id}`)), area, fill));
     return { call, area };
   });
   const send = el("button", {
     id: "s-send-outputs", type: "button",
     onclick: () => sendTurn(outputs.map(({ call, area }) => ({
-      type: "function_call_output", call_id: call.call_id, output: area.value || canned(call),
+      type: CALL_OUTPUT[call.type], call_id: call.call_id, output: area.value || canned(call),
     })), true),
   }, "Send tool outputs");
   const all = el("button", { class: "secondary", type: "button", onclick: () => outputs.forEach(({ call, area }) => { area.value = canned(call); }) }, "fill all canned");
