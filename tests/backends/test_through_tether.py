@@ -91,6 +91,7 @@ async def test_rate_limit_hint_reaches_the_client(upstream):
         resp = await post(s.port, {"model": "gpt-oss-120b", "input": "hi"})
     r = resp.json()
     assert r["status"] == "failed" and r["error"]["code"] == "rate_limit_exceeded"
+    assert r["error"]["tether_code"] == "rate_limit_exceeded"
     assert r["error"]["retry_after_s"] == pytest.approx(12.25)  # x-ratelimit-reset-tokens-minute
     assert resp.headers["retry-after"] == "13"
 

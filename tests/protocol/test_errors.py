@@ -5,9 +5,8 @@ the table as it is."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
-
 import typing
+from pathlib import Path
 
 import grpc
 from openai.types.responses.response_error import ResponseError
