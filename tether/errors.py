@@ -1,5 +1,6 @@
 """API errors with stable codes: one exception type, and one catalogue that says, for each code,
-its HTTP status, its gRPC status and its OpenAI error `type`.
+its HTTP status, its gRPC status, its OpenAI error `type` and the `error.code` a failed Response
+shows in JSON.
 
 Every transport reports a `TetherError` the same way: the session core turns it into an in-band
 `error` event (or `response.failed`), the bridge into the HTTP/WS error envelope with the code's
@@ -30,6 +31,15 @@ tests/protocol/test_errors.py):
   INTERNAL), except `request_too_large`, which is RESOURCE_EXHAUSTED like gRPC's own refusal of
   a message over `grpc.max_receive_message_length`, so a gRPC client sees one status for "too
   large" whichever side caught it.
+- A failed Response (`response.failed`, a JSON body, `GET /v1/responses/{id}`) is typed by the
+  API, and by validating clients such as the openai SDK's models, with a closed list of codes. So
+  its JSON `error.code` is the row's `response_code` (`invalid_prompt` when the request as sent is
+  refused, `rate_limit_exceeded` for rate, queue and concurrency limits, `server_error` for the
+  rest: the server, its backend or the connection ended the turn) and `error.tether_code` keeps
+  the precise code (`tether.protocol.json_codec`). Errors outside a Response (`error` events,
+  HTTP error bodies) carry the precise code itself, as OpenAI's do; so do protobuf and gRPC,
+  where `tether.client` redoes a turn that failed with `server_shutting_down` or
+  `websocket_connection_limit_reached`.
 - Codes the client raises itself (`connection_lost`, `max_turns_exceeded`) and the metrics
   label `client_gone` are never sent by a server; they have rows so every code is in one table.
 """
@@ -99,6 +109,7 @@ class ErrorKind:
     http: int  # the HTTP status (and the WS envelope's `status`, and `Error.status` in protobuf)
     grpc: str  # the `grpc.StatusCode` member a gRPC call ends with
     type: str  # the OpenAI error `type`
+    response_code: str  # `error.code` of a failed Response in JSON: a value of the API's closed list
     when: str  # when it is raised (docs/errors.md)
 
 
@@ -107,52 +118,60 @@ _AUTH = "authentication_error"
 _RATE = "rate_limit_error"
 _SERVER = "server_error"
 
+# `response_code`: the API types a Response's `error.code` as a closed list (the openai SDK's
+# `ResponseError.code` Literal), of which three fit Tether's codes. The request as sent is refused:
+_PROMPT = "invalid_prompt"
+# a rate, queue or concurrency limit (retry later):
+_RATE_LIMITED = "rate_limit_exceeded"
+# everything else: the server, its backend, or the connection ended the turn (redo it):
+_SERVER_SIDE = "server_error"
+
 CATALOGUE: dict[str, ErrorKind] = {
-    INVALID_REQUEST: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field's value is not acceptable (param names it)"),
-    INVALID_JSON: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the body or frame is not JSON (or nests deeper than max_json_depth)"),
-    INVALID_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a value has the wrong JSON type"),
-    MISSING_REQUIRED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a required field is missing"),
-    UNKNOWN_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field the API does not define"),
-    UNSUPPORTED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a field the API defines and Tether does not honour"),
-    UNKNOWN_EVENT_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a WebSocket event `type` that is not a client event"),
-    MODEL_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "no backend serves the model (or the upstream said 404)"),
-    INVALID_ITEM: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "an input item is malformed or out of place"),
-    UNKNOWN_CALL_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a tool output answers no open call"),
-    PREVIOUS_RESPONSE_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "previous_response_id is neither cached nor stored"),
-    RESPONSE_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "retrieve, delete or cancel of an unknown response id"),
-    CONVERSATION_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an unknown conversation id"),
-    ITEM_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an unknown conversation item id"),
-    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "background = true"),
-    INVALID_STREAM_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a stream_id outside 1-256 of [A-Za-z0-9_.-]"),
-    STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "a connection's named stream_ids past max_lanes"),
-    CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the connection reached connection_lifetime_s"),
-    IDLE_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, "no client event for idle_timeout_s"),
-    REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, "a body or frame over max_request_bytes, or an upstream 413"),
-    ITEM_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "one input item over max_item_bytes"),
-    TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "more than max_input_items items"),
-    CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the rendered context is over the model's window"),
-    QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, "a lane already holds max_queued_responses"),
-    CONTENT_BLOCKED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the safety classifier refused the new input"),
-    RATE_LIMIT_EXCEEDED: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, "a per-key rate or connection limit, or an upstream 429"),
-    INVALID_API_KEY: ErrorKind(401, "UNAUTHENTICATED", _AUTH, "a missing, repeated or unknown API key"),
-    PERMISSION_DENIED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", "the console's server view without an admin key"),
-    SERVER_ERROR: ErrorKind(500, "INTERNAL", _SERVER, "a bug: anything unexpected (logged; no traceback leaks)"),
-    SERVER_SHUTTING_DOWN: ErrorKind(503, "UNAVAILABLE", _SERVER, "SIGTERM: the server takes no new work"),
-    UPSTREAM_UNAVAILABLE: ErrorKind(503, "UNAVAILABLE", _SERVER, "a standalone bridge's upstream Tether went away"),
-    BACKEND_ERROR: ErrorKind(502, "INTERNAL", _SERVER, "the model backend failed (after its retries)"),
-    BACKEND_TIMEOUT: ErrorKind(504, "DEADLINE_EXCEEDED", _SERVER, "the model backend did not answer in time"),
-    BACKEND_AUTH_FAILED: ErrorKind(502, "INTERNAL", _SERVER, "the model backend refused Tether's own key"),
-    CANCELLED: ErrorKind(499, "CANCELLED", _BAD, "the client cancelled the response"),
-    CLIENT_GONE: ErrorKind(499, "CANCELLED", _BAD, "never sent: the metrics label of a turn whose client left"),
-    UNSUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "the backend cannot do what a field asks (param names it)"),
-    NOT_IMPLEMENTED: ErrorKind(501, "UNIMPLEMENTED", _SERVER, "a feature this deployment does not offer"),
-    NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, "an HTTP path the server does not serve"),
-    METHOD_NOT_ALLOWED: ErrorKind(405, "UNIMPLEMENTED", _BAD, "an HTTP method the path does not take"),
-    UPGRADE_REQUIRED: ErrorKind(426, "FAILED_PRECONDITION", _BAD, "a plain GET on the WebSocket endpoint"),
-    HEADERS_TOO_LARGE: ErrorKind(431, "RESOURCE_EXHAUSTED", _BAD, "a request head over http_max_header_bytes"),
-    REQUEST_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, "a request head or body slower than its timeout"),
-    CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, "client only: the connection broke and could not be resumed"),
-    MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, "client only: the tool loop ran out of turns"),
+    INVALID_REQUEST: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a field's value is not acceptable (param names it)"),
+    INVALID_JSON: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the body or frame is not JSON (or nests deeper than max_json_depth)"),
+    INVALID_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a value has the wrong JSON type"),
+    MISSING_REQUIRED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a required field is missing"),
+    UNKNOWN_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a field the API does not define"),
+    UNSUPPORTED_PARAMETER: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a field the API defines and Tether does not honour"),
+    UNKNOWN_EVENT_TYPE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a WebSocket event `type` that is not a client event"),
+    MODEL_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "no backend serves the model (or the upstream said 404)"),
+    INVALID_ITEM: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "an input item is malformed or out of place"),
+    UNKNOWN_CALL_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a tool output answers no open call"),
+    PREVIOUS_RESPONSE_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "previous_response_id is neither cached nor stored"),
+    RESPONSE_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "retrieve, delete or cancel of an unknown response id"),
+    CONVERSATION_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation id"),
+    ITEM_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation item id"),
+    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "background = true"),
+    INVALID_STREAM_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a stream_id outside 1-256 of [A-Za-z0-9_.-]"),
+    STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _RATE_LIMITED, "a connection's named stream_ids past max_lanes"),
+    CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _SERVER_SIDE, "the connection reached connection_lifetime_s"),
+    IDLE_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, _SERVER_SIDE, "no client event for idle_timeout_s"),
+    REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a body or frame over max_request_bytes, or an upstream 413"),
+    ITEM_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "one input item over max_item_bytes"),
+    TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "more than max_input_items items"),
+    CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the rendered context is over the model's window"),
+    QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a lane already holds max_queued_responses"),
+    CONTENT_BLOCKED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the safety classifier refused the new input"),
+    RATE_LIMIT_EXCEEDED: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a per-key rate or connection limit, or an upstream 429"),
+    INVALID_API_KEY: ErrorKind(401, "UNAUTHENTICATED", _AUTH, _PROMPT, "a missing, repeated or unknown API key"),
+    PERMISSION_DENIED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "the console's server view without an admin key"),
+    SERVER_ERROR: ErrorKind(500, "INTERNAL", _SERVER, _SERVER_SIDE, "a bug: anything unexpected (logged; no traceback leaks)"),
+    SERVER_SHUTTING_DOWN: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "SIGTERM: the server takes no new work"),
+    UPSTREAM_UNAVAILABLE: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "a standalone bridge's upstream Tether went away"),
+    BACKEND_ERROR: ErrorKind(502, "INTERNAL", _SERVER, _SERVER_SIDE, "the model backend failed (after its retries)"),
+    BACKEND_TIMEOUT: ErrorKind(504, "DEADLINE_EXCEEDED", _SERVER, _SERVER_SIDE, "the model backend did not answer in time"),
+    BACKEND_AUTH_FAILED: ErrorKind(502, "INTERNAL", _SERVER, _SERVER_SIDE, "the model backend refused Tether's own key"),
+    CANCELLED: ErrorKind(499, "CANCELLED", _BAD, _SERVER_SIDE, "the client cancelled the response"),
+    CLIENT_GONE: ErrorKind(499, "CANCELLED", _BAD, _SERVER_SIDE, "never sent: the metrics label of a turn whose client left"),
+    UNSUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the backend cannot do what a field asks (param names it)"),
+    NOT_IMPLEMENTED: ErrorKind(501, "UNIMPLEMENTED", _SERVER, _SERVER_SIDE, "a feature this deployment does not offer"),
+    NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an HTTP path the server does not serve"),
+    METHOD_NOT_ALLOWED: ErrorKind(405, "UNIMPLEMENTED", _BAD, _PROMPT, "an HTTP method the path does not take"),
+    UPGRADE_REQUIRED: ErrorKind(426, "FAILED_PRECONDITION", _BAD, _PROMPT, "a plain GET on the WebSocket endpoint"),
+    HEADERS_TOO_LARGE: ErrorKind(431, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a request head over http_max_header_bytes"),
+    REQUEST_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, _SERVER_SIDE, "a request head or body slower than its timeout"),
+    CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "client only: the connection broke and could not be resumed"),
+    MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "client only: the tool loop ran out of turns"),
 }
 
 
@@ -169,11 +188,24 @@ def error_type_for(status: int) -> str:
     return {401: _AUTH, 403: "permission_error", 429: _RATE}.get(status, _BAD)
 
 
+_RESPONSE_CODES = frozenset(k.response_code for k in CATALOGUE.values())
+
+
+def response_code(code: str) -> str:
+    """What a failed Response's JSON `error.code` says for Tether's `code` (the precise code goes
+    next to it as `error.tether_code`; proto and gRPC carry the precise code only). A code this
+    catalogue does not know reads as `server_error`, unless it already is one of the API's."""
+    kind = CATALOGUE.get(code)
+    if kind is not None:
+        return kind.response_code
+    return code if code in _RESPONSE_CODES else _SERVER_SIDE
+
+
 def markdown_table() -> str:
     """The catalogue as the table of docs/errors.md."""
-    lines = ["| code | HTTP | gRPC | type | when |", "|---|---|---|---|---|"]
+    lines = ["| code | HTTP | gRPC | type | response | when |", "|---|---|---|---|---|---|"]
     for code, k in CATALOGUE.items():
-        lines.append(f"| `{code}` | {k.http} | `{k.grpc}` | `{k.type}` | {k.when} |")
+        lines.append(f"| `{code}` | {k.http} | `{k.grpc}` | `{k.type}` | `{k.response_code}` | {k.when} |")
     return "\n".join(lines) + "\n"
 
 

@@ -72,7 +72,7 @@ async def test_deterministic_upstream_500_is_not_retried_and_is_sanitised(upstre
     async with served(config(upstream), {KEY: "t"}) as s, AsyncOpenAI(base_url=s.base_url, api_key=KEY) as client:
         r = await client.responses.create(model="gpt-oss-120b", input="hi")
     assert len(upstream.chat_requests) == 1  # no retry of a failure that would repeat
-    assert r.status == "failed" and r.error.code == "backend_error"
+    assert r.status == "failed" and (r.error.code, r.error.tether_code) == ("server_error", "backend_error")
     msg = r.error.message
     assert "7 validation errors" in msg and "Input should be a valid string" in msg  # the meaning stays
     assert "/srv/app" not in msg and "Traceback" not in msg and "pydantic.dev" not in msg and ".py" not in msg
@@ -91,6 +91,7 @@ async def test_rate_limit_hint_reaches_the_client(upstream):
         resp = await post(s.port, {"model": "gpt-oss-120b", "input": "hi"})
     r = resp.json()
     assert r["status"] == "failed" and r["error"]["code"] == "rate_limit_exceeded"
+    assert r["error"]["tether_code"] == "rate_limit_exceeded"
     assert r["error"]["retry_after_s"] == pytest.approx(12.25)  # x-ratelimit-reset-tokens-minute
     assert resp.headers["retry-after"] == "13"
 

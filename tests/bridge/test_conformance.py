@@ -1,8 +1,9 @@
 """Conformance: every Response body, SSE event and WebSocket event Tether emits validates strictly
 (pydantic strict mode) against the openai SDK's own types, across scenarios: text, tool call,
 reasoning, refusal, a custom (freeform) tool call, log probabilities, a prompt template, output cap
-(incomplete), content filter, backend failure, cancellation, request error, compaction (the `/v1/responses/compact` body and the
-in-stream compaction item) and conversations.
+(incomplete), content filter, backend failures (with Tether's own codes too), cancellation,
+request error, compaction (the `/v1/responses/compact` body and the in-stream compaction item) and
+conversations.
 The raw JSON is read off the wire (httpx, websockets), never through the SDK's lenient parsers.
 Where the Open Responses schema and OpenAI differ, Tether follows OpenAI (docs/fields.md)."""
 
@@ -102,6 +103,21 @@ SCENARIOS: dict[str, tuple[dict, dict, str, Callable[[dict], None]]] = {
         {},
         "failed",
         lambda r: _check(r["error"]["code"] == "server_error"),
+    ),
+    # Tether's precise codes: `error.code` within the SDK's closed list, the precise one kept.
+    "backend_error": (
+        {"error": {"code": "backend_timeout", "message": "slow", "status": 504}},
+        {},
+        "failed",
+        lambda r: _check((r["error"]["code"], r["error"]["tether_code"]) == ("server_error", "backend_timeout")),
+    ),
+    "refused_prompt": (
+        {"error": {"code": "context_length_exceeded", "message": "too long", "status": 400}},
+        {},
+        "failed",
+        lambda r: _check(
+            (r["error"]["code"], r["error"]["tether_code"]) == ("invalid_prompt", "context_length_exceeded")
+        ),
     ),
     "logprobs": (
         {"text": "Hello there, with log probabilities."},

@@ -157,7 +157,8 @@ async def test_unknown_lab_model_is_a_clear_error(stack: ConsoleStack) -> None:
     async with httpx.AsyncClient(base_url=stack.origin + "/v1") as http:
         r = await http.post("/responses", headers=bearer(KEY_A), json={"model": "tether-lab/nope", "input": "x"})
     failed = r.json()
-    assert failed["status"] == "failed" and failed["error"]["code"] == "model_not_found"
+    assert failed["status"] == "failed" and failed["error"]["tether_code"] == "model_not_found"
+    assert failed["error"]["code"] == "invalid_prompt"  # the API's closed list (docs/errors.md)
     assert "chat3" in failed["error"]["message"]
 
 

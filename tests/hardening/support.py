@@ -8,26 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import dataclasses
 import socket
-import typing
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import grpc
 import httpx
 import orjson
-from openai.types.responses import ResponseError
 
 from tests.bridge.helpers import (
     KEY_A,
     KEY_B,
     check_ws_events,
-    is_terminal,
     recv_json,
     recv_response,
-    recv_until,
     send_json,
 )
 from tests.support.configs import instant_config
@@ -54,7 +49,6 @@ __all__ = [
     "metric",
     "Firehose",
     "recv_turn",
-    "sdk_lenient",
     "local_adapter",
     "slow_reader",
 ]
@@ -72,26 +66,10 @@ def ws_error(ev: dict[str, Any], code: str, status: int | None = None) -> dict[s
     return ev["error"]
 
 
-# `Response.error.code` in the SDK is a closed set; Tether's failed responses use its own codes
-# (backend_error, backend_timeout, ...), a known deviation (docs/reliability.md, "Findings").
-SDK_RESPONSE_ERROR_CODES = frozenset(typing.get_args(ResponseError.model_fields["code"].annotation))
-
-
-def sdk_lenient(ev: dict[str, Any]) -> dict[str, Any]:
-    """The event with a non-SDK `response.error.code` replaced, for a strict parse of the rest."""
-    err = (ev.get("response") or {}).get("error")
-    if isinstance(err, dict) and err.get("code") not in SDK_RESPONSE_ERROR_CODES:
-        ev = copy.deepcopy(ev)
-        ev["response"]["error"]["code"] = "server_error"
-    return ev
-
-
 async def recv_turn(conn: Any, within: float = 30.0) -> list[dict[str, Any]]:
-    """Frames up to the next terminal event or `error`: each parsed strictly with the SDK's types
-    (modulo `sdk_lenient`), the whole turn checked by the event-sequence oracle."""
-    events = await recv_until(conn, lambda e: is_terminal(e) or e["type"] == "error", within)
-    check_ws_events([sdk_lenient(e) for e in events])
-    return events
+    """`recv_response` (every frame parsed strictly with the SDK's types, the whole turn checked
+    by the event-sequence oracle) with room for a turn through a slow or faulty upstream."""
+    return await recv_response(conn, within)
 
 
 def metric(engine: Engine, name: str, **labels: str) -> float:

@@ -16,11 +16,14 @@ from typing import Any
 
 import grpc
 import httpx
+import orjson
 import pytest
+from openai.types.responses import Response
+from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.bridge.helpers import is_terminal, recv_until, wait_for
+from tests.bridge.helpers import check_sse_events, is_terminal, recv_until, wait_for
 from tests.fakes.chat_server import (
     ABORT,
     FakeChatServer,
@@ -35,6 +38,7 @@ from tests.fakes.chat_server import (
 )
 from tests.support.grpc_client import RawSession
 from tests.support.validator import validate_events
+from tether.errors import response_code
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether_lab.load import write_config
 from tether_lab.processes import ServerProcess
@@ -126,7 +130,8 @@ async def test_upstream_fault_matrix_over_websocket(fake: FakeChatServer) -> Non
                 if code is None:
                     assert got["response"]["status"] == "completed", name
                     continue
-                assert got["response"]["error"]["code"] == code, (name, got["response"]["error"])
+                error = got["response"]["error"]
+                assert (error["code"], error["tether_code"]) == (response_code(code), code), (name, error)
                 if name == "stalled stream":  # we hung up on the stalled upstream
                     assert await fake.disconnected(within=10, count=disconnects + 1)
                 # The failed turn evicted its parent from the connection cache.
@@ -155,7 +160,7 @@ async def test_pre_stream_faults_over_http_and_grpc(fake: FakeChatServer) -> Non
         fake.push(http_error(500), http_error(500), http_error(500))
         r = await h.post("/v1/responses", json={"model": "m", "input": "x", "stream": True, "store": False})
         assert r.status_code == 200
-        assert '"type":"response.failed"' in r.text and '"code":"backend_error"' in r.text
+        assert '"type":"response.failed"' in r.text and '"tether_code":"backend_error"' in r.text
         fake.push(mid_stream_error())
         r = await h.post("/v1/responses", json={"model": "m", "input": "x", "store": False})
         assert r.status_code == 200 and r.json()["status"] == "failed"
@@ -509,13 +514,41 @@ async def test_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
     assert set(stored) <= set(ledger) and len(ledger) == 3  # WS, gRPC and the HTTP stream
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: response.failed carries Tether codes (backend_error, backend_timeout...) in "
-    "Response.error.code, which the SDK types as a closed enum (docs/reliability.md, 'Findings')",
-)
 async def test_failed_response_parses_strictly_with_the_sdk_types(fake: FakeChatServer) -> None:
-    async with full_stack(upstream_config(fake)) as stack, stack.ws() as conn:
+    """A response its backend failed after `response.created` (F8), on every JSON surface: the
+    WebSocket `response.failed` event, the SSE one, the non-streaming HTTP body and `GET
+    /v1/responses/{id}` each parse strictly with the SDK's types; `error.code` is the API's
+    `server_error` and `error.tether_code` keeps Tether's `backend_error` (or `backend_timeout`)."""
+    strict_response = TypeAdapter(Response)
+
+    def check(response: dict[str, Any], code: str) -> None:
+        strict_response.validate_python(response, strict=True)
+        assert response["status"] == "failed"
+        assert (response["error"]["code"], response["error"]["tether_code"]) == ("server_error", code)
+
+    config = upstream_config(fake)
+    config.store_durability = "before_terminal"  # stored before `response.failed` goes out
+    async with full_stack(config) as stack, stack.ws() as conn, stack.http() as h:
         fake.push(mid_stream_error())
-        await send_json(conn, CREATE)
-        await recv_response(conn)  # strict: every event through the SDK's own pydantic types
+        await send_json(conn, {**CREATE, "store": True})
+        events = await recv_response(conn)  # strict: every event through the SDK's own pydantic types
+        assert events[-1]["type"] == "response.failed"
+        check(events[-1]["response"], "backend_error")
+        stored_id = events[-1]["response"]["id"]
+
+        fake.push(mid_stream_error())
+        body = {"model": "m", "input": "x", "store": False}
+        async with h.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+            sse = [orjson.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+        check_sse_events(sse)
+        assert sse[-1]["type"] == "response.failed"
+        check(sse[-1]["response"], "backend_error")
+
+        fake.push(stall(after_chunks=1, seconds=10))
+        r = await h.post("/v1/responses", json=body)
+        assert r.status_code == 200
+        check(r.json(), "backend_timeout")
+
+        r = await h.get(f"/v1/responses/{stored_id}")
+        assert r.status_code == 200, r.text
+        check(r.json(), "backend_error")

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.bridge.helpers import is_terminal, recv_until, wait_for
+from tests.bridge.helpers import check_ws_events, is_terminal, recv_until, wait_for
 from tether.config import Limits, TetherConfig, apply_env
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2, service_pb2_grpc
@@ -433,7 +433,9 @@ async def test_connection_lifetime_past_the_grace_ends_the_response() -> None:
         assert events[-1]["error"]["code"] == "websocket_connection_limit_reached"
         terminal = [e for e in events if is_terminal(e)]
         assert [e["type"] for e in terminal] == ["response.failed"], [e["type"] for e in events]
-        assert terminal[0]["response"]["error"]["code"] == "websocket_connection_limit_reached"
+        error = terminal[0]["response"]["error"]
+        assert (error["code"], error["tether_code"]) == ("server_error", "websocket_connection_limit_reached")
+        check_ws_events(events)  # strict SDK parse, the failed response included
 
 
 async def test_idle_timeout_spares_an_active_connection() -> None:

@@ -5,9 +5,11 @@ the table as it is."""
 from __future__ import annotations
 
 import ast
+import typing
 from pathlib import Path
 
 import grpc
+from openai.types.responses.response_error import ResponseError
 
 from tether import errors
 from tether.errors import CATALOGUE, TetherError
@@ -42,6 +44,22 @@ def test_rows_are_well_formed() -> None:
             "invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error",
         }, code
         assert (kind.type == "server_error") == (kind.http >= 500), code
+
+
+def test_every_code_maps_into_the_sdks_response_error_codes() -> None:
+    """A failed Response's JSON `error.code` is the row's `response_code`, which must be a value
+    of the closed list the openai SDK types `ResponseError.code` with (read from the SDK)."""
+    sdk_codes = set(typing.get_args(ResponseError.model_fields["code"].annotation))
+    assert {"server_error", "rate_limit_exceeded", "invalid_prompt"} <= sdk_codes
+    outside = {code: k.response_code for code, k in CATALOGUE.items() if k.response_code not in sdk_codes}
+    assert outside == {}
+    assert all(errors.response_code(code) == kind.response_code for code, kind in CATALOGUE.items())
+    # The turn-redo codes, the backend's failures and the limits map by meaning.
+    redo_or_backend = (errors.SERVER_SHUTTING_DOWN, errors.CONNECTION_LIMIT_REACHED, errors.BACKEND_ERROR)
+    assert {errors.response_code(c) for c in (*redo_or_backend, errors.BACKEND_TIMEOUT)} == {"server_error"}
+    assert errors.response_code(errors.CONTEXT_LENGTH_EXCEEDED) == "invalid_prompt"
+    assert errors.response_code(errors.QUEUE_FULL) == "rate_limit_exceeded"
+    assert errors.response_code("a_peer_code") == "server_error"
 
 
 def test_an_error_takes_its_statuses_from_the_catalogue() -> None:

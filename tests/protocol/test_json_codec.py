@@ -232,6 +232,13 @@ def canonical_response(resp: dict) -> dict:
     return {**resp, **RESPONSE_DEFAULTS, "tools": tools}
 
 
+# A failed Response's `error` as written: the API's code for Tether's, kept in `tether_code`.
+RESPONSE_ERROR = st.builds(
+    lambda code, message: {"code": errors.response_code(code), "tether_code": code, "message": message},
+    st.sampled_from(sorted(errors.CATALOGUE)) | NONEMPTY,
+    TEXT,
+)
+
 # A Response in the canonical form `response_to_json` writes (every key, nulls for unset).
 RESPONSE = obj(
     {
@@ -241,7 +248,7 @@ RESPONSE = obj(
         "status": nullable(NONEMPTY),
         "completed_at": nullable(INT64),
         "background": BOOLS,
-        "error": nullable(st.fixed_dictionaries({"code": TEXT, "message": TEXT})),
+        "error": nullable(RESPONSE_ERROR),
         "incomplete_details": nullable(st.fixed_dictionaries({"reason": TEXT})),
         "instructions": nullable(TEXT),
         "max_output_tokens": nullable(INT64),
@@ -678,6 +685,47 @@ def test_response_extra_json_only_adds_keys() -> None:
     )
     j = jc.response_to_json(r)
     assert j["model"] == "m" and j["x_extension"] == "24h"
+
+
+@pytest.mark.parametrize(
+    ("code", "api_code"),
+    [
+        ("backend_error", "server_error"),
+        ("backend_timeout", "server_error"),
+        ("server_shutting_down", "server_error"),
+        ("websocket_connection_limit_reached", "server_error"),
+        ("context_length_exceeded", "invalid_prompt"),
+        ("invalid_request", "invalid_prompt"),
+        ("rate_limit_exceeded", "rate_limit_exceeded"),
+        ("too_many_queued_responses", "rate_limit_exceeded"),
+        ("invalid_prompt", "invalid_prompt"),  # already the API's: kept
+        ("some_peer_code", "server_error"),  # unknown here
+    ],
+)
+def test_failed_response_error_uses_the_api_code_and_keeps_tethers(code: str, api_code: str) -> None:
+    r = _response("failed", [])
+    r.error.CopyFrom(response_pb2.ResponseError(code=code, message="m", retry_after_s=1.5))
+    j = jc.response_to_json(r)
+    assert j["error"] == {"code": api_code, "tether_code": code, "message": "m", "retry_after_s": 1.5}
+    assert Response.model_validate(j, strict=True).error.code == api_code  # the SDK's closed list
+    ev = events_pb2.ServerEvent(sequence_number=3, failed=events_pb2.ResponseEvent(response=r))
+    for ws in (True, False):
+        assert jc.event_to_json(ev, ws=ws)["response"]["error"] == j["error"]
+    assert jc.response_from_json(j).error == r.error  # the precise code reads back
+
+
+def test_response_error_reads_tether_code_over_code() -> None:
+    def read(error: dict) -> str:
+        return jc.response_from_json({"error": error}).error.code
+
+    assert read({"code": "server_error", "tether_code": "backend_error", "message": ""}) == "backend_error"
+    assert read({"tether_code": "backend_error", "code": "server_error", "message": ""}) == "backend_error"
+    assert read({"code": "server_error", "message": ""}) == "server_error"  # an API-shaped error
+    assert read({"code": "invalid_prompt", "tether_code": "", "message": ""}) == "invalid_prompt"
+    for error, param in (({"code": 1}, "error.code"), ({"code": "x", "tether_code": []}, "error.tether_code")):
+        with pytest.raises(TetherError) as info:
+            jc.response_from_json({"error": error})
+        assert (info.value.code, info.value.param) == (errors.INVALID_TYPE, param)
 
 
 def test_event_envelope() -> None:

@@ -26,7 +26,10 @@ Faithfulness rules (a client's JSON object must come back unchanged, dict-equal)
   default when missing; the create body's `"type": "response.create"` is dropped (any other
   `type` value is an unknown key); keys of *events* that the proto does not model (e.g.
   `obfuscation`) are dropped by `event_from_json`, and so are unknown keys inside
-  `usage`, `error` and `incomplete_details` of a Response.
+  `usage`, `error` and `incomplete_details` of a Response. A Response's `error.code` is written
+  as the API's code for Tether's (`errors.response_code`: `invalid_prompt`, `rate_limit_exceeded`
+  or `server_error`), with Tether's own code next to it in `error.tether_code`; reading takes
+  `tether_code` over `code`.
 
 Errors: wrong JSON types raise `TetherError(INVALID_TYPE, param=<dotted path>)`; unparsable or
 too deeply nested text raises `TetherError(INVALID_JSON)`. Semantics (does the model exist, may
@@ -970,6 +973,42 @@ def _response_tool_enc(tool: request_pb2.Tool) -> dict:
     return out
 
 
+def _response_error_code_dec(e: response_pb2.ResponseError, value: Any, path: str) -> bool:
+    if type(value) is not str:
+        raise _type_error(path, "a string", value)
+    if not e.code:  # `tether_code`, read before or after, is the precise code
+        e.code = value
+    return True
+
+
+def _tether_code_dec(e: response_pb2.ResponseError, value: Any, path: str) -> bool:
+    if type(value) is not str:
+        raise _type_error(path, "a string", value)
+    if value:
+        e.code = value
+    return True
+
+
+def _response_error_code_enc(e: response_pb2.ResponseError, out: dict) -> None:
+    out["code"] = errors.response_code(e.code)
+    out["tether_code"] = e.code
+
+
+def _written_with_code(e: response_pb2.ResponseError, out: dict) -> None:
+    """`tether_code` is written by the `code` encoder."""
+
+
+# A Response's `error`: the API types `code` as a closed list, so `code` is the catalogue's
+# `response_code` for Tether's code and `tether_code` (an extra key, which the SDK's models keep)
+# is the precise one; reading takes `tether_code` when present.
+_RESPONSE_ERROR = _Codec(
+    response_pb2.ResponseError,
+    _Custom("code", _response_error_code_dec, _response_error_code_enc),
+    _Custom("tether_code", _tether_code_dec, _written_with_code),
+    _Scalar("message"),
+    _Scalar("retry_after_s", NONEMPTY),
+)
+
 _RESPONSE = _Codec(
     response_pb2.Response,
     _Scalar("id"),
@@ -978,11 +1017,7 @@ _RESPONSE = _Codec(
     _Scalar("status", NULLABLE),
     _Scalar("completed_at", NULLABLE),
     _Scalar("background"),
-    _Sub(
-        "error",
-        _Codec(response_pb2.ResponseError, _Scalar("code"), _Scalar("message"), _Scalar("retry_after_s", NONEMPTY)),
-        NULLABLE,
-    ),
+    _Sub("error", _RESPONSE_ERROR, NULLABLE),
     _Sub("incomplete_details", _Codec(response_pb2.IncompleteDetails, _Scalar("reason")), NULLABLE),
     _Scalar("instructions", NULLABLE),
     _Scalar("max_output_tokens", NULLABLE),
