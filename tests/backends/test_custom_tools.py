@@ -13,12 +13,12 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.fakes import chat_server as fk
-from tests.fakes.items import other_tool, request, user
+from tests.fakes.items import other_tool, user
+from tests.support.dialects import call, dialect_server  # noqa: F401  (the `server` fixture)
 from tests.support.served import loopback, served
 from tether.backends.base import Finish, ToolCallDelta
 from tether.backends.chat.dialects import DIALECTS
 from tether.backends.chat.stream import EmulatedInput
-from tether.backends.registry import build_backend
 from tether.config import BackendSpec, Route, TetherConfig
 from tether.protocol.json_codec import item_from_json
 from tether.responses.v1 import request_pb2
@@ -40,18 +40,6 @@ def _choice(obj: dict) -> request_pb2.ToolChoice:
     return request_pb2.ToolChoice(other_json=orjson.dumps(obj).decode())
 
 
-@pytest.fixture
-async def server():
-    with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60, owned_by="vllm") as s:
-        yield s
-
-
-async def call(server, dialect, *items, options=None, **kw):
-    b = build_backend("x", "openai", {"base_url": server.base_url, "dialect": dialect, **(options or {})})
-    try:
-        return [c async for c in b.stream(request(*items, **kw))]
-    finally:
-        await b.aclose()
 
 
 def _calls(chunks) -> list[tuple[str, str, bool]]:

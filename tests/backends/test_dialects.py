@@ -15,8 +15,8 @@ from tests.fakes.items import (
     function_tool,
     other_tool,
     reasoning,
-    request,
 )
+from tests.support.dialects import call, dialect_server  # noqa: F401  (the `server` fixture)
 from tether.backends.base import TextDelta
 from tether.backends.chat.dialects import DIALECTS
 from tether.backends.registry import build_backend
@@ -31,18 +31,6 @@ TOOL_ROUND = (
 )
 
 
-@pytest.fixture
-async def server():
-    with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60, owned_by="vllm") as s:
-        yield s
-
-
-async def call(server, dialect, *items, options=None, **kw):
-    b = build_backend("x", "openai", {"base_url": server.base_url, "dialect": dialect, **(options or {})})
-    try:
-        return [c async for c in b.stream(request(*items, **kw))]
-    finally:
-        await b.aclose()
 
 
 # (dialect, output-cap field, content of a tool-call-only assistant message, stream_options sent)

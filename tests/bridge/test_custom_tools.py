@@ -6,12 +6,9 @@ gRPC; `tool_choice: {"type": "custom"}`, `max_tool_calls` and the 400s for what 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
 import orjson
 import pytest
@@ -20,9 +17,8 @@ from openai import AsyncOpenAI, BadRequestError
 from tether.backends.simulated import CUSTOM_INPUT
 from tether.protocol import json_codec
 from tether.responses.v1 import items_pb2, request_pb2
-from tether.service.grpc_server import start_grpc_server
 
-from ..support.grpc_client import RawSession
+from ..support.grpc_client import raw_session_on
 from ..support.stacks import Stack
 from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, recv_response, recv_until, send_json
 
@@ -41,19 +37,9 @@ def _script(tmp_path: Path, steps: list[dict], after: dict | None = None) -> dic
     return {"script": str(path)}
 
 
-@asynccontextmanager
-async def _grpc(stack: Stack, authenticator: Any) -> AsyncIterator[RawSession]:
+def _grpc(stack: Stack, authenticator: Any):
     """A raw gRPC session stream on the stack's engine."""
-    server = await start_grpc_server(stack.engine, stack.config, authenticator)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-            session = RawSession(channel, KEY_A)
-            try:
-                yield session
-            finally:
-                session.call.cancel()
-    finally:
-        await server.stop(0)
+    return raw_session_on(stack.engine, stack.config, authenticator, KEY_A)
 
 
 def _output(call_id: str, text: str = "Done!") -> dict:

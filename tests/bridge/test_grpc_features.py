@@ -11,29 +11,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from tether.protocol import json_codec
-from tether.service.grpc_server import start_grpc_server
 
-from ..support.grpc_client import RawSession
+from ..support.grpc_client import RawSession, raw_session_on
 from .helpers import KEY_A, WEATHER_TOOL
 
 
 @asynccontextmanager
 async def grpc_session(make_stack: Any, authenticator: Any, backend: dict | None = None,
                        **limits: Any) -> AsyncIterator[RawSession]:  # fmt: skip
-    async with make_stack(backend=backend, **limits) as stack:
-        server = await start_grpc_server(stack.engine, stack.config, authenticator)
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                session = RawSession(channel, KEY_A)
-                try:
-                    yield session
-                finally:
-                    session.call.cancel()
-        finally:
-            await server.stop(0)
+    async with make_stack(backend=backend, **limits) as stack, raw_session_on(
+        stack.engine, stack.config, authenticator, KEY_A
+    ) as session:
+        yield session
 
 
 def _script(tmp_path: Path, step: dict, after: dict | None = None) -> dict:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 
@@ -67,3 +70,20 @@ class RawSession:
             await asyncio.wait_for(self._reader, 10)
         except (TimeoutError, grpc.aio.AioRpcError):
             self._reader.cancel()
+
+
+@asynccontextmanager
+async def raw_session_on(engine: Any, config: Any, authenticator: Any, api_key: str) -> AsyncIterator[RawSession]:
+    """A gRPC service on `engine` (port 0) and one raw Session stream on it, keyed `api_key`."""
+    from tether.service.grpc_server import start_grpc_server
+
+    server = await start_grpc_server(engine, config, authenticator)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            session = RawSession(channel, api_key)
+            try:
+                yield session
+            finally:
+                session.call.cancel()
+    finally:
+        await server.stop(0)
