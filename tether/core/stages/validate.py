@@ -287,18 +287,7 @@ def validate_items(
                 raise TetherError(errors.INVALID_ITEM, f"{where} needs 'call_id' and 'name'.", param=where)
             pending.add(fc.call_id)
         elif arm == "function_call_output":
-            call_id = item.function_call_output.call_id
-            if not call_id:
-                raise TetherError(
-                    errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id"
-                )
-            if call_id not in pending:
-                raise TetherError(
-                    errors.UNKNOWN_CALL_ID,
-                    f"No tool call found for function call output with call_id {call_id}.",
-                    param=f"{where}.call_id",
-                )
-            pending.discard(call_id)
+            _answer_call(item.function_call_output.call_id, "function call output", where, pending)
         elif arm == "other" and item.other.type in (CUSTOM_CALL, CUSTOM_OUTPUT):
             _check_custom_item(item.other, where, pending)
         elif arm == "compaction" and not is_tether_payload(item.compaction.encrypted_content):
@@ -323,19 +312,23 @@ def _check_custom_item(other: items_pb2.OtherItem, where: str, pending: set[str]
     if not isinstance(obj, dict):
         raise TetherError(errors.INVALID_ITEM, f"{where} must be a JSON object.", param=where)
     call_id = obj.get("call_id")
+    if other.type != CUSTOM_CALL:
+        _answer_call(call_id if isinstance(call_id, str) else "", "custom tool call output", where, pending)
+        return
     if not isinstance(call_id, str) or not call_id:
         raise TetherError(errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id")
-    if other.type == CUSTOM_CALL:
-        if not isinstance(obj.get("name"), str) or not obj["name"] or not isinstance(obj.get("input"), str):
-            raise TetherError(
-                errors.INVALID_ITEM, f"{where} needs a 'name' and an 'input' string.", param=where
-            )
-        pending.add(call_id)
-        return
+    if not isinstance(obj.get("name"), str) or not obj["name"] or not isinstance(obj.get("input"), str):
+        raise TetherError(errors.INVALID_ITEM, f"{where} needs a 'name' and an 'input' string.", param=where)
+    pending.add(call_id)
+
+
+def _answer_call(call_id: str, kind: str, where: str, pending: set[str]) -> None:
+    """An output item answers one open call of the chain (or of this input): its `call_id` must
+    name one, and answers it."""
+    if not call_id:
+        raise TetherError(errors.MISSING_REQUIRED_PARAMETER, f"{where}.call_id is required.", param=f"{where}.call_id")
     if call_id not in pending:
         raise TetherError(
-            errors.UNKNOWN_CALL_ID,
-            f"No tool call found for custom tool call output with call_id {call_id}.",
-            param=f"{where}.call_id",
+            errors.UNKNOWN_CALL_ID, f"No tool call found for {kind} with call_id {call_id}.", param=f"{where}.call_id"
         )
     pending.discard(call_id)
