@@ -38,7 +38,6 @@ from tether.core.outbox import Delta, Outgoing
 from tether.errors import (
     HEADERS_TOO_LARGE,
     INVALID_TYPE,
-    REQUEST_TIMEOUT,  # noqa: F401 - tether.bridge.listener's (it imports the code from here)
     REQUEST_TOO_LARGE,
     SERVER_ERROR,
     TetherError,
@@ -80,13 +79,6 @@ class BridgeContext:
         errors the core sent in-band (`InBandError`) were counted by the core."""
         if self.metrics is not None and not isinstance(err, InBandError):
             self.metrics.error(err.code)
-
-
-def http_header_timeout(server: ServerConfig) -> float:
-    """Slow-loris bound: the request head must arrive within `http_header_timeout_s` of the
-    connection opening (or of the previous response on a kept-alive connection). The body's bound
-    is `http_body_timeout_s` after its head."""
-    return server.http_header_timeout_s
 
 
 def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:

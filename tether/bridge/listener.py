@@ -24,16 +24,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from tether.auth import Authenticator
 from tether.bridge import ws_transport
 from tether.bridge.app import BridgeApp
-from tether.bridge.common import (
-    REQUEST_TIMEOUT,
-    BridgeContext,
-    ErrorMetrics,
-    http_header_timeout,
-    raw_http_error,
-)
+from tether.bridge.common import BridgeContext, ErrorMetrics, raw_http_error
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
-from tether.errors import TetherError
+from tether.errors import REQUEST_TIMEOUT, TetherError
 
 log = logging.getLogger("tether.bridge")
 
@@ -102,7 +96,7 @@ class _DenialLogFilter(logging.Filter):
 
 
 _REQUEST_TIMEOUT_REPLY = raw_http_error(
-    TetherError(REQUEST_TIMEOUT, "The request head was not received in time.", status=408)
+    TetherError(REQUEST_TIMEOUT, "The request head was not received in time.")
 )
 
 
@@ -215,7 +209,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         app,
         host=sc.bridge_host,
         port=sc.bridge_port,
-        http=_protocol_class(http_header_timeout(sc)),  # h11 + a request-head deadline
+        http=_protocol_class(sc.http_header_timeout_s),  # h11 + a request-head deadline (slow-loris bound)
         ws=ws_transport.protocol_class(  # websockets-sansio + write deadline, budget, answered refusals
             send_timeout_s=sc.ws_send_timeout_s,
             hard_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,

@@ -46,8 +46,9 @@ class ResponsesAPI(Protocol):
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
     ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
-        errors come back as a single `error` event (nothing is created). `lazy_deltas` as in
-        `SessionHandle.events`."""
+        errors come back as a single `error` event (nothing is created); a refusal at admission
+        (too many connections for the key, the server shutting down) is raised as `TetherError`
+        before any event. `lazy_deltas` as in `SessionHandle.events`."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...

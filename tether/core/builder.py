@@ -318,6 +318,4 @@ def _add_logprobs(item: _OpenItem, delta: Delta, logprobs: list[dict]) -> None:
     if item.logprobs is None:
         item.logprobs = []
     item.logprobs.extend(logprobs)
-    if delta.logprobs is None:
-        delta.logprobs = []
-    delta.logprobs.extend(logprobs)
+    delta.add_logprobs(logprobs)

@@ -85,9 +85,13 @@ class Delta:
         self.pieces.extend(other.pieces)
         self.size += other.size
         if other.logprobs:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs.extend(other.logprobs)
+            self.add_logprobs(other.logprobs)
+
+    def add_logprobs(self, logprobs: list) -> None:
+        """Append the log probabilities of text that joined this delta."""
+        if self.logprobs is None:
+            self.logprobs = []
+        self.logprobs.extend(logprobs)
 
     @property
     def delta(self) -> str:

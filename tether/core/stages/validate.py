@@ -175,14 +175,14 @@ def _check_tools(params: request_pb2.ResponseCreateParams) -> None:
     tool. An agent resends the same tools every turn, so the verdict is memoised on their names,
     schemas and custom tools' JSON (`_tools_problem`); hosted/unknown tool types are carried, not
     validated."""
-    key = tuple(
-        (i, "function", tool.function.name, tool.function.parameters_json)
-        if tool.WhichOneof("tool") == "function"
-        else (i, "custom", "", tool.other.json)
-        for i, tool in enumerate(params.tools)
-        if tool.WhichOneof("tool") == "function" or (tool.WhichOneof("tool") == "other" and tool.other.type == "custom")
-    )
-    problem = _tools_problem(key)
+    key = []
+    for i, tool in enumerate(params.tools):
+        arm = tool.WhichOneof("tool")
+        if arm == "function":
+            key.append((i, "function", tool.function.name, tool.function.parameters_json))
+        elif arm == "other" and tool.other.type == "custom":
+            key.append((i, "custom", "", tool.other.json))
+    problem = _tools_problem(tuple(key))
     if problem is not None:
         message, param = problem
         raise TetherError(errors.INVALID_REQUEST, message, param=param)
