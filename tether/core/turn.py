@@ -605,11 +605,14 @@ class Turn:
                 self._remember(prepared, status, error, context)
             else:
                 await self._emit_response(arm, r)
-                await asyncio.sleep(0)  # let the terminal event go out before the bookkeeping below
-                with clock.stage("finalize"):
-                    out_segments, context = self._state_after(prepared, output)
-                    self._remember(prepared, status, error, context)
-                    services.post.submit(self._post_job(prepared, out_segments, context))
+
+                def bookkeeping() -> None:
+                    with clock.stage("finalize"):
+                        out_segments, context = self._state_after(prepared, output)
+                        self._remember(prepared, status, error, context)
+                        services.post.submit(self._post_job(prepared, out_segments, context))
+
+                await services.post.after_terminal(bookkeeping)  # paced with other turns ending
             services.telemetry.turn_finished(
                 self.ctx.transport, arm, clock.stages, clock.overhead(), clock.elapsed(), u, usage.sources
             )
