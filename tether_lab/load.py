@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from tether import eventloop
 from tether.config import ServerConfig
 from tether_lab.metrics import ProcStat, parse_prometheus
 from tether_lab.processes import ServerProcess, raise_fd_limit
@@ -505,7 +506,7 @@ def format_load(out: dict[str, Any]) -> str:
 
 
 def _run_main(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
-    out = asyncio.run(run_load(server, connections=args.connections, rolling=args.rolling, grpc_sessions=args.grpc,
+    out = eventloop.run(run_load(server, connections=args.connections, rolling=args.rolling, grpc_sessions=args.grpc,
                                duration_s=args.duration, turns=args.turns, stored_every=args.stored_every,
                                cycles=args.cycles, progress=lambda m: print(m, file=sys.stderr, flush=True)))  # fmt: skip
     out["server_exit_code"] = server.terminate(60)
