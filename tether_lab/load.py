@@ -246,6 +246,8 @@ async def _grpc_rollouts(
         call.cancel()
 
 
+# `objects` counts the startup heap the server froze (`gc.freeze`, which `gc.get_objects()` does not
+# list) too, so it stays comparable across versions; `top` is by type of the unfrozen ones.
 CENSUS_PRELUDE = """
 import collections, gc, json, signal, sys
 def _tether_census(signum, frame):
@@ -253,7 +255,8 @@ def _tether_census(signum, frame):
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     trimmed = trim_heap()
-    sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()),
+    frozen = gc.get_freeze_count()
+    sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()) + frozen, "frozen": frozen,
                      "top": counts.most_common(15), "trimmed": trimmed}) + "\\n")
     sys.stderr.flush()
 signal.signal(signal.SIGUSR2, _tether_census)
