@@ -10,8 +10,9 @@ uvicorn's h11 protocol run on it unchanged. uvloop is a dependency on CPython ou
 
 `run` is the one way a Tether process runs its top-level coroutine (`tether serve`, `tether
 bridge`, each `--workers` worker, the lab's measuring programs): an `asyncio.Runner` with the
-chosen loop factory, not `uvloop.install()` or an event-loop policy (both deprecated from Python
-3.12). The typed client library (`tether.client`) runs on whatever loop its caller runs.
+chosen loop factory, not `uvloop.install()` or `uvloop.EventLoopPolicy` (deprecated from Python
+3.12, gone in 3.16) nor any process-wide event-loop policy. The typed client library
+(`tether.client`) runs on whatever loop its caller runs.
 """
 
 from __future__ import annotations
