@@ -10,7 +10,7 @@ import asyncio
 import sys
 from typing import Any
 
-from tether import __version__
+from tether import __version__, eventloop
 from tether.config import TetherConfig, load_config, set_path, validate
 from tether.extras import MissingExtra, require
 
@@ -91,7 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return run_workers(cfg, strategy)
     from tether.server import serve_forever
 
-    asyncio.run(serve_forever(cfg) if strategy is None else serve_forever(cfg, strategy=strategy))
+    main = serve_forever(cfg) if strategy is None else serve_forever(cfg, strategy=strategy)
+    eventloop.run(main, cfg.server.event_loop)
     return 0
 
 
@@ -106,7 +107,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     configure_from_env()
     from tether.server import serve_remote_forever
 
-    asyncio.run(serve_remote_forever(cfg, upstream=args.upstream, api_key=args.upstream_api_key, tls_ca=args.upstream_ca))
+    upstream, api_key, tls_ca = args.upstream, args.upstream_api_key, args.upstream_ca
+    main = serve_remote_forever(cfg, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    eventloop.run(main, cfg.server.event_loop)
     return 0
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether import eventloop
 from tether.process_memory import ALLOCATORS
 from tether.prompts import PromptLibrary
 
@@ -81,6 +82,10 @@ class ServerConfig:
     # jemalloc where the system has it (as fast as pymalloc), else glibc "malloc" (more CPU per
     # turn); "pymalloc" keeps CPython's (fastest, but keeps its peak). PYTHONMALLOC, if set, wins.
     allocator: str = "auto"
+    # The event loop `tether serve`/`tether bridge` and every worker run (tether/eventloop.py):
+    # "auto" = uvloop where it is installed (less CPU per streamed token), else asyncio's own;
+    # "uvloop" refuses to start without it; "asyncio" keeps the standard library's.
+    event_loop: str = "auto"
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
@@ -191,6 +196,7 @@ def validate(cfg: TetherConfig) -> None:
         raise ValueError("store_durability must be 'overlap' or 'before_terminal'")
     if cfg.server.allocator not in ALLOCATORS:
         raise ValueError(f"server.allocator must be one of {', '.join(ALLOCATORS)}")
+    eventloop.resolve(cfg.server.event_loop)  # an unknown loop, or uvloop where it is missing
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

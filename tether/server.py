@@ -7,17 +7,19 @@ in-process bridge (by default) and the memory reclaimer; `Running.stop` stops th
 SIGTERM/SIGINT: stop accepting, let in-flight turns finish within the grace period, close
 WebSockets with 1001 and gRPC streams with UNAVAILABLE, flush post-inference work, exit 0.
 `serve_remote_forever` is `tether bridge --upstream`: the bridge alone, in front of a remote
-Tether over `RemoteResponsesAPI`. `wait_for_signal` is the one wait for SIGTERM/SIGINT of both."""
+Tether over `RemoteResponsesAPI`. `wait_for_signal` is the one wait for SIGTERM/SIGINT of both;
+both freeze their startup heap once they listen (`freeze_startup_heap`)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tether import render
+from tether import eventloop, render
 from tether.auth import Authenticator
 from tether.backends.pool import build_configured_backend
 from tether.config import TetherConfig
@@ -161,11 +163,34 @@ async def wait_for_signal() -> None:
     await stop.wait()
 
 
+def freeze_startup_heap() -> int:
+    """Move every object alive now out of the garbage collector's generations (`gc.freeze`), once
+    the server is built and listening: the tokenizer's rank tables (loaded by `build_engine`), the
+    compiled codecs and protobuf descriptors, the configuration, the modules. A full (gen-2)
+    collection then no longer walks them, so its pauses of the event loop are shorter: one took
+    19 ms during a 100-stream run before (issue 16). Collected first, so that startup garbage is
+    freed, not frozen for good. Returns how many objects are frozen (the "tether serving" log
+    line's `frozen_objects`).
+
+    Only in a served process (`serve_forever`, `serve_remote_forever`), never in `start`: tests
+    start many servers inside one process, where each freeze would also make every earlier test's
+    garbage cycles permanent."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDARD_TURNS) -> None:
     running = await start(config, strategy=strategy)
+    frozen = freeze_startup_heap()
     log.info(
         "tether serving",
-        extra={"grpc": f"{config.server.grpc_host}:{running.grpc_port}", "bridge_port": running.bridge_port},
+        extra={
+            "grpc": f"{config.server.grpc_host}:{running.grpc_port}",
+            "bridge_port": running.bridge_port,
+            "event_loop": eventloop.running_loop(),
+            "frozen_objects": frozen,
+        },
     )
     for line in startup_lines(config, running):
         print(line, flush=True)
@@ -228,6 +253,7 @@ async def serve_remote_forever(
 ) -> None:
     """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT."""
     remote = await start_remote_bridge(config, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    freeze_startup_heap()
     try:
         print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)
         await wait_for_signal()

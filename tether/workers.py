@@ -6,12 +6,13 @@ Process model (see docs/deployment.md, "Several workers on one machine"):
   the configuration, reserves the two ports, opens the store once (creating or migrating the
   schema, so workers do not race on it), then starts each worker as a fresh interpreter (`python -c ...worker_main()`, the
   configuration sent as a pickle over the child's stdin). Nothing is inherited but stdout/stderr.
-- Every worker runs the normal server, `tether.server.serve_forever`, and binds both ports itself
-  with SO_REUSEPORT: gRPC through the `grpc.so_reuseport` option (set when `server.workers > 1`),
-  the bridge through its own listening socket (see `_bridge_reuse_port`). The kernel spreads new
-  TCP connections over the workers' listening sockets; a connection then stays on the worker that
-  accepted it for its whole life, which is all the stickiness a WebSocket or a gRPC `Session`
-  stream needs (their state is connection-scoped).
+- Every worker runs the normal server, `tether.server.serve_forever`, on the configured event loop
+  (`server.event_loop`, tether/eventloop.py), and binds both ports itself with SO_REUSEPORT: gRPC
+  through the `grpc.so_reuseport` option (set when `server.workers > 1`), the bridge through its
+  own listening socket (see `_bridge_reuse_port`). The kernel spreads new TCP connections over
+  the workers' listening sockets; a connection then stays on the worker that accepted it for its
+  whole life, which is all the stickiness a WebSocket or a gRPC `Session` stream needs (their
+  state is connection-scoped).
 - State shared between workers lives in the store, so N > 1 refuses `memory://` (each worker
   would have its own private store: a reconnect landing on another worker could not continue a
   store=true response). SQLite in WAL mode is fine on one machine (one file, local disk, several
@@ -58,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether import eventloop
 from tether.config import TetherConfig
 
 log = logging.getLogger("tether.workers")
@@ -377,6 +379,7 @@ def worker_main() -> None:
     from tether.server import serve_forever
 
     try:
-        asyncio.run(serve_forever(cfg, strategy=strategy[0]) if strategy else serve_forever(cfg))
+        main = serve_forever(cfg, strategy=strategy[0]) if strategy else serve_forever(cfg)
+        eventloop.run(main, cfg.server.event_loop)
     except KeyboardInterrupt:
         pass

@@ -25,7 +25,6 @@ workload's script (see `tether.workloads`), SQLite store, everything else defaul
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import datetime as dt
 import json
@@ -34,7 +33,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from tether import workloads
+from tether import eventloop, workloads
 from tether_lab import replicas, report
 from tether_lab.campaign import FAST, Bench, Phase, render_markdown
 from tether_lab.processes import write_config
@@ -222,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                      script_dir=args.write_config.parent / "scripts")
         print(f"wrote {args.write_config}; start it with: tether serve --config {args.write_config}")
         return 0
-    data = asyncio.run(bench.execute())
+    data = eventloop.run(bench.execute())
     if args.plot:
         for path in make_plots(data, bench.results, out):
             print(f"plot: {path}")

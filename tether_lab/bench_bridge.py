@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+from tether import eventloop
+
 PAYLOAD = (
     '{"type":"response.output_text.delta","sequence_number":7,"item_id":"msg_0123456789abcdef0123",'
     '"output_index":0,"content_index":0,"delta":"Hello there, this is a token or three of text",'
@@ -58,7 +60,7 @@ def _plain_server(port_out: Any) -> None:
             port_out.put(server.sockets[0].getsockname()[1])
             await asyncio.Future()
 
-    asyncio.run(main())
+    eventloop.run(main())
 
 
 async def _echo_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -103,7 +105,7 @@ def _serve_uvicorn(app: Any, port_out: Any, ws: str = "websockets-sansio") -> No
         port_out.put(sock.getsockname()[1])
         await server.main_loop()
 
-    asyncio.run(main())
+    eventloop.run(main())
 
 
 def _uvicorn_server(port_out: Any) -> None:
@@ -235,7 +237,7 @@ def run(pings: int, flood: int, rounds: int) -> dict[str, tuple[float, float, fl
         proc.start()
         try:
             port = port_out.get(timeout=30)
-            runs = [asyncio.run(_measure(kind, port, pings, flood)) for _ in range(rounds)]
+            runs = [eventloop.run(_measure(kind, port, pings, flood)) for _ in range(rounds)]
             results[kind] = (min(r[0] for r in runs), min(r[1] for r in runs), min(r[2] for r in runs))
         finally:
             proc.terminate()

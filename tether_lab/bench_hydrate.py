@@ -15,12 +15,12 @@ a real deployment (see tether/store/postgres.py).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import secrets
 import statistics
 import sys
 import time
 
+from tether import eventloop
 from tether.responses.v1 import items_pb2, response_pb2
 from tether.store.base import KeyedItem, ResponseRecord
 from tether.store.factory import open_store
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     turns = [int(t) for t in args.turns.split(",") if t.strip()]
     if not turns or min(turns) < 1 or args.repeat < 1:
         parser.error("--turns needs positive integers and --repeat must be >= 1")
-    asyncio.run(run(args.url, turns, args.repeat, args.chars, analyze=not args.no_analyze))
+    eventloop.run(run(args.url, turns, args.repeat, args.chars, analyze=not args.no_analyze))
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ wraps `Session._lane_loop`'s call to `Turn.run` the same way the hook will (the 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 import statistics
 import time
 from typing import Any
 
+from tether import eventloop
 from tether.observability import tracing
 
 
@@ -179,11 +179,11 @@ def bench_turns(turns: int, rounds: int = 5) -> dict[str, float]:
     ensure_hooks()
     provider = _sdk_provider()
     runs: dict[str, list[float]] = {"off": [], "on": [], "on_turn_only": []}
-    asyncio.run(_turns_per_round(min(turns, 200)))  # warm-up
+    eventloop.run(_turns_per_round(min(turns, 200)))  # warm-up
     for _ in range(rounds):
         for label, enabled, stage_spans in (("off", False, True), ("on", True, True), ("on_turn_only", True, False)):
             tracing.configure(enabled, tracer_provider=provider if enabled else None, stage_spans=stage_spans)
-            runs[label].append(asyncio.run(_turns_per_round(turns)))
+            runs[label].append(eventloop.run(_turns_per_round(turns)))
     tracing.configure(False)
     provider.shutdown()
     out = {label: statistics.median(values) for label, values in runs.items()}

@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from tether import eventloop
 from tether.config import ServerConfig
 from tether_lab.metrics import ProcStat, parse_prometheus
 from tether_lab.processes import ServerProcess, raise_fd_limit
@@ -245,6 +246,8 @@ async def _grpc_rollouts(
         call.cancel()
 
 
+# `objects` counts the startup heap the server froze (`gc.freeze`, which `gc.get_objects()` does not
+# list) too, so it stays comparable across versions; `top` is by type of the unfrozen ones.
 CENSUS_PRELUDE = """
 import collections, gc, json, signal, sys
 def _tether_census(signum, frame):
@@ -252,7 +255,8 @@ def _tether_census(signum, frame):
     gc.collect()
     counts = collections.Counter(type(o).__name__ for o in gc.get_objects())
     trimmed = trim_heap()
-    sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()),
+    frozen = gc.get_freeze_count()
+    sys.stderr.write("TETHER_CENSUS " + json.dumps({"objects": sum(counts.values()) + frozen, "frozen": frozen,
                      "top": counts.most_common(15), "trimmed": trimmed}) + "\\n")
     sys.stderr.flush()
 signal.signal(signal.SIGUSR2, _tether_census)
@@ -505,7 +509,7 @@ def format_load(out: dict[str, Any]) -> str:
 
 
 def _run_main(server: ServerProcess, args: argparse.Namespace) -> dict[str, Any]:
-    out = asyncio.run(run_load(server, connections=args.connections, rolling=args.rolling, grpc_sessions=args.grpc,
+    out = eventloop.run(run_load(server, connections=args.connections, rolling=args.rolling, grpc_sessions=args.grpc,
                                duration_s=args.duration, turns=args.turns, stored_every=args.stored_every,
                                cycles=args.cycles, progress=lambda m: print(m, file=sys.stderr, flush=True)))  # fmt: skip
     out["server_exit_code"] = server.terminate(60)

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tether import eventloop
+
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -154,4 +156,7 @@ def machine() -> dict:
         "mem_bytes": mem,
         "kernel": platform.release(),
         "python": platform.python_version(),
+        # The loop the lab's own programs run on (`tether.eventloop.run`, "auto"): the clients'
+        # CPU figures depend on it as much as the server's do on `server.event_loop`.
+        "client_event_loop": eventloop.resolve("auto"),
     }

@@ -21,11 +21,11 @@ turn 2 being the first cached continuation.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 from pathlib import Path
 
+from tether import eventloop
 from tether_lab.campaign import Bench, Phase
 from tether_lab.report import PRE_BACKEND, pct
 from tether_lab.transports import RolloutResult
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     phase = Phase("overhead", workload, speed, args.reps or 10, variants=tuple(variants))
     args.no_remote = args.no_remote or "ws-remote" not in variants
     bench = Bench(args, [phase], out)
-    data = asyncio.run(bench.execute())
+    data = eventloop.run(bench.execute())
     last = bench.workloads[workload].turns
     rows, text = table(bench.results, variants, last)
     header = (f"Per-turn server overhead, {workload} ({last} turns) at {speed}, {phase.reps} repetitions; "

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-from tether import workloads
+from tether import eventloop, workloads
 from tether.backends.kvsim import LLAMA_31_8B_H100
 from tether_lab import metrics as M
 from tether_lab.processes import serve_process, toml_value
@@ -253,7 +253,7 @@ def run_phase(args: argparse.Namespace, out: Path) -> list[Cell]:
         bridge = server.bridge_url or ""
         base = Target("", bridge, f"127.0.0.1:{server.grpc_port}", client="raw")
         metrics_url = bridge.rsplit("/v1", 1)[0] + "/metrics"
-        return asyncio.run(_run_cells(wl, counts, variants, args, base, metrics_url, server.stat))
+        return eventloop.run(_run_cells(wl, counts, variants, args, base, metrics_url, server.stat))
     finally:
         server.stop()
 

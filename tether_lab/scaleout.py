@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tether import eventloop
 from tether.protocol.wire import TERMINAL_ARMS
 from tether_lab.metrics import ProcStat
 from tether_lab.processes import (
@@ -383,7 +384,7 @@ def part_hydrate(args: argparse.Namespace, workdir: Path) -> None:
             print(f"{kind:<10} skipped: {why}")
             continue
         with scratch_store(kind, workdir) as url:
-            rows = asyncio.run(bench_hydrate.run(url, turns, args.repeat, 200, out=io.StringIO()))
+            rows = eventloop.run(bench_hydrate.run(url, turns, args.repeat, 200, out=io.StringIO()))
         cells = [f"{r['mean_us']:>10.0f} ({r['mean_us'] / max(r['items'], 1):>5.1f})" for r in rows]
         print(f"{kind:<10} " + " ".join(f"{c:>22}" for c in cells), flush=True)
 
@@ -431,7 +432,7 @@ def _load_client(target: str, concurrency: int, turns: int, duration: float, sta
             await asyncio.gather(*(loop() for _ in range(concurrency)))
         return done_turns, rollouts, latencies
 
-    out.send(asyncio.run(main()))
+    out.send(eventloop.run(main()))
     out.close()
 
 
@@ -573,7 +574,7 @@ def part_nginx(args: argparse.Namespace, workdir: Path) -> None:
                 ("gRPC direct", _grpc_latencies(replica.grpc_target, args.turns)),
                 ("gRPC via nginx", _grpc_latencies(lb.grpc_target, args.turns)),
             ):
-                rows.append((label, _pcts(asyncio.run(coro))))
+                rows.append((label, _pcts(eventloop.run(coro))))
         finally:
             lb.stop()
             replica.stop()
@@ -667,7 +668,7 @@ def part_visibility(args: argparse.Namespace, workdir: Path) -> None:
                 try:
                     a.wait_ready()
                     b.wait_ready()
-                    misses, lags, turns = asyncio.run(_visibility(a, b, n))
+                    misses, lags, turns = eventloop.run(_visibility(a, b, n))
                 finally:
                     a.stop()
                     b.stop()

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import grpc
 
+from tether import eventloop
 from tether.protocol.wire import DELTA_ARMS
 from tether.responses.v1 import service_pb2, service_pb2_grpc
 from tether_lab.metrics import ProcStat, machine
@@ -293,7 +294,7 @@ def _f(v: float | None, digits: int) -> str:
 def main(args: argparse.Namespace) -> int:
     out = args.out or Path("bench-results") / f"throughput-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    rows = asyncio.run(run(args, out))
+    rows = eventloop.run(run(args, out))
     payload = {"command": "tether bench " + " ".join(args.argv), "started": args.started, "machine": machine(),
                "streams": args.streams, "answer_tokens": args.answer_tokens, "tps": args.tps, "rounds": rows}
     (out / "throughput.json").write_text(json.dumps(payload, indent=1))

@@ -15,11 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import grpc
 import pytest
 from websockets.asyncio.client import connect
 
+from tests.support.metrics import samples
+from tether import eventloop
 from tether.responses.v1 import service_pb2_grpc
 from tether_lab.processes import ServerProcess, established, free_ports, listens
 from tether_lab.scaleout import grpc_reader, grpc_turn, write_config, ws_turn
@@ -30,9 +33,9 @@ MAX_CONNECTIONS = 48
 MODEL = "tether-sim"
 
 
-@pytest.fixture
-def server(tmp_path):
-    cfg = write_config(tmp_path / "tether.toml", f"sqlite:///{tmp_path}/store.db")
+@contextlib.contextmanager
+def _two_workers(tmp_path, **server: object) -> Iterator[ServerProcess]:
+    cfg = write_config(tmp_path / "tether.toml", f"sqlite:///{tmp_path}/store.db", server=server)
     grpc_port, bridge_port = free_ports(2)
     proc = ServerProcess(cfg, tmp_path, grpc_port, bridge_port, workers=2, name="workers").start()
     try:
@@ -40,6 +43,50 @@ def server(tmp_path):
         yield proc
     finally:
         proc.stop(timeout=30)
+
+
+@pytest.fixture
+def server(tmp_path):
+    with _two_workers(tmp_path) as proc:
+        yield proc
+
+
+async def _metrics_of_each_worker(server: ServerProcess, pids: list[int]) -> dict[int, dict]:
+    """One `/metrics` scrape per worker: fresh connections to the shared bridge port, each one
+    attributed (from /proc) to the worker that accepted it, until every worker answered one."""
+    scrapes: dict[int, dict] = {}
+    for _ in range(MAX_CONNECTIONS):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.bridge_port)
+        local_port = writer.get_extra_info("sockname")[1]
+        for _ in range(200):  # until the kernel handed the connection to a worker and it accepted it
+            owner = owner_of(pids, server.bridge_port, local_port)
+            if owner is not None:
+                break
+            await asyncio.sleep(0.01)
+        writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        raw = await reader.read()
+        writer.close()
+        assert owner in pids, f"no worker accepted the scrape from port {local_port}"
+        scrapes.setdefault(owner, samples(raw.partition(b"\r\n\r\n")[2].decode()))
+        if len(scrapes) == len(pids):
+            return scrapes
+    raise AssertionError(f"every scrape landed on one worker: {sorted(scrapes)}")
+
+
+async def _event_loops_of_each_worker(server: ServerProcess, pids: list[int]) -> list[str]:
+    scrapes = await _metrics_of_each_worker(server, pids)
+    return [
+        dict(labels)["event_loop"]
+        for pid in pids
+        for name, labels in scrapes[pid]
+        if name == "tether_event_loop_info"
+    ]
+
+
+async def test_every_worker_runs_the_configured_event_loop(tmp_path) -> None:
+    with _two_workers(tmp_path, event_loop="asyncio") as server:
+        pids = sorted(server.worker_pids().values())
+        assert await _event_loops_of_each_worker(server, pids) == ["asyncio", "asyncio"]
 
 
 def _alive(pid: int) -> bool:
@@ -56,6 +103,7 @@ async def test_both_workers_serve_websocket_and_grpc_sessions(server: ServerProc
     for pid in pids:  # both workers listen on both ports (SO_REUSEPORT)
         assert listens(pid, server.grpc_port) and listens(pid, server.bridge_port)
     assert not listens(server.pid, server.bridge_port)  # the supervisor serves nothing itself
+    assert await _event_loops_of_each_worker(server, pids) == [eventloop.resolve("auto")] * 2  # the default
 
     # WebSocket sessions, each with one store=true turn, until both workers hold some.
     conns, by_worker = [], {pid: [] for pid in pids}

@@ -30,6 +30,7 @@ from prometheus_client import (
 )
 
 from tether.errors import CLIENT_GONE
+from tether.eventloop import running_loop
 from tether.process_memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -38,6 +39,15 @@ _TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 def _errors_counter(registry: CollectorRegistry) -> Counter:
     return Counter("tether_errors", "Errors by code", ["code"], registry=registry)
+
+
+def _event_loop_info(registry: CollectorRegistry) -> None:
+    """`tether_event_loop_info{event_loop}`: the loop this process serves on (`server.event_loop`).
+    A registry is built by the composition root inside that loop, so it is read from the loop."""
+    gauge = Gauge(
+        "tether_event_loop_info", "The event loop in use (value 1)", ["event_loop"], registry=registry
+    )
+    gauge.labels(running_loop()).set(1)
 
 
 class Metrics:
@@ -106,6 +116,7 @@ class Metrics:
         )
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
+        _event_loop_info(r)
         # Pre-create the label sets every scrape should show, so dashboards see zeros, not gaps.
         for kind in ("input", "cached", "output", "reasoning"):
             self.tokens.labels(kind)
@@ -218,14 +229,15 @@ class Metrics:
 class BridgeMetrics:
     """The metrics of a bridge in a process of its own (`tether bridge --upstream`), which has no
     engine: the errors the bridge answers itself (`tether_errors_total{code}`; the upstream's core
-    counts its in-band errors in its own registry) and the process. Served at the bridge's
-    `/metrics`."""
+    counts its in-band errors in its own registry), its event loop and the process. Served at the
+    bridge's `/metrics`."""
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         self.errors = _errors_counter(r)
+        _event_loop_info(r)
 
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
