@@ -18,6 +18,7 @@ chosen loop factory, not `uvloop.install()` or `uvloop.EventLoopPolicy` (depreca
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine
 from functools import cache
 from typing import Any, TypeVar
@@ -25,6 +26,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 CHOICES = ("auto", "uvloop", "asyncio")
+# The config's environment override of `server.event_loop`; a program without a config (the lab's
+# benchmarks and their clients) follows it too, so one variable switches a whole measurement.
+ENV = "TETHER_SERVER__EVENT_LOOP"
 
 
 @cache
@@ -59,8 +63,15 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
     return None  # asyncio.Runner's default: a new loop of asyncio's own, exactly as asyncio.run
 
 
-def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
-    """Run `main` to completion on a new loop of `choice` (see `resolve`), then close it."""
+def environment_choice() -> str:
+    """The choice of a program without a config: `TETHER_SERVER__EVENT_LOOP`, else "auto"."""
+    return os.environ.get(ENV, "auto")
+
+
+def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
+    """Run `main` to completion on a new loop of `choice` (see `resolve`; None: the
+    `environment_choice()`), then close it."""
+    choice = environment_choice() if choice is None else choice
     with asyncio.Runner(loop_factory=_loop_factory(choice)) as runner:
         return runner.run(main)
 

@@ -15,8 +15,9 @@ itself costs and where it goes.
 - `streams`: `--streams` sessions at once, each streaming one `--tokens`-token answer at `--tps`
   with one token per backend chunk, events encoded as WebSocket JSON. Reports CPU per token and so
   how many tokens per second one core can carry.
-- `--event-loop`: the loop it runs on, as the server's `server.event_loop` (default "auto": uvloop
-  where installed, as `tether serve` does); the result says which.
+- `--event-loop`: the loop it runs on, as the server's `server.event_loop` (default:
+  TETHER_SERVER__EVENT_LOOP, else "auto": uvloop where installed, as `tether serve` does); the
+  result says which.
 - `--profile`: cProfile with `time.process_time` as its clock (descheduling by other processes
   adds nothing), the top functions by own and by cumulative time.
 """
@@ -168,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=4000)
     p.add_argument("--profile", action="store_true", help="print a CPU-clock cProfile of the run")
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--event-loop", choices=eventloop.CHOICES, default="auto",
-                   help="the loop to run on, as `server.event_loop` (default auto: uvloop where installed)")
+    p.add_argument("--event-loop", choices=eventloop.CHOICES, default=eventloop.environment_choice(),
+                   help="the loop to run on, as `server.event_loop` (default: TETHER_SERVER__EVENT_LOOP, else auto)")
     args = p.parse_args(argv)
     if args.mode == "turns":
         run = run_turns(workloads.load(args.workload), args.tps or 1000.0, args.reps)
