@@ -45,6 +45,10 @@ class Limits:
     # Streaming.
     outbound_buffer_events: int = 256  # per connection; a slow reader blocks its own generation
     coalesce_ms: float = 8.0  # delta coalescing window; 0 sends every delta as it comes
+    # The window widens while many streams generate at once (core/outbox.CoalesceWindow): at most
+    # this many delta batches per second across the process's streams (0 = a fixed window) ...
+    coalesce_batches_per_s: float = 4000.0
+    coalesce_max_ms: float = 32.0  # ... and never wider than this (nor than coalesce_ms, if wider)
     max_coalesced_bytes: int = 64 * 1024
     # Per API key.
     max_connections_per_key: int = 1000
@@ -197,6 +201,10 @@ def validate(cfg: TetherConfig) -> None:
     if cfg.server.allocator not in ALLOCATORS:
         raise ValueError(f"server.allocator must be one of {', '.join(ALLOCATORS)}")
     eventloop.resolve(cfg.server.event_loop)  # an unknown loop, or uvloop where it is missing
+    limits = cfg.limits
+    for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
+        if getattr(limits, name) < 0:
+            raise ValueError(f"limits.{name} must be >= 0")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tests.core.clocks import SetClock
-from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.responses.v1 import events_pb2
 
 
@@ -29,7 +29,7 @@ def completed(rid: str) -> events_pb2.ServerEvent:
 
 
 async def test_deltas_queued_behind_a_busy_reader_merge_and_numbers_stay_contiguous():
-    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(created("r"))
     for piece in ["a", "b", "c", "d"]:
         await box.put(delta("r", piece))
@@ -41,7 +41,7 @@ async def test_deltas_queued_behind_a_busy_reader_merge_and_numbers_stay_contigu
 
 
 async def test_deltas_of_different_items_or_responses_do_not_merge():
-    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(delta("r", "a", "msg_1"))
     await box.put(delta("r", "b", "msg_2"))
     await box.put(delta("s", "c", "msg_2"))
@@ -51,7 +51,7 @@ async def test_deltas_of_different_items_or_responses_do_not_merge():
 
 
 async def test_merge_is_bounded_by_bytes():
-    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=4)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=4)
     for _ in range(6):
         await box.put(delta("r", "xx"))
     batch = await box.get_batch()
@@ -59,7 +59,7 @@ async def test_merge_is_bounded_by_bytes():
 
 
 async def test_full_queue_blocks_the_producer_until_the_reader_drains():
-    box = Outbox(max_events=2, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=2, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(created("r"))
     await box.put(completed("r"))
     third = asyncio.create_task(box.put(created("s")))
@@ -71,7 +71,7 @@ async def test_full_queue_blocks_the_producer_until_the_reader_drains():
 
 
 async def test_window_waits_for_more_deltas_then_sends_one_message():
-    box = Outbox(max_events=16, coalesce_s=0.05, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.05), max_coalesced_bytes=1 << 16)
     await box.put(delta("r", "first"))
     assert [ev.output_text_delta.delta for ev in await box.get_batch()] == ["first"]  # idle: sent at once
 
@@ -89,7 +89,7 @@ async def test_window_waits_for_more_deltas_then_sends_one_message():
 
 
 async def test_close_drains_then_ends_and_rejects_new_events():
-    box = Outbox(max_events=4, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=4, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(created("r"))
     box.close()
     assert len(await box.get_batch()) == 1
@@ -107,7 +107,7 @@ async def test_merged_deltas_concatenate_their_log_probabilities_in_order():
 
     from tether.core.outbox import Delta
 
-    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(created("r"))
     for piece in ["a", "b"]:  # protobuf events (a gRPC-style producer)
         ev = delta("r", piece)
@@ -133,7 +133,7 @@ async def _one_step(coro) -> asyncio.Task:
 
 async def test_the_coalescing_window_runs_on_the_outbox_clock():
     clock = SetClock()
-    box = Outbox(max_events=16, coalesce_s=0.010, max_coalesced_bytes=1 << 16, clock=clock)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
     await box.put(created("r"))
     assert len(await box.get_batch()) == 1  # flushed at t = 0
     await box.put(delta("r", "a"))
@@ -148,3 +148,17 @@ async def test_the_coalescing_window_runs_on_the_outbox_clock():
     await box.put(delta("s", "c"))
     at_once = await _one_step(box.get_batch())
     assert at_once.done() and [ev.output_text_delta.delta for ev in at_once.result()] == ["c"]
+
+
+async def test_a_non_delta_queued_behind_a_held_delta_is_not_held_for_the_window():
+    """The last text and the terminal event often reach the queue in one step of the turn, before
+    the writer asks for a batch: the terminal event must not wait out the delta's window."""
+    clock = SetClock()
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
+    await box.put(created("r"))
+    assert len(await box.get_batch()) == 1  # flushed at t = 0: a delta now would be held
+    await box.put(delta("r", "last words"))
+    await box.put(completed("r"))
+    at_once = await _one_step(box.get_batch())
+    assert at_once.done()
+    assert [ev.WhichOneof("event") for ev in at_once.result()] == ["output_text_delta", "completed"]

@@ -13,7 +13,7 @@ from tether import render
 from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, runs_of
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
-from tether.core.outbox import DELTA_ARMS, Delta, Outbox
+from tether.core.outbox import DELTA_ARMS, CoalesceWindow, Delta, Outbox
 from tether.core.wakeups import WakeupReader
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2
@@ -125,7 +125,7 @@ def test_builder_merges_a_runs_deltas_per_item_and_keeps_the_text():
 
 
 async def test_lazy_batches_keep_deltas_as_records_with_contiguous_sequence_numbers():
-    box = Outbox(max_events=16, coalesce_s=0.0, max_coalesced_bytes=1 << 16)
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     b = OutputBuilder()
     for run in ([TextDelta("a"), TextDelta("b")], [TextDelta("c")]):
         for ev in b.feed(run):

@@ -21,7 +21,7 @@ from tether.config import Limits, TetherConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
 from tether.core.conversations import Conversations
-from tether.core.outbox import Outbox, OutboxClosed
+from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.stages.route import Resolved, Router
@@ -51,6 +51,7 @@ class TurnServices:
     hydrate: Hydrate
     telemetry: Telemetry
     clock: Clock
+    coalesce: CoalesceWindow  # the outboxes' window, widened by the streams generating now
 
     @property
     def limits(self) -> Limits:

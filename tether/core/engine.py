@@ -26,7 +26,7 @@ from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.items import user_message
-from tether.core.outbox import Delta, Outgoing
+from tether.core.outbox import CoalesceWindow, Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -79,6 +79,10 @@ class Engine:
             hydrate=self.hydrate,
             telemetry=telemetry,
             clock=clock,
+            coalesce=CoalesceWindow(
+                config.limits.coalesce_ms / 1000.0, config.limits.coalesce_max_ms / 1000.0,
+                config.limits.coalesce_batches_per_s,
+            ),  # fmt: skip
         )
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()

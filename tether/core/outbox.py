@@ -6,13 +6,14 @@ a WebSocket frame ~10 µs, so token deltas must be merged before they are writte
 rules (and their effect on sequence numbers) must be the same on every transport.
 
 Rules (Nagle-like):
-- a delta that arrives while the previous batch went out more than `coalesce_s` ago is sent at
+- a delta that arrives while the previous batch went out more than the window ago is sent at
   once (an idle stream adds no latency);
 - otherwise the writer waits out the rest of the window while later deltas for the same content
   are merged into the queued one (bounded by `max_coalesced_bytes`);
 - any non-delta event ends the wait; everything ready goes out as one batch.
 Sequence numbers are stamped when events leave the queue, so they stay contiguous per response
-however deltas were merged.
+however deltas were merged. The window is the process's `CoalesceWindow`: `coalesce_ms`, wider
+while many streams generate at once.
 
 Deltas travel as `Delta` records (plain strings), not protobuf messages: streamed text is merged
 by appending to a list, and a protobuf event is built once per batch, only for a transport that
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import orjson
 
@@ -133,14 +136,54 @@ class Delta:
 Outgoing = events_pb2.ServerEvent | Delta
 
 
+class CoalesceWindow:
+    """How long the process's outboxes hold deltas to merge them: `min_s` (`coalesce_ms`), wider
+    while many streams generate at once (`streaming`), up to `max_s` (`coalesce_max_ms`).
+
+    Why: a batch costs the same whatever it holds (a gRPC message ~60 µs of server CPU and as much
+    again for a Python client; in the 100-stream run half of the server's CPU was grpc's own), so
+    what loads a busy process is its rate of batches, not of tokens. The window is
+    `streaming / batches_per_s`: at most `batches_per_s` delta batches per second over all the
+    process's streams, never narrower than `min_s` (up to 32 streams at the defaults keep the 8 ms
+    window) nor wider than `max_s`. Only the pace of merged text changes: non-delta events (a new
+    item with its first text, tool calls, the terminal event) are never held. `batches_per_s` 0
+    is a fixed window; `min_s` 0 turns coalescing off."""
+
+    __slots__ = ("min_s", "max_s", "batches_per_s", "streaming")
+
+    def __init__(self, min_s: float, max_s: float | None = None, batches_per_s: float = 0.0) -> None:
+        self.min_s = min_s
+        self.max_s = min_s if max_s is None else max(min_s, max_s)
+        self.batches_per_s = batches_per_s
+        self.streaming = 0  # turns of this process reading a backend stream now
+
+    @classmethod
+    def fixed(cls, seconds: float) -> CoalesceWindow:
+        return cls(seconds)
+
+    def current(self) -> float:
+        if self.min_s <= 0 or self.batches_per_s <= 0:
+            return self.min_s
+        return min(self.max_s, max(self.min_s, self.streaming / self.batches_per_s))
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        """Count one stream while the block runs (a turn reading its backend)."""
+        self.streaming += 1
+        try:
+            yield
+        finally:
+            self.streaming -= 1
+
+
 class Outbox:
     def __init__(
-        self, *, max_events: int, coalesce_s: float, max_coalesced_bytes: int, clock: Clock = SYSTEM_CLOCK
+        self, *, max_events: int, window: CoalesceWindow, max_coalesced_bytes: int, clock: Clock = SYSTEM_CLOCK
     ) -> None:
         self._clock = clock
         self._queue: deque[Outgoing] = deque()
         self._max_events = max(1, max_events)
-        self._coalesce_s = coalesce_s
+        self._window = window
         self._max_coalesced = max_coalesced_bytes
         self._ready = asyncio.Event()  # something to send
         self._urgent = asyncio.Event()  # a non-delta arrived: stop waiting out the window
@@ -206,12 +249,14 @@ class Outbox:
                 return []
             self._ready.clear()
             await self._ready.wait()
-        if self._coalesce_s > 0 and type(self._queue[0]) is Delta and not self._closed:
-            wait = self._last_flush + self._coalesce_s - self._clock.monotonic()
-            if wait > 0:
-                # The window's end sets the same event a non-delta would (a timer, not wait_for,
-                # which costs a task per batch); the event is cleared when the batch leaves.
-                self._urgent.clear()
+        window = self._window.current()
+        if window > 0 and type(self._queue[0]) is Delta and not self._closed:
+            wait = self._last_flush + window - self._clock.monotonic()
+            # `_urgent` already set: a non-delta came since the last batch left (often in the same
+            # step of the turn as the delta before it: the last text, then the terminal event), so
+            # nothing waits. Otherwise the window's end sets the same event a non-delta would (a
+            # timer, not wait_for, which costs a task per batch); it is cleared when the batch leaves.
+            if wait > 0 and not self._urgent.is_set():
                 timer = asyncio.get_running_loop().call_later(wait, self._urgent.set)
                 try:
                     await self._urgent.wait()

@@ -89,7 +89,7 @@ class Session:
         self.clock = services.clock
         self.outbox = Outbox(
             max_events=limits.outbound_buffer_events,
-            coalesce_s=limits.coalesce_ms / 1000.0,
+            window=services.coalesce,
             max_coalesced_bytes=limits.max_coalesced_bytes,
             clock=services.clock,
         )

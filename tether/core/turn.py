@@ -408,16 +408,17 @@ class Turn:
         started = time.perf_counter()
         builder.finish = None
         try:
-            chunks = await reader.next()
-            if chunks:
-                self.clock.add("backend_ttft", time.perf_counter() - started)
-            while chunks:
-                for ev in builder.feed(chunks):
-                    ev.stream_id, ev.response_id = stream_id, response_id
-                    await outbox.put(ev)
-                if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
-                    break
+            with self.services.coalesce.generating():  # counted: many streams widen the outboxes' window
                 chunks = await reader.next()
+                if chunks:
+                    self.clock.add("backend_ttft", time.perf_counter() - started)
+                while chunks:
+                    for ev in builder.feed(chunks):
+                        ev.stream_id, ev.response_id = stream_id, response_id
+                        await outbox.put(ev)
+                    if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                        break
+                    chunks = await reader.next()
         finally:
             await reader.aclose()
             self.clock.add("backend_wait", reader.waited)
