@@ -89,7 +89,7 @@ class ServerConfig:
     # The event loop `tether serve`/`tether bridge` and every worker run (tether/eventloop.py):
     # "auto" = uvloop where it is installed (less CPU per streamed token), else asyncio's own;
     # "uvloop" refuses to start without it; "asyncio" keeps the standard library's.
-    event_loop: str = "auto"
+    event_loop: str = eventloop.DEFAULT  # "asyncio" | "uvloop" | "auto" (tether/eventloop.py)
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0

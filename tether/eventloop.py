@@ -1,12 +1,14 @@
-"""The event loop a Tether process runs on: `server.event_loop` = "auto" (uvloop where it is
-installed, else asyncio's own), "uvloop" or "asyncio".
+"""The event loop a Tether process runs on: `server.event_loop` = "asyncio" (the default: the
+standard library's loop), "uvloop", or "auto" (uvloop where it is installed, else asyncio).
 
-Why uvloop by default: a streaming server's hot path is largely the loop itself (a wake-up per
-backend chunk, a socket write per batch of events). On uvloop the server's CPU per streamed token
-fell from 1.35 to 1.15 µs in one process, the 100-stream gRPC run's server CPU from 1.3 to 1.1 s
-and the benchmark client's from 0.7 to 0.43 s (issue 16, 2-core VM); grpc.aio, websockets and
-uvicorn's h11 protocol run on it unchanged. uvloop is a dependency on CPython outside Windows
-(pyproject.toml); "asyncio" is the fallback and the switch to compare or rule it out.
+Why the choice, and why asyncio by default (issue 16, 2-core VM): on uvloop the server's CPU per
+streamed token is 15-20% lower (1.25 -> 1.04 µs in one process; the 100-stream gRPC run's server
+CPU 0.9 -> 0.7 s), but the per-turn server overhead of a cached `bugfix20` turn over real sockets
+was 3-12% higher in each of five back-to-back A/B pairs (gRPC p50 0.95-1.03 vs 1.00-1.16 ms),
+while in one process it was not. A server for agents'
+tool loops is judged on the turn, so asyncio is the default; "uvloop" is the switch for a
+process whose CPU is the limit (many concurrent streams). grpc.aio, websockets and uvicorn's h11
+protocol run on both unchanged. uvloop is a dependency on CPython outside Windows (pyproject.toml).
 
 `run` is the one way a Tether process runs its top-level coroutine (`tether serve`, `tether
 bridge`, each `--workers` worker, the lab's measuring programs): an `asyncio.Runner` with the
@@ -29,6 +31,7 @@ CHOICES = ("auto", "uvloop", "asyncio")
 # The config's environment override of `server.event_loop`; a program without a config (the lab's
 # benchmarks and their clients) follows it too, so one variable switches a whole measurement.
 ENV = "TETHER_SERVER__EVENT_LOOP"
+DEFAULT = "asyncio"  # `server.event_loop`'s default (see the module docstring)
 
 
 @cache
@@ -64,8 +67,8 @@ def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None
 
 
 def environment_choice() -> str:
-    """The choice of a program without a config: `TETHER_SERVER__EVENT_LOOP`, else "auto"."""
-    return os.environ.get(ENV, "auto")
+    """The choice of a program without a config: `TETHER_SERVER__EVENT_LOOP`, else the default."""
+    return os.environ.get(ENV, DEFAULT)
 
 
 def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:

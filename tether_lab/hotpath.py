@@ -16,8 +16,7 @@ itself costs and where it goes.
   with one token per backend chunk, events encoded as WebSocket JSON. Reports CPU per token and so
   how many tokens per second one core can carry.
 - `--event-loop`: the loop it runs on, as the server's `server.event_loop` (default:
-  TETHER_SERVER__EVENT_LOOP, else "auto": uvloop where installed, as `tether serve` does); the
-  result says which.
+  TETHER_SERVER__EVENT_LOOP, else the server's default, asyncio); the result says which.
 - `--profile`: cProfile with `time.process_time` as its clock (descheduling by other processes
   adds nothing), the top functions by own and by cumulative time.
 """
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true", help="print a CPU-clock cProfile of the run")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--event-loop", choices=eventloop.CHOICES, default=eventloop.environment_choice(),
-                   help="the loop to run on, as `server.event_loop` (default: TETHER_SERVER__EVENT_LOOP, else auto)")
+                   help="the loop to run on, as `server.event_loop` (default: TETHER_SERVER__EVENT_LOOP, else asyncio)")
     args = p.parse_args(argv)
     if args.mode == "turns":
         run = run_turns(workloads.load(args.workload), args.tps or 1000.0, args.reps)

@@ -157,7 +157,7 @@ def machine() -> dict:
         "kernel": platform.release(),
         "python": platform.python_version(),
         # The loop the lab's own programs run on (`tether.eventloop.run`: TETHER_SERVER__EVENT_LOOP,
-        # else auto): the clients' CPU figures depend on it as much as the server's do on
-        # `server.event_loop`.
+        # else the server's default): the clients' CPU figures depend on it as much as the
+        # server's do on `server.event_loop`.
         "client_event_loop": eventloop.resolve(eventloop.environment_choice()),
     }

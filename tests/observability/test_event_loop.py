@@ -26,7 +26,8 @@ from tether_lab.scaleout import ws_turn
 
 # Where pyproject.toml installs uvloop with Tether.
 UVLOOP_INSTALLED = sys.platform != "win32" and sys.implementation.name == "cpython"
-DEFAULT_LOOP = "uvloop" if UVLOOP_INSTALLED else "asyncio"
+DEFAULT_LOOP = "asyncio"
+OTHER_LOOP = "uvloop" if UVLOOP_INSTALLED else "asyncio"  # what "auto" picks
 AUTH = {"authorization": "Bearer sk-any"}
 
 
@@ -47,14 +48,15 @@ def test_an_unknown_event_loop_is_refused_from_every_source_naming_the_setting(t
         SystemExit, match=r"--set server\.event_loop=tokio: server\.event_loop must be one of"
     ):
         cli.main(["serve", "--set", "server.event_loop=tokio"])
-    assert load_config(None, env={}).server.event_loop == "auto"
-    assert load_config(None, env={"TETHER_SERVER__EVENT_LOOP": "asyncio"}).server.event_loop == "asyncio"
+    assert load_config(None, env={}).server.event_loop == "asyncio"
+    assert load_config(None, env={"TETHER_SERVER__EVENT_LOOP": "auto"}).server.event_loop == "auto"
 
 
 @pytest.mark.skipif(not UVLOOP_INSTALLED, reason="uvloop is a dependency on CPython outside Windows only")
 def test_uvloop_is_accepted_where_installed_and_each_choice_runs_its_loop() -> None:
     assert load_config(None, env={"TETHER_SERVER__EVENT_LOOP": "uvloop"}).server.event_loop == "uvloop"
-    assert eventloop.run(_loop_name()) == "uvloop"  # the default, "auto"
+    assert eventloop.run(_loop_name()) == "asyncio"  # the default
+    assert eventloop.run(_loop_name(), "auto") == "uvloop"
     assert eventloop.run(_loop_name(), "uvloop") == "uvloop"
     assert eventloop.run(_loop_name(), "asyncio") == "asyncio"
 
@@ -67,8 +69,8 @@ def test_uvloop_where_it_cannot_be_imported_is_refused_and_auto_falls_back(
     try:
         with pytest.raises(ValueError, match=r"server\.event_loop = 'uvloop', but uvloop cannot be imported"):
             load_config(None, env={"TETHER_SERVER__EVENT_LOOP": "uvloop"})
-        assert load_config(None, env={}).server.event_loop == "auto"
-        assert eventloop.run(_loop_name()) == "asyncio"
+        assert load_config(None, env={"TETHER_SERVER__EVENT_LOOP": "auto"}).server.event_loop == "auto"
+        assert eventloop.run(_loop_name(), "auto") == "asyncio"
     finally:
         eventloop.uvloop_available.cache_clear()  # the next call looks again, with uvloop back
 
@@ -86,10 +88,10 @@ def test_serve_runs_the_default_loop_and_a_remote_bridge_the_configured_one(tmp_
     config = write_config(tmp_path / "t.toml", store=f"sqlite:///{tmp_path / 't.db'}")
     with ServerProcess(config, tmp_path, name="serve") as server:
         bridge = ServerProcess(workdir=tmp_path, name="bridge", program="bridge",
-                               args=["--upstream", server.grpc_target, "--set", "server.event_loop=asyncio"])  # fmt: skip
+                               args=["--upstream", server.grpc_target, "--set", f"server.event_loop={OTHER_LOOP}"])  # fmt: skip
         with bridge:
             assert _event_loops(server.base_url) == {DEFAULT_LOOP: 1.0}
-            assert _event_loops(bridge.base_url) == {"asyncio": 1.0}
+            assert _event_loops(bridge.base_url) == {OTHER_LOOP: 1.0}
 
             async def turns() -> None:
                 for url in (server.ws_url, bridge.ws_url):  # the bridge's goes on over gRPC to the server
@@ -103,12 +105,12 @@ def test_serve_runs_the_default_loop_and_a_remote_bridge_the_configured_one(tmp_
         assert server.terminate(30) == 0, server.logs()
 
 
-def test_serve_on_asyncio_says_so_and_serves_a_grpc_turn(tmp_path: Path) -> None:
+def test_serve_on_the_other_loop_says_so_and_serves_a_grpc_turn(tmp_path: Path) -> None:
     config = write_config(tmp_path / "t.toml", store=f"sqlite:///{tmp_path / 't.db'}")
     with ServerProcess(
-        config, tmp_path, log_level="info", args=["--set", "server.event_loop=asyncio"]
+        config, tmp_path, log_level="info", args=["--set", f"server.event_loop={OTHER_LOOP}"]
     ) as server:
-        assert _event_loops(server.base_url) == {"asyncio": 1.0}
+        assert _event_loops(server.base_url) == {OTHER_LOOP: 1.0}
 
         async def turn() -> None:
             async with grpc.aio.insecure_channel(server.grpc_target) as channel:
@@ -121,5 +123,5 @@ def test_serve_on_asyncio_says_so_and_serves_a_grpc_turn(tmp_path: Path) -> None
         assert server.terminate(30) == 0, server.logs()
     records = [json.loads(line) for line in server.log_text().splitlines() if line.startswith("{")]
     serving = [r for r in records if r.get("msg") == "tether serving"]
-    assert [r["event_loop"] for r in serving] == ["asyncio"], server.log_text()[-2000:]
+    assert [r["event_loop"] for r in serving] == [OTHER_LOOP], server.log_text()[-2000:]
     assert serving[0]["frozen_objects"] > 10_000  # the startup heap left the collector (gc.freeze)

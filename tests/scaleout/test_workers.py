@@ -84,9 +84,9 @@ async def _event_loops_of_each_worker(server: ServerProcess, pids: list[int]) ->
 
 
 async def test_every_worker_runs_the_configured_event_loop(tmp_path) -> None:
-    with _two_workers(tmp_path, event_loop="asyncio") as server:
+    with _two_workers(tmp_path, event_loop="auto") as server:  # uvloop where installed: not the default
         pids = sorted(server.worker_pids().values())
-        assert await _event_loops_of_each_worker(server, pids) == ["asyncio", "asyncio"]
+        assert await _event_loops_of_each_worker(server, pids) == [eventloop.resolve("auto")] * 2
 
 
 def _alive(pid: int) -> bool:
@@ -103,7 +103,7 @@ async def test_both_workers_serve_websocket_and_grpc_sessions(server: ServerProc
     for pid in pids:  # both workers listen on both ports (SO_REUSEPORT)
         assert listens(pid, server.grpc_port) and listens(pid, server.bridge_port)
     assert not listens(server.pid, server.bridge_port)  # the supervisor serves nothing itself
-    assert await _event_loops_of_each_worker(server, pids) == [eventloop.resolve("auto")] * 2  # the default
+    assert await _event_loops_of_each_worker(server, pids) == [eventloop.DEFAULT] * 2
 
     # WebSocket sessions, each with one store=true turn, until both workers hold some.
     conns, by_worker = [], {pid: [] for pid in pids}
