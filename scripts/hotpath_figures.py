@@ -3,6 +3,7 @@
     python scripts/hotpath_figures.py                       # this checkout (its .venv)
     python scripts/hotpath_figures.py --checkout /tmp/old   # another commit with tether_lab, its .venv
     python scripts/hotpath_figures.py --quick               # fewer repetitions (~2 min), for a smoke run
+    TETHER_SERVER__EVENT_LOOP=uvloop python scripts/hotpath_figures.py   # servers and clients on uvloop
 
 Stdlib only: it drives the checkout's own `tether bench` and `python -m tether_lab.hotpath`, so the
 same script measures an old commit and a new one alike (run both in one quiet window for a

@@ -2,10 +2,10 @@
 standard library's loop), "uvloop", or "auto" (uvloop where it is installed, else asyncio).
 
 Why the choice, and why asyncio by default (issue 16, 2-core VM): on uvloop the server's CPU per
-streamed token is 15-20% lower (1.25 -> 1.04 µs in one process; the 100-stream gRPC run's server
-CPU 0.9 -> 0.7 s), but the per-turn server overhead of a cached `bugfix20` turn over real sockets
-was 3-12% higher in each of five back-to-back A/B pairs (gRPC p50 0.95-1.03 vs 1.00-1.16 ms),
-while in one process it was not. A server for agents'
+streamed token is 10-17% lower (1.16-1.25 -> 1.04 µs in one process; the 100-stream gRPC run's
+server CPU 0.87 -> 0.77 s), but the per-turn server overhead of a cached `bugfix20` turn over real
+sockets was 3-12% higher in each of six back-to-back A/B pairs (gRPC p50 0.95-1.03 vs 1.00-1.16
+ms), while in one process it was not. A server for agents'
 tool loops is judged on the turn, so asyncio is the default; "uvloop" is the switch for a
 process whose CPU is the limit (many concurrent streams). grpc.aio, websockets and uvicorn's h11
 protocol run on both unchanged. uvloop is a dependency on CPython outside Windows (pyproject.toml).
