@@ -5,7 +5,9 @@
     tether bench throughput --coalesce default --workers 1,2   # one process vs one per core
 
 For each `coalesce_ms` value (x each `--tokens-per-chunk`, x each `--workers`) a fresh server
-subprocess is started
+subprocess is started (`coalesce_ms` is the window's minimum: with many streams generating it
+widens to streams / `limits.coalesce_batches_per_s`, 25 ms for 100 streams at the defaults; pass
+`--set limits.coalesce_batches_per_s=0` for a fixed window; messages per stream show the effect)
 (simulated model, unscripted text answer of `--answer-tokens` tokens at `--tps`, by default one
 delta per token as most upstreams send them);
 `--streams` gRPC Session streams (one channel and TCP connection each, like separate agents) each send one create at

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tether import render
@@ -110,10 +110,6 @@ class Node:
             items += [s.item for s in n.segments]
         object.__setattr__(self, "memo_items", tuple(items))  # a cache, not state: frozen otherwise
         return items
-
-    def token_ids(self) -> Iterator[int]:
-        for seg in self.all_segments():
-            yield from seg.tokens
 
 
 @dataclass(slots=True)
