@@ -189,14 +189,10 @@ class PostInference:
             work, fut = paced.popleft()
             try:
                 work()
-            except Exception as exc:  # noqa: BLE001 - the caller's error, raised where it waits
-                if not fut.done():
-                    fut.set_exception(exc)
-                elif not fut.cancelled():
-                    log.exception("post-terminal work failed")
+            except Exception as exc:  # noqa: BLE001 - raised where the caller waits (or, if it was
+                fut.set_exception(exc)  # cancelled meanwhile, logged by asyncio as never retrieved)
             else:
-                if not fut.done():
-                    fut.set_result(None)
+                fut.set_result(None)
             finally:
                 self._outstanding -= 1
                 if not self._outstanding:
