@@ -141,8 +141,9 @@ class CoalesceWindow:
     while many streams generate at once (`streaming`), up to `max_s` (`coalesce_max_ms`).
 
     Why: a batch costs the same whatever it holds (a gRPC message ~60 µs of server CPU and as much
-    again for a Python client; in the 100-stream run half of the server's CPU was grpc's own), so
-    what loads a busy process is its rate of batches, not of tokens. The window is
+    again for a Python client; in the 100-stream run grpc's poller thread and the loop's native
+    callbacks were ~40-47% of the server's samples), so what loads a busy process is its rate of
+    batches, not of tokens. The window is
     `streaming / batches_per_s`: at most `batches_per_s` delta batches per second over all the
     process's streams, never narrower than `min_s` (up to 32 streams at the defaults keep the 8 ms
     window) nor wider than `max_s`. Only the pace of merged text changes: non-delta events (a new
