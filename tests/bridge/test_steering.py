@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 
@@ -144,3 +145,31 @@ async def test_websocket_steer_with_items_that_are_not_input_items_is_an_error(m
     strict_all([error])
     assert error["type"] == "error" and error["error"]["code"] == "invalid_item"
     assert error["error"]["param"] == "input[1]" and error["event_id"] == "ev1"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "message", "role": "developer", "content": "be brief"},
+        {"type": "message", "role": "assistant", "content": "done"},
+        {"type": "message", "role": "user", "content": [{"type": "output_text", "text": "x"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ],
+    ids=["developer", "assistant", "output_text_part", "function_call"],
+)
+async def test_websocket_steer_input_a_steer_cannot_carry_is_an_error_not_an_unparseable_echo(
+    make_stack: Any, item: dict
+) -> None:
+    """`response.steer.failed` echoes the input in the SDK's `ResponseSteerInput` type, which holds
+    only user messages with input parts and function_call_output items (fuzz seed 16 found an echo
+    of a developer message that the SDK could not parse). Anything else is a malformed event."""
+    good = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}
+    async with make_stack() as stack, stack.ws() as conn:
+        await send_json(conn, {"type": "response.steer", "previous_response_id": "resp_gone", "input": [good, item]})
+        error = await recv_json(conn)
+        await send_json(conn, {"type": "response.steer", "previous_response_id": "resp_gone", "input": [good]})
+        failed = await recv_json(conn)
+    strict_all([error, failed])
+    assert error["type"] == "error" and error["error"]["code"] == "invalid_item"
+    assert error["error"]["param"] == "input[1]"
+    assert failed["type"] == "response.steer.failed" and failed["steer"]["input"] == [good]

@@ -296,10 +296,15 @@ class Session:
         `steered`) and its successor starts with the steer input; otherwise the successor starts
         when it ends, or the input waits for the tool output it stopped for. A refused steer
         returns its input in `response.steer.failed`."""
-        unknown = next((i for i, item in enumerate(steer.input) if item.WhichOneof("item") == "other"), None)
-        if unknown is not None:  # not an input item at all: the event is malformed, not refused
+        unknown = next((i for i, item in enumerate(steer.input) if not _steer_input_item(item)), None)
+        if unknown is not None:  # not what a steer may carry: the event is malformed, not refused
             await self.emit_error(
-                TetherError(errors.INVALID_ITEM, "Steer input must be input items.", param=f"input[{unknown}]"),
+                TetherError(
+                    errors.INVALID_ITEM,
+                    "Steer input may hold only user messages (string, input_text, input_image or input_file "
+                    "content) and function_call_output items.",
+                    param=f"input[{unknown}]",
+                ),
                 event_id=event_id,
             )
             return
@@ -442,3 +447,18 @@ class Session:
             self._watchdog.cancel()
         self.cache.clear()
         self._on_closed(self)
+
+_STEER_PARTS = frozenset(("input_text", "input_image", "input_file"))
+
+
+def _steer_input_item(item: items_pb2.Item) -> bool:
+    """Whether a steer may carry `item` (the SDK's `ResponseSteerInput`: user messages whose content
+    is a string or input_text/input_image/input_file parts, and function_call_output items). Any
+    other item could not even be echoed back in `response.steer.failed`, whose `steer.input` has
+    that type: such an event is malformed (an `error`), not a refused steer."""
+    kind = item.WhichOneof("item")
+    if kind == "function_call_output":
+        return True
+    if kind != "message" or item.message.role != "user":
+        return False
+    return all(part.WhichOneof("part") in _STEER_PARTS for part in item.message.content)
