@@ -79,10 +79,7 @@ class Engine:
             hydrate=self.hydrate,
             telemetry=telemetry,
             clock=clock,
-            coalesce=CoalesceWindow(
-                config.limits.coalesce_ms / 1000.0, config.limits.coalesce_max_ms / 1000.0,
-                config.limits.coalesce_batches_per_s,
-            ),  # fmt: skip
+            coalesce=CoalesceWindow.from_limits(config.limits),
         )
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()

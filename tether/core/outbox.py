@@ -35,6 +35,7 @@ from contextlib import contextmanager
 
 import orjson
 
+from tether.config import Limits
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.protocol.wire import DELTA_ARMS, TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
@@ -161,6 +162,10 @@ class CoalesceWindow:
     @classmethod
     def fixed(cls, seconds: float) -> CoalesceWindow:
         return cls(seconds)
+
+    @classmethod
+    def from_limits(cls, limits: Limits) -> CoalesceWindow:
+        return cls(limits.coalesce_ms / 1000.0, limits.coalesce_max_ms / 1000.0, limits.coalesce_batches_per_s)
 
     def current(self) -> float:
         if self.min_s <= 0 or self.batches_per_s <= 0:

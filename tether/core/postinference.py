@@ -97,8 +97,7 @@ class PostInference:
             key = (job.record.tenant, job.record.response.id)
             self._pending[key] = fut
             fut.add_done_callback(lambda _f, key=key: self._pending.pop(key, None))
-        self._outstanding += 1
-        self._idle.clear()
+        self._started_one()
         self._queue.put_nowait((job, fut, 1))
 
     async def after_terminal(self, work: Callable[[], None]) -> None:
@@ -113,8 +112,7 @@ class PostInference:
         after the terminal event would otherwise lose the store write), and `flush()` on
         shutdown waits for it like for the writes it submits. Raises what `work` raised."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._outstanding += 1
-        self._idle.clear()
+        self._started_one()
         self._paced.append((work, fut))
         self._paced_ready.set()
         await asyncio.shield(fut)
@@ -176,9 +174,7 @@ class PostInference:
                 self.completed += 1
             if not fut.done():
                 fut.set_result(None)
-            self._outstanding -= 1
-            if not self._outstanding:
-                self._idle.set()
+            self._finished_one()
 
     async def _run_paced(self) -> None:
         paced = self._paced
@@ -194,10 +190,18 @@ class PostInference:
             else:
                 fut.set_result(None)
             finally:
-                self._outstanding -= 1
-                if not self._outstanding:
-                    self._idle.set()
+                self._finished_one()
             await asyncio.sleep(0)  # the next one in the next iteration: timers and writers first
+
+    def _started_one(self) -> None:
+        self._outstanding += 1
+        self._idle.clear()
+
+    def _finished_one(self) -> None:
+        """A submitted job or paced work is done (written, given up, or run): `flush()` may end."""
+        self._outstanding -= 1
+        if not self._outstanding:
+            self._idle.set()
 
     async def _attempt(self, job: PostJob, attempt: int) -> PostJob | float | Failed | None:
         """One write. None: written; `Failed`: given up (logged and counted); a float: a

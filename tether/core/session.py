@@ -321,7 +321,7 @@ class Session:
                 if target not in self.cache
                 else ("response_already_completed", f"Response '{target}' has already completed.")
             )
-        elif not items or any(i.WhichOneof("item") != "message" or i.message.role != "user" for i in items):
+        elif not items or any(i.WhichOneof("item") != "message" for i in items):  # the rest are user messages
             problem = ("invalid_input", "Steer input must be a non-empty list of user messages.")
         elif turn.params.context_management:
             problem = ("steering_not_supported", "Steering is not supported with automatic compaction.")
