@@ -40,7 +40,7 @@ class Limits:
     idle_timeout_s: float = 900.0  # no client event and nothing active
     lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
     cache_responses_per_connection: int = 64  # cached response states (LRU)
-    cache_bytes_per_process: int = 2 * 1024**3  # all sessions' cached state; LRU-evicted past it
+    cache_bytes_per_process: int = 2 * 1024**3  # all sessions' cached state; past it the tenant holding most evicts its LRU
     token_cache_bytes: int = 64 * 1024**2  # tokenised texts per process, for stateless resends; 0 = off
     # Streaming.
     outbound_buffer_events: int = 256  # per connection; a slow reader blocks its own generation

@@ -76,6 +76,33 @@ def test_the_process_budget_evicts_across_connections_oldest_first():
     assert budget.used == 10
 
 
+def test_the_process_budget_gives_each_tenant_a_fair_share():
+    budget = CacheBudget(40)
+    quiet = ResponseCache(8, budget, tenant="b")
+    quiet.put(entry("b1", 10))
+    noisy = [ResponseCache(8, budget, tenant="a") for _ in range(3)]
+    for i in range(12):  # tenant a's warm-ups, on several connections, long after b's entry
+        noisy[i % 3].put(entry(f"a{i}", 10))
+    # b holds 10 bytes, under its fair share (40 / 2 tenants): only a's own entries were evicted.
+    assert "b1" in quiet and budget.used_by("b") == 10
+    assert budget.used_by("a") == 30 and budget.used == 40
+    assert sum(len(c) for c in noisy) == 3 and "a11" in noisy[2]  # a's most recent three are kept
+    # Past the bound, the tenant holding the most bytes pays: first a, then b for itself.
+    quiet.put(entry("b2", 10))  # a: 30, b: 20 -> a's oldest goes
+    assert budget.used_by("a") == 20 and budget.used_by("b") == 20 and "b1" in quiet
+    quiet.put(entry("b3", 10))  # a: 20, b: 30 -> b's own oldest goes
+    assert "b1" not in quiet and budget.used_by("b") == 20 and budget.used_by("a") == 20
+    quiet.clear()
+    assert budget.used_by("b") == 0 and budget.used == 20
+
+
+def test_the_process_budget_keeps_the_entry_just_charged_even_alone_over_it():
+    budget = CacheBudget(5)
+    cache = ResponseCache(8, budget, tenant="a")
+    cache.put(entry("big", 10))
+    assert "big" in cache and budget.used == 10
+
+
 # -- builder ----------------------------------------------------------------------------------------
 
 

@@ -579,6 +579,28 @@ async def test_cache_bytes_per_process_lru_across_connections() -> None:
         await wait_for(lambda: engine.cache_budget.used == 0)  # closed connections free their share
 
 
+async def test_cache_bytes_per_process_fair_share_per_tenant() -> None:
+    """Tenant a's generate:false warm-ups fill the process budget many times over; tenant b's
+    store=false state, within its fair share, stays, and b continues from it."""
+    warm = {**CREATE, "generate": False, "input": "a deterministic input of a few tokens"}
+    async with full_stack() as probe, probe.ws() as conn:
+        await send_json(conn, warm)
+        await recv_response(conn)
+        one = probe.engine.cache_budget.used  # bytes of one cached response
+    async with full_stack(instant_config(cache_bytes_per_process=4 * one)) as stack:
+        engine = stack.engine
+        async with stack.ws(KEY_B) as b, stack.ws(KEY_A) as a:
+            await send_json(b, warm)
+            kept = (await recv_response(b))[-1]["response"]["id"]
+            for _ in range(12):
+                await send_json(a, warm)
+                await recv_response(a)
+            assert metric(engine, "tether_cache_evictions_total", reason="process_budget") >= 9
+            assert engine.cache_budget.used_by("b") == one
+            await send_json(b, {**CREATE, "previous_response_id": kept})
+            assert (await recv_response(b))[-1]["type"] == "response.completed"
+
+
 # -- the bridge's request head ---------------------------------------------------------------------
 
 

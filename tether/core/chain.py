@@ -8,7 +8,8 @@ findings), which is what lets a cached continuation skip re-validating, re-class
 re-tokenising its history.
 
 `CachedResponse` is what the connection cache keeps per response id; `ResponseCache` is the
-per-connection LRU, and `CacheBudget` the per-process byte budget shared by all connections.
+per-connection LRU, and `CacheBudget` the per-process byte budget shared by all connections, a
+fair share per tenant.
 """
 
 from __future__ import annotations
@@ -130,39 +131,78 @@ class CachedResponse:
 
 
 class CacheBudget:
-    """The per-process bound on cached response state, shared by all connections (global LRU)."""
+    """The per-process bound on cached response state, shared by all connections, with a fair
+    share per tenant. Past the bound, the tenant holding the most bytes gives up its least recently
+    used entry (max-min fairness): a tenant holding no more than `max_bytes` / (tenants holding
+    entries) is never evicted while another holds more, so one tenant's burst of warm-ups evicts
+    its own state, not another tenant's. Within a tenant, eviction is LRU across its connections."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used = 0
-        self._lru: OrderedDict[tuple[int, str], tuple[ResponseCache, int]] = OrderedDict()
+        # tenant -> its entries, least recently used first: (id(cache), response id) -> (cache, bytes)
+        self._tenants: dict[str, OrderedDict[tuple[int, str], tuple[ResponseCache, int]]] = {}
+        self._tenant_used: dict[str, int] = {}
+
+    def used_by(self, tenant: str) -> int:
+        """Bytes of cached state `tenant` holds now."""
+        return self._tenant_used.get(tenant, 0)
 
     def charge(self, cache: ResponseCache, response_id: str, nbytes: int) -> None:
         key = (id(cache), response_id)
-        self._lru[key] = (cache, nbytes)
+        tenant = cache.tenant
+        self._tenants.setdefault(tenant, OrderedDict())[key] = (cache, nbytes)
+        self._tenant_used[tenant] = self._tenant_used.get(tenant, 0) + nbytes
         self.used += nbytes
-        while self.used > self.max_bytes and len(self._lru) > 1:
-            (_, victim_id), (victim_cache, _) = next(iter(self._lru.items()))
+        while self.used > self.max_bytes:
+            victim = self._victim(key, tenant)
+            if victim is None:  # only the entry just charged is left: keep it
+                break
+            victim_cache, victim_id = victim
             victim_cache.evict(victim_id, reason="process_budget")
 
+    def _victim(self, charged: tuple[int, str], charging: str) -> tuple[ResponseCache, str] | None:
+        """The least recently used entry of the tenant holding the most bytes (on a tie, the
+        tenant charging now), never the entry just charged."""
+        best: tuple[int, bool] | None = None
+        found: tuple[ResponseCache, str] | None = None
+        for tenant, entries in self._tenants.items():
+            first = next((k for k in entries if k != charged), None)
+            if first is None:
+                continue
+            rank = (self._tenant_used[tenant], tenant == charging)
+            if best is None or rank > best:
+                best, found = rank, (entries[first][0], first[1])
+        return found
+
     def touch(self, cache: ResponseCache, response_id: str) -> None:
+        entries = self._tenants.get(cache.tenant)
         key = (id(cache), response_id)
-        if key in self._lru:
-            self._lru.move_to_end(key)
+        if entries is not None and key in entries:
+            entries.move_to_end(key)
 
     def release(self, cache: ResponseCache, response_id: str) -> None:
-        entry = self._lru.pop((id(cache), response_id), None)
-        if entry is not None:
-            self.used -= entry[1]
+        tenant = cache.tenant
+        entries = self._tenants.get(tenant)
+        entry = entries.pop((id(cache), response_id), None) if entries is not None else None
+        if entry is None:
+            return
+        self.used -= entry[1]
+        self._tenant_used[tenant] -= entry[1]
+        if not entries:
+            del self._tenants[tenant], self._tenant_used[tenant]
 
 
 class ResponseCache:
-    """The connection's recent responses (LRU by use, bounded by count and the process budget)."""
+    """The connection's recent responses (LRU by use, bounded by count and the process budget,
+    where they count against `tenant`'s share)."""
 
     def __init__(
-        self, capacity: int, budget: CacheBudget, on_evict: Callable[[str], None] | None = None
-    ) -> None:
+        self, capacity: int, budget: CacheBudget, on_evict: Callable[[str], None] | None = None,
+        *, tenant: str = "",
+    ) -> None:  # fmt: skip
         self.capacity = capacity
+        self.tenant = tenant
         self._budget = budget
         self._entries: OrderedDict[str, CachedResponse] = OrderedDict()
         self._on_evict = on_evict

@@ -94,7 +94,8 @@ class Session:
             clock=services.clock,
         )
         self.cache = ResponseCache(
-            limits.cache_responses_per_connection, cache_budget, on_evict=services.telemetry.cache_eviction
+            limits.cache_responses_per_connection, cache_budget, on_evict=services.telemetry.cache_eviction,
+            tenant=tenant,
         )
         self.context = TurnContext(
             tenant=tenant,
