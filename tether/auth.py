@@ -27,6 +27,10 @@ class Authenticator:
     def open(self) -> bool:
         return not self._entries
 
+    def tenants(self) -> frozenset[str]:
+        """The distinct tenants the configured keys name (several keys may share one)."""
+        return frozenset(tenant for _, tenant in self._entries)
+
     def tenant_of(self, authorizations: Sequence[str]) -> str:
         """The tenant of a request, from every `Authorization` value it carried (HTTP headers or
         gRPC metadata). More than one is refused (401): which one would win is transport trivia

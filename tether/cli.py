@@ -108,7 +108,21 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     from tether.server import serve_remote_forever
 
     upstream, api_key, tls_ca = args.upstream, args.upstream_api_key, args.upstream_ca
-    main = serve_remote_forever(cfg, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    if args.merge_local_tenants and not api_key:
+        print("tether: --merge-local-tenants only means something with --upstream-api-key", file=sys.stderr)
+        return 2
+    if api_key:  # refused before anything listens (start_remote_bridge checks it again)
+        from tether.auth import Authenticator
+        from tether.server import check_merged_tenants
+
+        try:
+            check_merged_tenants(Authenticator.from_sources(file=cfg.server.api_keys_file), args.merge_local_tenants)
+        except ValueError as exc:
+            print(f"tether: {exc}", file=sys.stderr)
+            return 2
+    main = serve_remote_forever(
+        cfg, upstream=upstream, api_key=api_key, tls_ca=tls_ca, merge_tenants=args.merge_local_tenants
+    )
     eventloop.run(main, cfg.server.event_loop)
     return 0
 
@@ -146,6 +160,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="the Tether gRPC address")
     p.add_argument("--upstream-api-key", help="API key sent upstream (default: the client's own key)")
     p.add_argument("--upstream-ca", help="CA certificate (PEM) to verify an upstream using TLS")
+    p.add_argument(
+        "--merge-local-tenants",
+        action="store_true",
+        help="with --upstream-api-key and local keys of several tenants: start anyway, every local tenant "
+        "being one tenant upstream (each sees the others' stored data); refused without this flag",
+    )
     p.set_defaults(run=cmd_bridge)
 
     p = sub.add_parser("migrate", help="create or upgrade the store's schema")

@@ -215,13 +215,17 @@ class RemoteBridge:
 
 async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: str | None = None,
                               tls_ca: str | None = None, authenticator: Authenticator | None = None,
-                              ) -> RemoteBridge:  # fmt: skip
+                              merge_tenants: bool = False) -> RemoteBridge:  # fmt: skip
     """The bridge in front of the Tether gRPC server at `upstream`, listening.
 
     With `api_key`, the bridge authenticates callers itself (`server.api_keys_file` /
     TETHER_API_KEYS, or `authenticator`) and calls upstream as that one key. Without it, each
     caller's own key is forwarded and the upstream authenticates and scopes it
     (`ForwardingAuthenticator`).
+
+    With `api_key`, every local caller is one tenant upstream: each can read, continue and delete
+    the others' stored responses and conversations. So local keys naming more than one tenant are
+    refused (ValueError) unless `merge_tenants` says that is meant (`--merge-local-tenants`).
     """
     from tether.bridge.listener import start_bridge
     from tether.service.remote import ForwardingAuthenticator, RemoteResponsesAPI
@@ -235,6 +239,11 @@ async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: s
                 )
         else:
             authenticator = ForwardingAuthenticator()
+    if api_key and check_merged_tenants(authenticator, merge_tenants) > 1:
+        log.warning(
+            "--merge-local-tenants: the local tenants share ONE upstream tenant; each can read, continue "
+            "and delete the others' stored responses and conversations"
+        )
     api = RemoteResponsesAPI(upstream, api_key=api_key, tls_ca=tls_ca)
     try:
         bridge = await start_bridge(api, authenticator, config, metrics=BridgeMetrics())
@@ -248,11 +257,28 @@ async def start_remote_bridge(config: TetherConfig, *, upstream: str, api_key: s
     return RemoteBridge(bridge, api, reclaimer)
 
 
+def check_merged_tenants(authenticator: Authenticator, merge_tenants: bool) -> int:
+    """A bridge calling upstream as one key merges its local tenants into one: more than one local
+    tenant is refused (ValueError) unless `merge_tenants`. Returns the number of local tenants."""
+    tenants = len(authenticator.tenants())
+    if tenants > 1 and not merge_tenants:
+        raise ValueError(
+            f"--upstream-api-key with {tenants} local tenants would make them one tenant upstream: "
+            "each could read, continue and delete the others' stored responses and conversations. "
+            "Forward the callers' own keys instead (leave --upstream-api-key out), or pass "
+            "--merge-local-tenants if every local key may see every other's data"
+        )
+    return tenants
+
+
 async def serve_remote_forever(
-    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None
+    config: TetherConfig, *, upstream: str, api_key: str | None = None, tls_ca: str | None = None,
+    merge_tenants: bool = False,
 ) -> None:
     """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT."""
-    remote = await start_remote_bridge(config, upstream=upstream, api_key=api_key, tls_ca=tls_ca)
+    remote = await start_remote_bridge(
+        config, upstream=upstream, api_key=api_key, tls_ca=tls_ca, merge_tenants=merge_tenants
+    )
     freeze_startup_heap()
     try:
         print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)

@@ -274,3 +274,40 @@ async def test_conversations_over_grpc(remote: Any) -> None:
         assert (await client.conversations.delete(conv.id)).deleted
         with pytest.raises(openai.NotFoundError):
             await client.conversations.retrieve(conv.id)
+
+
+async def test_one_upstream_key_refuses_several_local_tenants_unless_told(caplog, monkeypatch, capsys) -> None:
+    """`--upstream-api-key` makes every local caller one tenant upstream: with local keys of two
+    tenants the bridge refuses to start (b would read a's stored responses), unless told to merge."""
+    from tether import cli
+
+    config = instant_config()
+    config.server.bridge = False
+    upstream = await server.start(config, authenticator=Authenticator({KEY_A: "a"}))
+    target = f"127.0.0.1:{upstream.grpc.port}"
+    two_tenants = Authenticator({"sk-local-a": "a", "sk-local-b": "b"})
+    try:
+        with pytest.raises(ValueError, match="--merge-local-tenants"):
+            await server.start_remote_bridge(config, upstream=target, api_key=KEY_A, authenticator=two_tenants)
+        # Two keys of one tenant merge nothing: it starts.
+        one_tenant = Authenticator({"sk-local-a": "a", "sk-local-a2": "a"})
+        remote = await server.start_remote_bridge(config, upstream=target, api_key=KEY_A, authenticator=one_tenant)
+        await remote.stop(0.5)
+        with caplog.at_level("WARNING", logger="tether"):
+            remote = await server.start_remote_bridge(
+                config, upstream=target, api_key=KEY_A, authenticator=two_tenants, merge_tenants=True
+            )
+            await remote.stop(0.5)
+        assert any("share ONE upstream tenant" in r.getMessage() for r in caplog.records)
+        # Forwarding the callers' own keys has no such question: each is its own tenant upstream.
+        remote = await server.start_remote_bridge(config, upstream=target)
+        await remote.stop(0.5)
+    finally:
+        await upstream.stop(0)
+    # The command line refuses before it listens, exit status 2 with the reason.
+    monkeypatch.setenv("TETHER_API_KEYS", "sk-local-a:a,sk-local-b:b")
+    argv = ["bridge", "--upstream", target, "--upstream-api-key", KEY_A, "--port", "0", "--host", "127.0.0.1"]
+    assert cli.main(argv) == 2
+    assert "2 local tenants" in capsys.readouterr().err
+    assert cli.main(["bridge", "--upstream", target, "--merge-local-tenants"]) == 2
+    assert "only means something with --upstream-api-key" in capsys.readouterr().err
