@@ -257,3 +257,20 @@ async def test_hosted_tool_choice_forwarded_with_hosted_tools(server):
         await call(server, "openai", "x", tools=tools, tool_choice=_choice({"type": "custom", "name": "p"}),
                    options={"hosted_tools": True})  # fmt: skip
     assert ei.value.param == "tool_choice"
+
+
+async def test_vllm_gets_a_cache_salt_per_tenant_and_other_dialects_none(server):
+    """vLLM shares prefix-cache blocks only between requests with the same `cache_salt`: each
+    tenant gets its own, so one tenant cannot time another's cached prompt."""
+    salts = []
+    for tenant in ("a", "b", "a", ""):
+        await call(server, "vllm", "the same prompt", tenant=tenant, prompt_cache_key="k")
+        salts.append(server.last_body.get("cache_salt"))
+        if tenant:
+            assert server.last_body["prompt_cache_key"] not in ("k", None)
+        else:
+            assert server.last_body["prompt_cache_key"] == "k"  # an open server is one tenant
+    assert salts[0] == salts[2] and salts[0] != salts[1] and all(salts[:3]) and salts[3] is None
+    for dialect in ("openai", "sglang"):
+        await call(server, dialect, "the same prompt", tenant="a")
+        assert "cache_salt" not in server.last_body

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fakes import FakeChatServer, bad_request, unavailable
-from tether.backends.balancer import Health
+from tether.backends.balancer import Health, prefix_chain
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.backends.pool import BackendPool, build_configured_backend
 from tether.config import from_dict
@@ -33,7 +33,7 @@ def make_pool(servers: list[FakeChatServer], **pool) -> BackendPool:
     return backend
 
 
-def request(*texts: str, affinity: str | None = None, key: str | None = None) -> BackendRequest:
+def request(*texts: str, affinity: str | None = None, key: str | None = None, tenant: str = "") -> BackendRequest:
     return BackendRequest(
         model="llama3.1-8b",
         instructions="be brief",
@@ -41,6 +41,7 @@ def request(*texts: str, affinity: str | None = None, key: str | None = None) ->
         input_tokens=20,
         affinity=affinity,
         prompt_cache_key=key,
+        tenant=tenant,
     )
 
 
@@ -178,6 +179,41 @@ async def test_prompt_cache_key_hint_is_stable_per_conversation_and_keeps_the_cl
         assert keys[0] == keys[1] and len(keys[0]) == 32 and keys[2] == "client-key"
     finally:
         await pool.aclose()
+
+
+async def test_prefix_routing_and_cache_hints_are_scoped_per_tenant(upstreams):
+    """Two tenants sending the same prefix (or the same `prompt_cache_key`) share no routing key and
+    no upstream hint: b's routing never follows what a sent, so its latency cannot tell."""
+    shared = ("the long shared system context " * 20, "what is in it?")
+    pool = make_pool(upstreams, policy="prefix-aware")
+    try:
+        await finish_of(pool, request(*shared, tenant="a"))
+        req_a, req_b = request(*shared, tenant="a"), request(*shared, tenant="b")
+        chain_a = prefix_chain(req_a.instructions, req_a.tools, req_a.items, scope="a")
+        chain_b = prefix_chain(req_b.instructions, req_b.tools, req_b.items, scope="b")
+        assert not {b.digest for b in chain_a} & {b.digest for b in chain_b}
+        matched_a = [r.prefixes.match(chain_a) for r in pool.balancer.replicas]
+        assert max(matched_a) == sum(b.tokens for b in chain_a)  # a's own prefix is indexed...
+        assert [r.prefixes.match(chain_b) for r in pool.balancer.replicas] == [0, 0, 0]  # ...b finds none
+        # The client's own key is scoped too: rendezvous over (tenant, key).
+        key_a, key_b = req_a.scoped_cache_key("agent-7"), req_b.scoped_cache_key("agent-7")
+        assert key_a != key_b and "agent-7" not in (key_a, key_b)
+    finally:
+        await pool.aclose()
+    hinted = make_pool(upstreams[:1], cache_hint="prompt_cache_key")
+    try:
+        for tenant in ("a", "b", "a"):
+            await finish_of(hinted, request(*shared, tenant=tenant))
+        for tenant in ("a", "b", "a"):
+            await finish_of(hinted, request("other", key="agent-7", tenant=tenant))
+        sent = upstreams[0].chat_requests[-6:]
+        keys = [r.body["prompt_cache_key"] for r in sent]
+        assert keys[0] == keys[2] != keys[1]  # same prefix: a's key is stable, b's differs
+        assert keys[3] == keys[5] != keys[4]  # same client key: scoped to each tenant
+        assert "agent-7" not in keys  # a tenant's key never reaches the upstream as is
+        assert all("cache_salt" not in r.body for r in sent)  # the generic dialect takes no salt
+    finally:
+        await hinted.aclose()
 
 
 def test_pool_config_from_toml_tables_and_its_errors():

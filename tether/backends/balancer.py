@@ -17,9 +17,9 @@ Policies (`Policy`):
   turns). This is the policy a persistent connection makes natural: the parent's replica holds
   the conversation's KV prefix.
 - `prefix-aware`: what gateways do for stateless requests (SGLang's cache-aware router, llm-d's
-  prefix scorer): with a `prompt_cache_key`, rendezvous hashing of the key over the routable
-  replicas; otherwise the replica whose routed-prefix index holds the longest prefix of the
-  request's rendered prompt (`prefix_chain`), if that match covers at least `min_prefix_match`
+  prefix scorer): with a `prompt_cache_key`, rendezvous hashing of the key (scoped to the
+  tenant) over the routable replicas; otherwise the replica whose routed-prefix index holds the longest prefix of the
+  request's rendered prompt (`prefix_chain`, hashed per tenant), if that match covers at least `min_prefix_match`
   of the prompt and the replica is not overloaded; else least-loaded.
 
 Overload (both cache-seeking policies): a preferred replica is skipped when its in-flight count
@@ -73,14 +73,22 @@ CHARS_PER_TOKEN = 4  # a block's token estimate: stable for the same text, whate
 
 
 def prefix_chain(
-    instructions: str | None, tools: Sequence[request_pb2.Tool], items: Sequence[items_pb2.Item]
+    instructions: str | None,
+    tools: Sequence[request_pb2.Tool],
+    items: Sequence[items_pb2.Item],
+    *,
+    scope: str = "",
 ) -> list[Block]:
     """The prompt as a chain of blocks, hashed over the rendered text (what the model sees, so a
     resent history hashes like a cached one). Token counts are estimated from the rendered length
-    (`CHARS_PER_TOKEN`), not tokenised: routing and the simulator need them per block, every call."""
+    (`CHARS_PER_TOKEN`), not tokenised: routing and the simulator need them per block, every call.
+    `scope` (the tenant) seeds the hash: the same prompt from two tenants makes two unrelated
+    chains, so neither's routing (or cache hint) reveals whether the other sent that prefix."""
     texts = [render.render_header(instructions, list(tools)), *(render.render_item(i) for i in items)]
     chain: list[Block] = []
     h = hashlib.blake2b(digest_size=16)
+    h.update(scope.encode())
+    h.update(b"\x00")
     for text in texts:
         data = text.encode()
         h.update(data)

@@ -19,6 +19,7 @@ response) in a `finally`/`async with`, so the upstream stops generating.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -63,6 +64,26 @@ class BackendRequest:
     # Fields a backend pool adds to the upstream request body (cache/slot hints, e.g. llama.cpp's
     # `id_slot`); adapters that build a JSON body merge them in.
     upstream_fields: dict[str, object] = field(default_factory=dict)
+    # The tenant (API key's) making the call: it scopes every prefix-cache key (prefix-aware
+    # routing, upstream cache hints, `cache_salt`), so one tenant's prompt never finds another's
+    # cached prefix. Never sent upstream as such. "" on an open server (one tenant).
+    tenant: str = ""
+
+    def scoped_cache_key(self, key: str) -> str:
+        """`key` (a client's `prompt_cache_key`, a conversation key) as this tenant's own: a
+        digest of (tenant, key), so two tenants naming the same key get different ones; as is on
+        an open server (a single tenant)."""
+        if not self.tenant:
+            return key
+        data = self.tenant.encode() + b"\x00" + key.encode()
+        return hashlib.blake2b(data, digest_size=16, person=b"tether-cachekey").hexdigest()
+
+    def cache_salt(self) -> str | None:
+        """The salt that keeps this tenant's prompts in a prefix-cache namespace of their own on
+        a server that takes one (vLLM's `cache_salt`); None on an open server."""
+        if not self.tenant:
+            return None
+        return hashlib.blake2b(self.tenant.encode(), digest_size=16, person=b"tether-cachesalt").hexdigest()
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ flat `ttft_ms` (the behaviour the rest of the suite relies on).
 With the model on, one call on a replica:
 
 1. looks up the longest prefix of its prompt (`tether.backends.balancer.prefix_chain`: the rendered
-   header, then one block per item) in the replica's KV cache: an LRU of blocks bounded by
+   header, then one block per item, hashed per tenant as a server salted per tenant would,
+   vLLM's `cache_salt`) in the replica's KV cache: an LRU of blocks bounded by
    `kv_cache_tokens` in total (blocks are inserted leaf first, so a shared root outlives its
    leaves, as vLLM frees blocks in reverse order);
 2. queues its uncached tokens on the replica's prefill engine (one prefill at a time, FIFO, at

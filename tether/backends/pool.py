@@ -216,13 +216,15 @@ class BackendPool:
         )
         if not needs:
             return []
-        return prefix_chain(request.instructions, request.tools, request.items)
+        return prefix_chain(request.instructions, request.tools, request.items, scope=request.tenant)
 
     def _hints(self, chain: list[Block], request: BackendRequest) -> dict[str, object]:
+        """The cache hint for the upstream, from the tenant's own keys: the client's
+        `prompt_cache_key` scoped to the tenant, else the conversation key of the tenant's chain."""
         hint = self.config.cache_hint
         if not hint:
             return {}
-        key = request.prompt_cache_key or conversation_key(chain)
+        key = request.scoped_cache_key(request.prompt_cache_key) if request.prompt_cache_key else conversation_key(chain)
         if hint == "prompt_cache_key":
             return {"prompt_cache_key": key}
         return {"id_slot": int(key[:8] or "0", 16) % self.config.slots_per_replica}
@@ -233,7 +235,8 @@ class BackendPool:
     async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
         chain = self._chain(request)
         now = time.monotonic()
-        order = self.balancer.order(now, affinity=request.affinity, chain=chain, cache_key=request.prompt_cache_key)
+        cache_key = request.scoped_cache_key(request.prompt_cache_key) if request.prompt_cache_key else None
+        order = self.balancer.order(now, affinity=request.affinity, chain=chain, cache_key=cache_key)
         candidates = order[: 1 + self.config.failover_attempts]
         fields = self._hints(chain, request)
         failure: BackendError | None = None

@@ -635,7 +635,7 @@ class SimulatedBackend(BackendBase):
         ttft_s, cached = plan.ttft_s, None  # None: no prefix cache of its own, Tether counts the reuse
         physics = self.physics
         if physics is not None:
-            chain = prefix_chain(request.instructions, request.tools, request.items)
+            chain = prefix_chain(request.instructions, request.tools, request.items, scope=request.tenant)
             admission = physics.admit(chain, plan.ttft_s, t0)
             ttft_s, cached = admission.ttft_s, min(admission.cached_tokens, request.input_tokens)
         if ttft_s > 0:

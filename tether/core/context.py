@@ -31,7 +31,7 @@ from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import events_pb2
 
 Hydrate = Callable[[str, str, str], Awaitable[CachedResponse | None]]  # (tenant, response id, lane)
-Summarize = Callable[..., Awaitable[tuple[str, int]]]  # (route, context, instructions, affinity=)
+Summarize = Callable[..., Awaitable[tuple[str, int]]]  # (route, context, instructions, affinity=, tenant=)
 
 
 @dataclass(frozen=True, slots=True)

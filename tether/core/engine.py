@@ -176,9 +176,11 @@ class Engine:
         instructions: str | None,
         *,
         affinity: str | None = None,
+        tenant: str = "",
     ) -> tuple[str, int]:
         """Compaction: ask the backend to summarise the older items; keep the recent turn verbatim.
-        `affinity`: the pool replica that holds the conversation (chain-affine routing).
+        `affinity`: the pool replica that holds the conversation (chain-affine routing); `tenant`:
+        whose call it is (it scopes prefix-cache keys, `BackendRequest.tenant`).
         Returns (summary, number of trailing items kept)."""
         keep = _kept_tail(context)
         older = list(context[: len(context) - keep])
@@ -189,6 +191,7 @@ class Engine:
             items=older,
             input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
             affinity=affinity,
+            tenant=tenant,
         )
         stream = route.backend.stream(request)
         try:
@@ -298,7 +301,7 @@ class Engine:
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
-        summary, keep = await self.summarize(route, context, instructions)
+        summary, keep = await self.summarize(route, context, instructions, tenant=tenant)
         item = items_pb2.Item()
         item.compaction.id = ids.compaction_id()
         item.compaction.encrypted_content = encode_payload(summary, keep)

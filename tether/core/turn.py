@@ -392,6 +392,7 @@ class Turn:
             service_tier=p.service_tier,
             input_tokens=input_tokens,
             affinity=affinity,
+            tenant=self.ctx.tenant,
         )
 
     async def _stream_step(
@@ -527,7 +528,8 @@ class Turn:
         await self.ctx.outbox.put(ev)
         context = [*prepared.node.items(), *output]
         summary, keep = await self.services.summarize(
-            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None
+            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None,
+            tenant=self.ctx.tenant,
         )
         item = items_pb2.Item()
         item.compaction.id = item_id

@@ -81,13 +81,17 @@ class Dialect:
     schema_subset: str | None = None
     # The service tiers the server offers (None: whatever the client names is passed on).
     service_tiers: tuple[str, ...] | None = None
+    # The server takes a `cache_salt` (vLLM): prefix-cache blocks are shared only between requests
+    # with the same salt. Tether sends one per tenant (`BackendRequest.cache_salt`), so a tenant
+    # cannot time another's cached prefixes on a shared server.
+    cache_salt: bool = False
 
 
 DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
         Dialect("openai", "OpenAI and any server not listed here", allowed_tools_choice=True, custom_tools=True),
-        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier", "verbosity"})),
+        Dialect("vllm", "vLLM", rejected_fields=frozenset({"service_tier", "verbosity"}), cache_salt=True),
         Dialect("sglang", "SGLang", rejected_fields=frozenset({"service_tier", "verbosity"})),
         Dialect(
             "llamacpp",

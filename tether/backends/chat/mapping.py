@@ -538,8 +538,11 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
             body["top_logprobs"] = request.logprobs
     if request.user:
         body["user"] = request.user
-    if request.prompt_cache_key:
-        body["prompt_cache_key"] = request.prompt_cache_key
+    if request.prompt_cache_key:  # the tenant's own key: two tenants' equal keys never meet upstream
+        body["prompt_cache_key"] = request.scoped_cache_key(request.prompt_cache_key)
+    salt = request.cache_salt() if dialect.cache_salt else None
+    if salt is not None:
+        body["cache_salt"] = salt
     if request.service_tier:
         tiers = dialect.service_tiers
         if tiers is not None and request.service_tier not in tiers:

@@ -84,7 +84,9 @@ CREATE_FIELDS: dict[str, Field] = {
     "text": Field(B, "`format` passed to the backend; `verbosity` sent on the `openai` dialect, 400 on dialects without it."),
     "metadata": Field(E, "Up to `Limits.max_metadata_pairs` pairs, stored and echoed."),
     "context_management": Field(H, "`compaction` with `compact_threshold`: server-side compaction."),
-    "prompt_cache_key": Field(B, "Passed to the backend as its cache key."),
+    "prompt_cache_key": Field(B, "Passed to the backend as its cache key, scoped to the tenant (a digest of the "
+                              "tenant and the key; as is on an open server), so two tenants' equal keys never "
+                              "meet upstream (docs/replicas.md)."),
     "include": Field(H, "Each value has its own treatment (see the include table)."),
     "user": Field(B, "Passed to the backend as `user`."),
     "safety_identifier": Field(B, "Passed to the backend as `user` when `user` is not set."),
