@@ -3,6 +3,8 @@
 Message contents and credentials are not logged by default: the core logs ids, counts and codes,
 never item text, and `RedactingFilter` masks anything that looks like a bearer token or API key
 that still slips into a record (config `log_content = true` turns the masking off for debugging).
+`redact_url` is the one way a configured URL (a store, a backend replica) is shown anywhere: logs,
+error messages, metric labels.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import re
 import sys
 import time
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import orjson
 
@@ -18,16 +21,56 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"me
 _SECRET_RE = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\b(sk|tk)-[A-Za-z0-9_-]{8,}")
 
 
+# Query parameters whose value is a credential (`?token=`, `api_key`, `access_token`, `sig`, ...).
+_SECRET_PARAM = r"token|key|secret|pass|pwd|auth|sig|credential|session|cookie"
+_SECRET_PARAM_RE = re.compile(f"(?i){_SECRET_PARAM}")
+# The same two places inside any text (a library's log line naming a URL): userinfo, secret params.
+_URL_USERINFO_RE = re.compile(r"(?<=://)[^/\s@]+@")
+_URL_PARAM_RE = re.compile(rf"(?i)([?&][^=&\s]*(?:{_SECRET_PARAM})[^=&\s]*=)[^&\s#\"']*")
+
+
 def redact(text: str) -> str:
-    return _SECRET_RE.sub(lambda m: (m.group(1) or "") + "[REDACTED]", text)
+    """`text` with bearer tokens, API keys and the credentials of any URL in it masked."""
+    text = _SECRET_RE.sub(lambda m: (m.group(1) or "") + "[REDACTED]", text)
+    if "://" in text:
+        text = _URL_USERINFO_RE.sub("***@", text)
+    if "=" in text:
+        text = _URL_PARAM_RE.sub(r"\1***", text)
+    return text
+
+
+def redact_url(url: str) -> str:
+    """`url` with its credentials replaced by `***`: the password of the userinfo (a user name
+    alone too, since `https://TOKEN@host` puts the token there), and the value of every query
+    parameter whose name says it is a secret. Host, port, path and other parameters stay, so the
+    URL still says where it points."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostport = netloc.rpartition("@")
+            user, colon, _ = userinfo.partition(":")
+            netloc = f"{user}:***@{hostport}" if colon else f"***@{hostport}"
+        query = parts.query
+        if query:
+            pairs = parse_qsl(query, keep_blank_values=True)
+            if any(_SECRET_PARAM_RE.search(k) for k, _ in pairs):
+                query = "&".join(f"{k}=***" if _SECRET_PARAM_RE.search(k) else f"{k}={v}" for k, v in pairs)
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
+    except ValueError:
+        return "<unparseable URL>"
 
 
 class RedactingFilter(logging.Filter):
+    """Masks secrets in the rendered message: arguments of any type (httpx logs a URL object, not
+    a string) are formatted first, then the whole text is redacted."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
-        if record.args:
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args) if isinstance(record.args, tuple) else record.args
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: leave it to the handler's own error path
+            return True
+        record.msg, record.args = redact(message), None
         return True
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import generate_latest
 
 from tests.fakes import FakeChatServer, bad_request, unavailable
 from tether.backends.balancer import Health, prefix_chain
@@ -13,6 +14,7 @@ from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.backends.pool import BackendPool, build_configured_backend
 from tether.config import from_dict
 from tether.core.items import user_message
+from tether.logging_setup import RedactingFilter
 from tether.observability.metrics import Metrics
 
 
@@ -214,6 +216,38 @@ async def test_prefix_routing_and_cache_hints_are_scoped_per_tenant(upstreams):
         assert all("cache_salt" not in r.body for r in sent)  # the generic dialect takes no salt
     finally:
         await hinted.aclose()
+
+
+async def test_credentials_in_replica_urls_never_reach_metric_labels_or_logs(upstreams, caplog):
+    live = upstreams[0].base_url.replace("http://", "http://agent:pa55word@")
+    replicas = [
+        "http://t0ken-in-userinfo@127.0.0.1:9/v1",  # refused: fails over, logged
+        {"base_url": "http://127.0.0.1:9/v2?token=qu3ry-secret&region=eu"},
+        live,
+    ]
+    backend = build_configured_backend(
+        "llm", "openai", {"max_retries": 0, "connect_timeout_s": 2},
+        {"replicas": replicas, "policy": "round-robin", "failover_attempts": 2},
+    )  # fmt: skip
+    assert isinstance(backend, BackendPool)
+    metrics = Metrics()
+    backend.bind_metrics(metrics)
+    secrets = ("t0ken-in-userinfo", "qu3ry-secret", "pa55word")
+    try:
+        caplog.handler.addFilter(RedactingFilter())  # the filter every handler of `tether serve` has
+        with caplog.at_level("INFO"):
+            served = {(await finish_of(backend, request("hi"))).replica for _ in range(3)}
+        assert served == {live.replace("pa55word", "***")}  # the live one served, as its masked name
+        assert upstreams[0].chat_requests  # the credentials still went where they belong
+        names = [r.name for r in backend.replicas]
+        assert names == ["http://***@127.0.0.1:9/v1", "http://127.0.0.1:9/v2?token=***&region=eu", served.pop()]
+        exposition = generate_latest(metrics.registry).decode()
+        logged = caplog.text
+        assert "failed before its first chunk" in logged and "tether_replica_calls_total" in exposition
+        for secret in secrets:
+            assert secret not in exposition and secret not in logged
+    finally:
+        await backend.aclose()
 
 
 def test_pool_config_from_toml_tables_and_its_errors():

@@ -21,7 +21,9 @@ another Tether replica.
 
 `replicas` is a count (that many copies of the backend's options: simulated replicas), or a list
 whose entries are a base URL (string) or a table of option overrides (with an optional `name`).
-A replica's name is its `name`, else its base URL, else `<backend>/<index>`.
+A replica's name is its `name`, else its base URL with any credentials in it masked
+(`redact_url`: userinfo, `?token=` and other secret query values), else `<backend>/<index>`. The
+name is what metric labels, logs and stored responses carry, so a secret never gets there.
 
 Health: passive (consecutive failures before the first byte eject a replica for `eject_s`, after
 which it is on probation) and, with `health_path`, active (a GET every `health_interval_s`; a
@@ -52,6 +54,7 @@ from tether.backends.balancer import (
 )
 from tether.backends.base import Backend, BackendError, BackendRequest, Chunk, Finish, chunks_of
 from tether.backends.registry import build_backend, parse_dataclass
+from tether.logging_setup import redact_url
 
 log = logging.getLogger("tether.pool")
 
@@ -90,10 +93,11 @@ def replica_options(name: str, options: Mapping[str, Any], replicas: Any) -> lis
     out = []
     for i, entry in enumerate(replicas):
         if isinstance(entry, str):
-            out.append((entry, {**options, "base_url": entry}))
+            out.append((redact_url(entry), {**options, "base_url": entry}))
         elif isinstance(entry, Mapping):
             entry = dict(entry)
-            rname = entry.pop("name", None) or entry.get("base_url") or f"{name}/{i}"
+            url = entry.get("base_url")
+            rname = entry.pop("name", None) or (redact_url(url) if url else f"{name}/{i}")
             out.append((str(rname), {**options, **entry}))
         else:
             raise ValueError(f"{label}[{i}] must be a base URL or a table, got {entry!r}")

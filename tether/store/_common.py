@@ -163,15 +163,3 @@ def split_query_options(url: str, known: Sequence[str]) -> tuple[str, dict[str, 
         else:
             kept.append((name, value))
     return urlunsplit(parts._replace(query=urlencode(kept))), options
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by `***` (for error messages and logs)."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparseable store URL>"

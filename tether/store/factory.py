@@ -29,8 +29,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from tether.extras import require
+from tether.logging_setup import redact_url
 
-from ._common import redact_url, split_query_options
+from ._common import split_query_options
 from .base import Store
 
 SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "redis", "rediss")

@@ -54,13 +54,13 @@ from typing import Any
 
 import asyncpg
 
+from tether.logging_setup import redact_url
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
     MissingItemError,
     check_page_args,
     item_api_id,
-    redact_url,
     split_query_options,
     usage_to_row,
 )

@@ -48,6 +48,7 @@ from urllib.parse import quote
 
 import redis.asyncio as aioredis
 
+from tether.logging_setup import redact_url
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
@@ -55,7 +56,6 @@ from ._common import (
     MissingItemError,
     check_page_args,
     item_api_id,
-    redact_url,
     split_query_options,
     usage_from_mapping,
     usage_to_row,
