@@ -7,6 +7,12 @@ under `[prompts.<id>.versions.<version>]`, with `default_version` naming the one
 without `version` gets (default: the last one listed); a template without `versions` has the one
 version "1". Everything is checked when the config loads (`PromptLibrary.from_config`).
 
+Templates are scoped to tenants: `tenants = ["a", "b"]` on a template makes it exist only for
+those tenants (the names API keys map to, `tether.auth`; an open server's one tenant is `""`).
+A template without `tenants` is every tenant's. To a tenant outside its list a template does not
+exist: naming it is the same 400 as naming no template at all, and that error lists only the ids
+the caller may use, never another tenant's.
+
 Applying one (`PromptLibrary.apply`, first thing in a create's preparation, before validation):
 the template's instructions go before the request's own `instructions` (a blank line between),
 its messages before the request's input, every placeholder replaced by its variable. A variable
@@ -54,6 +60,10 @@ class PromptTemplate:
     id: str
     versions: Mapping[str, PromptVersion]
     default_version: str
+    tenants: frozenset[str] | None = None  # who may use it; None: every tenant
+
+    def visible_to(self, tenant: str) -> bool:
+        return self.tenants is None or tenant in self.tenants
 
 
 @dataclass
@@ -67,17 +77,22 @@ class PromptLibrary:
             raise ValueError("[prompts] must be a table of templates")
         return cls({pid: _template(pid, spec) for pid, spec in data.items()})
 
-    def apply(self, params: request_pb2.ResponseCreateParams) -> None:
-        """Expand `params.prompt` into `params.instructions` and `params.input` (see above)."""
+    def visible_ids(self, tenant: str) -> list[str]:
+        """The ids of the templates `tenant` may use, sorted."""
+        return sorted(pid for pid, t in self.templates.items() if t.visible_to(tenant))
+
+    def apply(self, params: request_pb2.ResponseCreateParams, tenant: str) -> None:
+        """Expand `params.prompt` into `params.instructions` and `params.input` (see above), with
+        the templates `tenant` may use."""
         if not params.HasField("prompt"):
             return
         prompt = params.prompt
         template = self.templates.get(prompt.id)
-        if template is None:
+        if template is None or not template.visible_to(tenant):
             raise TetherError(
                 errors.INVALID_REQUEST,
-                f"Unknown prompt.id {prompt.id!r}: this server defines "
-                + (", ".join(repr(k) for k in sorted(self.templates)) or "no prompts")
+                f"Unknown prompt.id {prompt.id!r}: the prompts you can use are "
+                + (", ".join(repr(k) for k in self.visible_ids(tenant)) or "none")
                 + ".",
                 param="prompt.id",
                 status=400,
@@ -201,12 +216,23 @@ def _version(where: str, spec: Any) -> PromptVersion:
     return PromptVersion(instructions, tuple(messages), names)
 
 
+def _tenants(where: str, spec: Mapping[str, Any]) -> frozenset[str] | None:
+    if "tenants" not in spec:
+        return None
+    tenants = spec["tenants"]
+    if not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants):
+        raise ValueError(f"{where}.tenants must be a list of tenant names")
+    return frozenset(tenants)
+
+
 def _template(pid: str, spec: Any) -> PromptTemplate:
     where = f"prompts.{pid}"
     if not isinstance(spec, Mapping):
         raise ValueError(f"[{where}] must be a table")
+    tenants = _tenants(where, spec)
+    spec = {k: v for k, v in spec.items() if k != "tenants"}
     if "versions" not in spec:
-        return PromptTemplate(pid, {"1": _version(where, spec)}, "1")
+        return PromptTemplate(pid, {"1": _version(where, spec)}, "1", tenants)
     unknown = set(spec) - {"versions", "default_version"}
     if unknown:
         raise ValueError(f"unknown keys in [{where}] (a template with versions): {sorted(unknown)}")
@@ -217,4 +243,4 @@ def _template(pid: str, spec: Any) -> PromptTemplate:
     default = str(spec.get("default_version", list(versions)[-1]))
     if default not in versions:
         raise ValueError(f"{where}.default_version {default!r} is not one of its versions")
-    return PromptTemplate(pid, versions, default)
+    return PromptTemplate(pid, versions, default, tenants)

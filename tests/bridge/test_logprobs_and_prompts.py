@@ -17,7 +17,7 @@ from tether.protocol import json_codec
 
 from ..support.grpc_client import RawSession
 from .conftest import Stack
-from .helpers import KEY_A, check_sse_events, recv_response, recv_until, send_json
+from .helpers import KEY_A, KEY_B, check_sse_events, recv_response, recv_until, send_json
 
 LOGPROBS = "message.output_text.logprobs"
 PROMPTS = {
@@ -188,6 +188,40 @@ async def test_grpc_prompt_template(stack: Stack, grpc_port: int) -> None:
         session.call.cancel()
 
 
+async def test_prompt_templates_are_scoped_to_tenants(stack: Stack) -> None:
+    """A template with `tenants` exists only for them: another tenant naming it gets the 400 of an
+    id that does not exist, and no error lists another tenant's ids."""
+    stack.config.prompts = PromptLibrary.from_config({
+        **PROMPTS,
+        "a-secret-playbook": {"tenants": ["a"], "instructions": "Escalate {{who}}."},
+        "b-private": {"tenants": ["b"], "versions": {"1": {"instructions": "B only."}}},
+    })  # fmt: skip
+    async with stack.client(KEY_A) as a, stack.client(KEY_B) as b:
+        r = await a.responses.create(model="sim-model", input="x",
+                                     prompt={"id": "a-secret-playbook", "variables": {"who": "ops"}})  # fmt: skip
+        assert r.instructions == "Escalate ops."
+        assert (await b.responses.create(model="sim-model", input="x", prompt={"id": "b-private"})).instructions == "B only."
+        assert (await b.responses.create(model="sim-model", input="x", prompt={"id": "triage", "version": "1"})).status == "completed"
+        messages = {}
+        for pid in ("a-secret-playbook", "no-such-prompt"):
+            with pytest.raises(openai.BadRequestError) as info:
+                await b.responses.create(model="sim-model", input="x", prompt={"id": pid, "variables": {"who": "x"}})
+            assert (info.value.body["code"], info.value.body["param"]) == ("invalid_request", "prompt.id")
+            messages[pid] = info.value.body["message"].replace(pid, "<id>")
+        assert messages["a-secret-playbook"] == messages["no-such-prompt"]  # no existence oracle
+        assert "a-secret-playbook" not in messages["no-such-prompt"] and "'b-private'" in messages["no-such-prompt"]
+        with pytest.raises(openai.BadRequestError) as info:
+            await a.responses.create(model="sim-model", input="x", prompt={"id": "nope"})
+        assert "b-private" not in info.value.body["message"] and "'a-secret-playbook'" in info.value.body["message"]
+    headers = {"Authorization": f"Bearer {KEY_B}"}  # input_tokens and compact apply the same scope
+    async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=30) as http:
+        body = {"model": "sim-model", "input": "x", "prompt": {"id": "a-secret-playbook", "variables": {"who": "x"}}}
+        for path in ("/responses/input_tokens", "/responses/compact"):
+            bad = await http.post(path, json=body)
+            assert (bad.status_code, bad.json()["error"]["param"]) == (400, "prompt.id")
+            assert "a-secret-playbook'" not in bad.json()["error"]["message"].split(":", 1)[1]
+
+
 def test_prompt_config_is_checked_at_load() -> None:
     from tether.config import from_dict
 
@@ -198,6 +232,7 @@ def test_prompt_config_is_checked_at_load() -> None:
         ({"x": {"input": [{"role": "robot", "content": "hi"}]}}, "prompts.x.input[0].role"),
         ({"x": {"instructions": "a", "colour": "red"}}, "colour"),
         ({"x": {"versions": {"1": {"instructions": "a"}}, "default_version": "2"}}, "default_version"),
+        ({"x": {"instructions": "a", "tenants": "a"}}, "prompts.x.tenants"),
     ]:
         with pytest.raises(ValueError, match=where.replace("[", r"\[")):
             from_dict({"prompts": bad})

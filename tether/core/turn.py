@@ -209,7 +209,7 @@ class Turn:
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
-            self.services.config.prompts.apply(self.params)  # `prompt`: the template into instructions and input
+            self.services.config.prompts.apply(self.params, self.ctx.tenant)  # `prompt`: the template, into instructions and input
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""

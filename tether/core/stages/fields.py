@@ -102,7 +102,9 @@ CREATE_FIELDS: dict[str, Field] = {
     "prompt": Field(H, "An operator-defined template (`[prompts.<id>]` in config, docs/configuration.md): its "
                     "`instructions` go before the request's, its `input` messages before the request's input, "
                     "`{{variables}}` substituted; unknown id/version or a missing/extra variable is a 400 "
-                    "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`. Echoed."),
+                    "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`. A template with "
+                    "`tenants` exists only for those tenants: to any other it is an unknown id, and the "
+                    "error lists only the caller's own ids. Echoed."),
     "top_logprobs": Field(B, "0..20 alternatives per output token; above 0 it asks for log probabilities (as "
                           "the include value does). Sent as Chat Completions' `logprobs`/`top_logprobs`; a 400 on dialects "
                           "without them (ollama, lmstudio). Echoed."),
