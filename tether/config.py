@@ -36,6 +36,11 @@ class Limits:
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection
     max_queued_responses: int = 256  # waiting creates per connection before rejecting
+    # Bytes of creates accepted and not yet ended (queued, waiting for a slot, or generating), per
+    # connection, per API key and per process (tether/core/queued.py); 0 = no bound.
+    max_queued_bytes_per_connection: int = 64 * 1024 * 1024
+    max_queued_bytes_per_key: int = 256 * 1024 * 1024
+    max_queued_bytes_per_process: int = 1024 * 1024 * 1024
     connection_lifetime_s: float = 3600.0
     idle_timeout_s: float = 900.0  # no client event and nothing active
     lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
