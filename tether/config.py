@@ -98,6 +98,9 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # How often the loop-lag probe wakes to measure how long the event loop was blocked
+    # (tether/observability/loop_lag.py, `tether_event_loop_lag_seconds`); 0 = no probe.
+    loop_lag_interval_s: float = 0.05
     # Forward compatibility: create fields Tether does not know that it accepts (and ignores)
     # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
     # field must have a declared treatment. Env: comma-separated.
