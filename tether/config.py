@@ -36,6 +36,11 @@ class Limits:
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection
     max_queued_responses: int = 256  # waiting creates per connection before rejecting
+    # Bytes of creates accepted and not yet ended (queued, waiting for a slot, or generating), per
+    # connection, per API key and per process (tether/core/queued.py); 0 = no bound.
+    max_queued_bytes_per_connection: int = 64 * 1024 * 1024
+    max_queued_bytes_per_key: int = 256 * 1024 * 1024
+    max_queued_bytes_per_process: int = 1024 * 1024 * 1024
     connection_lifetime_s: float = 3600.0
     idle_timeout_s: float = 900.0  # no client event and nothing active
     lifetime_grace_s: float = 60.0  # in-flight turns may finish this long past the lifetime
@@ -93,6 +98,9 @@ class ServerConfig:
     # How often to check whether to give memory back (after at least as many sessions closed as
     # remain open: gc + malloc_trim); 0 = never.
     memory_reclaim_interval_s: float = 10.0
+    # How often the loop-lag probe wakes to measure how long the event loop was blocked
+    # (tether/observability/loop_lag.py, `tether_event_loop_lag_seconds`); 0 = no probe.
+    loop_lag_interval_s: float = 0.05
     # Forward compatibility: create fields Tether does not know that it accepts (and ignores)
     # instead of answering 400 `unknown_parameter` (tether/core/stages/fields.py). Empty: every
     # field must have a declared treatment. Env: comma-separated.

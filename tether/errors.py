@@ -75,6 +75,7 @@ ITEM_TOO_LARGE = "item_too_large"
 TOO_MANY_ITEMS = "too_many_items"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 QUEUE_FULL = "too_many_queued_responses"
+QUEUED_BYTES_FULL = "too_many_queued_bytes"
 CONTENT_BLOCKED = "content_blocked"
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 INVALID_API_KEY = "invalid_api_key"
@@ -151,6 +152,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "more than max_input_items items"),
     CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the rendered context is over the model's window"),
     QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a lane already holds max_queued_responses"),
+    QUEUED_BYTES_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "pending creates past max_queued_bytes_per_connection, _per_key or _per_process"),
     CONTENT_BLOCKED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the safety classifier refused the new input"),
     RATE_LIMIT_EXCEEDED: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a per-key rate or connection limit, or an upstream 429"),
     INVALID_API_KEY: ErrorKind(401, "UNAUTHENTICATED", _AUTH, _PROMPT, "a missing, repeated or unknown API key"),

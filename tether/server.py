@@ -27,6 +27,7 @@ from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
 from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.observability.health import ReadinessChecker
+from tether.observability.loop_lag import LoopLagProbe
 from tether.observability.metrics import BridgeMetrics
 from tether.observability.metrics_http import MetricsServer, start_metrics_server
 from tether.observability.telemetry import Observability
@@ -81,6 +82,7 @@ class Running:
     readiness: ReadinessChecker | None = None
     metrics: MetricsServer | None = None
     reclaimer: MemoryReclaimer | None = None
+    loop_lag: LoopLagProbe | None = None
 
     @property
     def grpc_port(self) -> int:
@@ -93,6 +95,8 @@ class Running:
     async def stop(self, grace: float) -> None:
         if self.reclaimer is not None:
             await self.reclaimer.stop()
+        if self.loop_lag is not None:
+            await self.loop_lag.stop()
         if self.readiness is not None:
             await self.readiness.stop()
         await self.grpc.health.enter_graceful_shutdown()
@@ -139,7 +143,9 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         config.server.memory_reclaim_interval_s,
         engine.telemetry.memory_reclaimed,
     ).start()
-    return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer)
+    probe = LoopLagProbe(config.server.loop_lag_interval_s)
+    probe.on_lag = engine.telemetry.watch_loop(probe.peak)
+    return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer, probe.start())
 
 
 def startup_lines(config: TetherConfig, running: Running) -> list[str]:

@@ -3,9 +3,12 @@ decoder, the chunk parser, error mapping and the retry-delay rules."""
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import pytest
 
+from tests.fakes import Reply
 from tests.fakes.items import (
     assistant,
     compaction,
@@ -294,6 +297,51 @@ def test_sse_decoder_any_split():
     # A last frame without its blank line still counts at EOF.
     dec = SSEDecoder()
     assert dec.feed(b"data: [DONE]") == [] and dec.flush() == [(None, b"[DONE]")]
+
+
+def test_sse_decoder_is_linear_in_a_long_line():
+    """A 16 MiB line fed in 4 KiB reads: the old decoder joined the whole pending line to every
+    read (tens of GB copied, many seconds); this one keeps the pieces and joins them once."""
+    line = b"data: " + b"x" * (16 * 1024 * 1024) + b"\n\n"
+    dec = SSEDecoder(max_event_bytes=32 * 1024 * 1024)
+    got = []
+    started = time.perf_counter()
+    for i in range(0, len(line), 4096):
+        got += dec.feed(line[i : i + 4096])
+    elapsed = time.perf_counter() - started
+    assert got == [(None, line[6:-2])]
+    assert elapsed < 2.0, f"{elapsed:.2f} s for one 16 MiB line"
+
+
+def test_sse_decoder_caps_a_line_and_an_event():
+    limit = 1000
+    # At the edge: a line of exactly `limit` bytes (data and its name) passes.
+    dec = SSEDecoder(max_event_bytes=limit)
+    edge = b"data: " + b"y" * (limit - 6)
+    assert dec.feed(edge[:10]) == [] and dec.feed(edge[10:] + b"\n\n") == [(None, edge[6:])]
+    # One byte past, arriving in pieces and never ending: refused as soon as it passes.
+    dec = SSEDecoder(max_event_bytes=limit)
+    dec.feed(b"data: " + b"y" * (limit - 6))
+    with pytest.raises(BackendError) as info:
+        dec.feed(b"y")
+    assert info.value.code == "backend_error" and "max_event_bytes" in info.value.message
+    # Many short data lines adding up past the limit in one event: refused too.
+    dec = SSEDecoder(max_event_bytes=limit)
+    with pytest.raises(BackendError):
+        dec.feed(b"data: 0123456789\n" * 100)
+
+
+async def test_an_upstream_line_over_the_cap_fails_the_call(fake_chat_server):
+    huge = "data: " + "z" * 300_000  # no line end: the upstream never finishes the line
+    fake_chat_server.push(Reply(200, {"content-type": "text/event-stream"}, sse=[huge[:100_000], huge[100_000:]]))
+    b = build_backend("c", "cerebras", {"base_url": fake_chat_server.base_url, "api_key": "test-key",
+                                        "max_event_bytes": 200_000, "max_retries": 0})  # fmt: skip
+    try:
+        with pytest.raises(BackendError) as info:
+            [c async for c in b.stream(rich_request())]
+    finally:
+        await b.aclose()
+    assert info.value.code == "backend_error" and "200000" in info.value.message
 
 
 def test_stream_parser_tool_fragments_and_usage_chunk():

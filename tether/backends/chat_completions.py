@@ -45,7 +45,7 @@ from tether.backends.chat.mapping import (
     forces_tool_call,
     to_chat_request,
 )
-from tether.backends.chat.sse import SSEDecoder
+from tether.backends.chat.sse import MAX_EVENT_BYTES, SSEDecoder
 from tether.backends.chat.stream import StreamParser
 from tether.backends.chat.upstream_errors import (
     error_from_status,
@@ -71,6 +71,9 @@ class ChatCompletionsConfig:
     # Longest silence tolerated from upstream, both waiting for the response head and between stream
     # bytes; past it the call fails with backend_timeout.
     stream_idle_timeout_s: float = 60.0
+    # The largest SSE line or event (and one-piece JSON reply) taken from the upstream; past it
+    # the call fails with backend_error (tether/backends/chat/sse.py).
+    max_event_bytes: int = MAX_EVENT_BYTES
     max_retries: int = 2
     retry_initial_delay_s: float = 0.5
     retry_max_delay_s: float = 8.0
@@ -310,7 +313,7 @@ class ChatCompletionsBackend:
         if resp.headers.get("content-type", "").startswith("application/json"):
             # One chat.completion object (stream_upstream = false, or the server ignored stream=true).
             try:
-                raw = await resp.aread()
+                raw = await _read_at_most(resp, self.config.max_event_bytes)
             except httpx.TimeoutException as exc:
                 raise BackendError(errors.BACKEND_TIMEOUT, "upstream stalled") from exc
             except httpx.HTTPError as exc:
@@ -325,7 +328,7 @@ class ChatCompletionsBackend:
             run.append(await self._finish(parser, forced, []))
             yield run
             return
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.config.max_event_bytes)
         seen = 0
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
         async with contextlib.aclosing(resp.aiter_bytes()) as it:
@@ -419,6 +422,17 @@ class ChatCompletionsBackend:
         except (httpx.HTTPError, ValueError, AttributeError):
             count = None
         return count if isinstance(count, int) and count >= 0 else None
+
+
+async def _read_at_most(resp: httpx.Response, limit: int) -> bytes:
+    """The whole body of `resp`, or BackendError once it passes `limit` bytes."""
+    parts, size = [], 0
+    async for data in resp.aiter_bytes():
+        size += len(data)
+        if size > limit:
+            raise BackendError(errors.BACKEND_ERROR, f"upstream sent a reply over {limit} bytes (max_event_bytes)")
+        parts.append(data)
+    return b"".join(parts)
 
 
 def _note_generated(chunk: Chunk, generated: list[str]) -> None:

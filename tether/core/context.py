@@ -23,6 +23,7 @@ from tether.core.clock import Clock
 from tether.core.conversations import Conversations
 from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.core.postinference import PostInference
+from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
@@ -52,6 +53,7 @@ class TurnServices:
     telemetry: Telemetry
     clock: Clock
     coalesce: CoalesceWindow  # the outboxes' window, widened by the streams generating now
+    queued: QueuedBytes  # bytes of creates pending per key and per process
 
     @property
     def limits(self) -> Limits:

@@ -28,6 +28,7 @@ from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.items import user_message
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
 from tether.core.postinference import PostInference
+from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
 from tether.core.stages import fields, validate
@@ -80,6 +81,7 @@ class Engine:
             telemetry=telemetry,
             clock=clock,
             coalesce=CoalesceWindow.from_limits(config.limits),
+            queued=QueuedBytes(config.limits),
         )
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()

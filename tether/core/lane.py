@@ -12,7 +12,8 @@ from tether.responses.v1 import items_pb2, request_pb2
 class Lane:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str]] = deque()  # (create, event_id)
+        # (create, event_id, bytes charged to the connection's pending bytes: tether.core.queued)
+        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str, int]] = deque()
         self.worker: asyncio.Task | None = None
         self.last_response_id = ""
         # Steers accepted for a response that stopped for tool output: merged into the next

@@ -6,7 +6,8 @@ socket. It owns:
   O(new input);
 - lanes: creates on one `stream_id` run FIFO, lanes run concurrently, at most
   `max_active_responses` generate at once and at most `max_lanes` named lanes exist over the
-  connection's life;
+  connection's life; the bytes of its pending creates count against the connection, its API key
+  and the process (`tether.core.queued`);
 - per-connection memos of the render and route stages (header tokens, model routes);
 - its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
   timeout (the rule: `tether.core.lifetime`, on the injected clock), and its outbox (coalescing,
@@ -112,6 +113,7 @@ class Session:
         self._active = asyncio.Semaphore(limits.max_active_responses)
         self._turns: dict[str, Turn] = {}  # response id -> running turn
         self._steers: dict[str, list[tuple[str, list[items_pb2.Item]]]] = {}  # response id -> accepted steers
+        self.queued_bytes = 0  # of the creates in its lanes and running (tether.core.queued)
         self._created = self.clock.monotonic()
         self._last_activity = self._created
         self.state = SessionState.OPEN
@@ -168,6 +170,8 @@ class Session:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for lane in self._lanes.values():
+            self._drop_queued(lane)
         self.outbox.close()
         self.cache.clear()
         self._on_closed(self)
@@ -219,37 +223,65 @@ class Session:
                 event_id=event_id,
             )
             return
-        lane.queue.append((params, event_id))
+        nbytes = params.ByteSize()
+        try:
+            self.services.queued.admit(self.tenant, self.queued_bytes, nbytes)
+        except TetherError as exc:
+            await self.emit_error(exc, stream_id=stream_id, event_id=event_id)
+            return
+        self.queued_bytes += nbytes
+        lane.queue.append((params, event_id, nbytes))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
         while lane.queue:
-            params, event_id = lane.queue.popleft()
-            async with self._active:
-                turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
-                try:
-                    with self.services.telemetry.turn_span(turn):
-                        await turn.run()
-                except asyncio.CancelledError:
-                    # A cancel the turn did not claim: an interruption that came before it was
-                    # generating (the lane goes on), or the session going away.
-                    if turn.control.claim() is None or self.state is SessionState.CLOSED:
-                        raise
-                    task.uncancel()
-                except OutboxClosed:
+            params, event_id, nbytes = lane.queue.popleft()
+            try:
+                if not await self._run_one(lane, task, params, event_id):
                     return
-                except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
-                    log.exception("turn crashed")
-                    await self.emit_error(
-                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
-                        stream_id=turn.stream_id,
-                    )
-                finally:
-                    self._turns.pop(turn.response_id, None)
-                await self._after_turn(turn, self._steers.pop(turn.response_id, []))
+            finally:
+                self._release(nbytes)
             self._last_activity = self.clock.monotonic()
+
+    def _drop_queued(self, lane: Lane) -> None:
+        """Forget the creates still waiting in `lane` (the connection ends), releasing their bytes."""
+        while lane.queue:
+            self._release(lane.queue.popleft()[2])
+
+    def _release(self, nbytes: int) -> None:
+        """A create's bytes go back to its connection, key and process (tether.core.queued)."""
+        self.queued_bytes -= nbytes
+        self.services.queued.release(self.tenant, nbytes)
+
+    async def _run_one(self, lane: Lane, task: asyncio.Task, params: request_pb2.ResponseCreateParams,
+                       event_id: str) -> bool:  # fmt: skip
+        """One create of `lane`: wait for an active slot, run its turn, then queue what its
+        accepted steers continue with. False: the connection is gone (the lane stops)."""
+        async with self._active:
+            turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
+            try:
+                with self.services.telemetry.turn_span(turn):
+                    await turn.run()
+            except asyncio.CancelledError:
+                # A cancel the turn did not claim: an interruption that came before it was
+                # generating (the lane goes on), or the session going away.
+                if turn.control.claim() is None or self.state is SessionState.CLOSED:
+                    raise
+                task.uncancel()
+            except OutboxClosed:
+                return False
+            except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
+                log.exception("turn crashed")
+                await self.emit_error(
+                    TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
+                    stream_id=turn.stream_id,
+                )
+            finally:
+                self._turns.pop(turn.response_id, None)
+            await self._after_turn(turn, self._steers.pop(turn.response_id, []))
+        return True
 
     def _register(self, turn: Turn) -> None:
         self._turns[turn.response_id] = turn
@@ -287,7 +319,10 @@ class Session:
         successor.previous_response_id = turn.response_id
         for _, items in steers:
             successor.input.extend(items)
-        turn.lane.queue.appendleft((successor, ""))
+        nbytes = successor.ByteSize()
+        self.services.queued.charge(self.tenant, nbytes)  # the server's own create: not refused
+        self.queued_bytes += nbytes
+        turn.lane.queue.appendleft((successor, "", nbytes))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
@@ -417,7 +452,7 @@ class Session:
             return
         self.state = next_state(self.state, SessionState.DRAINING)
         for lane in self._lanes.values():
-            lane.queue.clear()
+            self._drop_queued(lane)
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace)

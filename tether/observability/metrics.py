@@ -16,7 +16,7 @@ the errors it answers and the process, nothing of an engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from prometheus_client import (
@@ -34,6 +34,7 @@ from tether.eventloop import running_loop
 from tether.process_memory import allocator_in_use
 
 _STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _TURN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -114,6 +115,15 @@ class Metrics:
             "tether_replica_prompt_tokens", "Prompt tokens sent to a pool replica, by kind (prompt, cached)",
             ["backend", "replica", "kind"], registry=r,
         )
+        # The event loop's lateness (tether/observability/loop_lag.py): what one request's CPU
+        # work on the loop costs every other connection.
+        self.loop_lag = Histogram(
+            "tether_event_loop_lag_seconds", "How late the loop-lag probe woke up (the loop was blocked)",
+            buckets=_LAG_BUCKETS, registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "tether_event_loop_lag_max_seconds", "The longest loop lag since the previous scrape", registry=r
+        )
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
         _event_loop_info(r)
@@ -141,6 +151,12 @@ class Metrics:
         self.memory_reclaims.inc()
         self.memory_reclaimed_bytes.inc(released_bytes)
         self.memory_reclaim_seconds.inc(seconds)
+
+    def watch_loop(self, peak: Callable[[], float]) -> Callable[[float], None]:
+        """Report a loop-lag probe: `peak()` (the longest lag since the last read) is what each
+        scrape shows; the returned callback takes every measurement."""
+        self.loop_lag_max.set_function(peak)
+        return self.loop_lag.observe
 
     @contextmanager
     def active_turn(self) -> Iterator[None]:
