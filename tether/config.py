@@ -107,7 +107,8 @@ class ServerConfig:
     accept_unknown_parameters: list[str] = field(default_factory=list)
     # The key that signs reasoning items' `encrypted_content` (tether/reasoning_codec.py); set
     # the same value on every replica. None: a random key per process (blobs do not survive a
-    # restart). Env: TETHER_SERVER__REASONING_KEY.
+    # restart); with `workers > 1` the supervisor makes one for the run and every worker gets it
+    # (tether/workers.py). Env: TETHER_SERVER__REASONING_KEY.
     reasoning_key: str | None = None
     # The browser console at /console on the bridge (tether/bridge/console): its WebSocket
     # handshakes take a token from POST /console/token that lives `console_token_ttl_s`; the keys

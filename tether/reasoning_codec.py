@@ -11,7 +11,8 @@ the connection that produced it.
 
 The payload is signed, not encrypted: the operator can read it (Tether has no secret to keep from
 its own operator), the client treats it as opaque. The key is `[server] reasoning_key` (shared by
-replicas; hex or any string); without one each process makes a random key, so its blobs do not
+replicas; hex or any string); without one each process makes a random key (the workers of
+`tether serve --workers N` share one the supervisor makes for the run), so its blobs do not
 survive a restart or move to another replica (such a blob is then refused with a clear 400).
 """
 

@@ -32,6 +32,10 @@ probe without SO_REUSEPORT), so N workers never silently join another server's p
 0 is resolved once in the parent (it keeps the bound, non-listening socket while it lives) and
 every worker binds that same port.
 
+Reasoning key: the workers share `server.reasoning_key`; without one the supervisor makes a key
+for the run and passes it down in the configuration (`share_reasoning_key`), so a stateless
+client's sealed reasoning opens on every worker. It prints which, with a fingerprint of the key.
+
 Observability: the supervisor prints one line per worker start, `tether: worker <i> started
 (pid <pid>)`; worker log records carry `worker` (its index) and `pid` fields. Each worker has its
 own metrics registry: with `server.metrics_port = P` worker i serves its metrics on port P + i;
@@ -48,9 +52,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import logging
 import os
 import pickle
+import secrets
 import signal
 import socket
 import subprocess
@@ -127,6 +133,32 @@ def reserve_port(host: str, port: int, what: str) -> socket.socket:
         sock.close()
         raise WorkerConfigError(f"cannot bind {what} port {host}:{port}: {exc.strerror}") from None
     return sock
+
+
+# -- the reasoning key ------------------------------------------------------------------------------
+
+
+def share_reasoning_key(cfg: TetherConfig) -> str:
+    """Give every worker the same `server.reasoning_key` (it travels in the pickled configuration):
+    a stateless client's sealed reasoning (`tether.reasoning_codec`) must open on whichever worker
+    its next connection lands. Without a configured key one is made here for this run. Returns
+    the startup line that says which (a fingerprint, never the key)."""
+    server = cfg.server
+    made = not server.reasoning_key
+    if made:
+        server.reasoning_key = secrets.token_hex(32)
+    fingerprint = key_fingerprint(server.reasoning_key or "")
+    if made:
+        return (
+            f"no server.reasoning_key set: the {server.workers} workers share one made for this run "
+            f"(fingerprint {fingerprint}); sealed reasoning does not survive a restart (docs/deployment.md)"
+        )
+    return f"the {server.workers} workers share server.reasoning_key (fingerprint {fingerprint})"
+
+
+def key_fingerprint(key: str) -> str:
+    """The first 12 hex digits of the key's SHA-256: enough to compare keys across processes."""
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 # -- supervisor ---------------------------------------------------------------------------------------
@@ -319,6 +351,7 @@ def run_workers(cfg: TetherConfig, strategy: Any = None) -> int:
         ),
         flush=True,
     )
+    print(f"tether: {share_reasoning_key(cfg)}", flush=True)
     if cfg.store_durability != "before_terminal":
         log.warning(
             "several workers share the store with store_durability = %r: a client reconnecting to another "

@@ -141,6 +141,44 @@ async def test_websocket_and_grpc_create_with_conversation(stack: Stack, grpc_po
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def test_store_false_keeps_the_turn_in_the_conversation_but_not_the_response(stack: Stack) -> None:
+    """OpenAI's documented behaviour: `conversation` appends the turn's items whatever `store`
+    says; `store: false` keeps the response object itself out of the store."""
+    async with stack.client() as client:
+        conv = await client.conversations.create()
+        first = await client.responses.create(model="sim-model", input="private", conversation=conv.id, store=False)
+        assert first.store is False
+        items = [i async for i in client.conversations.items.list(conv.id, order="asc")]
+        assert [i.role for i in items] == ["user", "assistant"] and items[1].id == first.output[0].id
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(first.id)
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.responses.create(model="sim-model", input="x", previous_response_id=first.id)
+        assert info.value.body["code"] == "previous_response_not_found"
+
+
+async def test_a_warm_up_adds_nothing_so_the_real_turn_sends_its_input_once(stack: Stack) -> None:
+    """`generate: false` with `conversation`, then the real turn with the same input: the input is
+    in the conversation (and in what the model saw) once, not twice."""
+    async with stack.client() as client:
+        conv = await client.conversations.create(items=[{"type": "message", "role": "user", "content": "earlier"}])
+    async with stack.ws() as conn:
+        create = {"type": "response.create", "model": "sim-model", "input": "question", "conversation": conv.id}
+        await send_json(conn, {**create, "generate": False})
+        warm = (await recv_response(conn))[-1]
+        assert warm["type"] == "response.completed" and warm["response"]["output"] == []
+        await send_json(conn, create)
+        real = (await recv_response(conn))[-1]
+        assert real["type"] == "response.completed", real
+    async with stack.client() as client:
+        items = [i async for i in client.conversations.items.list(conv.id, order="asc")]
+        texts = [c.text for i in items for c in i.content if i.role == "user"]
+        assert texts == ["earlier", "question"]
+        assert [i.role for i in items] == ["user", "user", "assistant"]
+        inputs = await client.responses.input_items.list(real["response"]["id"], order="asc")
+        assert [i.content[0].text for i in inputs.data] == ["earlier", "question"]
+
+
 # -- the OpenAI Agents SDK ---------------------------------------------------------------------
 
 calls: list[str] = []

@@ -34,8 +34,8 @@ MODEL = "tether-sim"
 
 
 @contextlib.contextmanager
-def _two_workers(tmp_path, **server: object) -> Iterator[ServerProcess]:
-    cfg = write_config(tmp_path / "tether.toml", f"sqlite:///{tmp_path}/store.db", server=server)
+def _two_workers(tmp_path, sim: dict | None = None, **server: object) -> Iterator[ServerProcess]:
+    cfg = write_config(tmp_path / "tether.toml", f"sqlite:///{tmp_path}/store.db", sim=sim, server=server)
     grpc_port, bridge_port = free_ports(2)
     proc = ServerProcess(cfg, tmp_path, grpc_port, bridge_port, workers=2, name="workers").start()
     try:
@@ -162,6 +162,37 @@ async def test_both_workers_serve_websocket_and_grpc_sessions(server: ServerProc
             call.cancel()
             await reader
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+
+async def test_every_worker_opens_the_reasoning_another_worker_sealed(tmp_path) -> None:
+    """No `server.reasoning_key`: the supervisor makes one for the run and every worker gets it,
+    so a stateless client's sealed reasoning (store=false, encrypted_content) resent on any
+    connection is accepted by whichever worker holds it."""
+    with _two_workers(tmp_path, sim={"reasoning_tokens": 4}) as server:
+        assert "workers share one made for this run (fingerprint " in server.stdout_path.read_text()
+        pids = sorted(server.worker_pids().values())
+        conns, by_worker = [], {pid: [] for pid in pids}
+        try:
+            for _ in range(MAX_CONNECTIONS):
+                conn = await connect(server.ws_url, compression=None, max_size=None)
+                conns.append(conn)
+                by_worker[owner_of(pids, server.bridge_port, conn.local_address[1])].append(conn)
+                if all(by_worker.values()):
+                    break
+            assert all(by_worker.values()), f"every WebSocket landed on one worker: {by_worker}"
+            stateless = {"model": MODEL, "store": False, "include": ["reasoning.encrypted_content"]}
+            first = await ws_turn(by_worker[pids[0]][0], input="think", **stateless)
+            assert first["type"] == "response.completed", first
+            output = first["response"]["output"]
+            sealed = [i for i in output if i["type"] == "reasoning"]
+            assert sealed and sealed[0]["encrypted_content"].startswith("tether.r1.")
+            resend = [{"type": "message", "role": "user", "content": "think"}, *output,
+                      {"type": "message", "role": "user", "content": "again"}]  # fmt: skip
+            for pid in pids:  # the worker that sealed it, and the other one
+                again = await ws_turn(by_worker[pid][0], input=resend, **stateless)
+                assert again["type"] == "response.completed", (pid, again)
+        finally:
+            await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
 
 
 async def test_a_crashed_worker_is_restarted_and_sigterm_stops_all(server: ServerProcess) -> None:

@@ -63,9 +63,11 @@ CREATE_FIELDS: dict[str, Field] = {
                    "the model's context or refused with a 400 naming `input[i]` (see the items table)."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
-    "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output; "
-                          "exclusive with `previous_response_id`."),
-    "store": Field(H, "false: state lives in connection memory only; true: written to the store."),
+    "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output (also with "
+                          "`store: false`, as OpenAI documents; not for a `generate: false` warm-up); exclusive "
+                          "with `previous_response_id`."),
+    "store": Field(H, "false: the response lives in connection memory only (a `conversation` still keeps the "
+                   "turn's items, see Conversations); true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
     "tools": Field(B, "Function and custom (freeform) tools go to the backend (custom tools natively on "
                    "`openai`, else as an emulating function taking `{\"input\"}`; see Custom tools); hosted "
@@ -114,7 +116,8 @@ CREATE_FIELDS: dict[str, Field] = {
     "moderation": Field(R, "Moderation runs are not supported; see `[safety]`."),
     # Tether extensions and transport envelopes.
     "type": Field(A, "WebSocket frame type `response.create`; any other value is an unknown key."),
-    "generate": Field(H, "WebSocket-mode warm-up: false prepares state without output."),
+    "generate": Field(H, "WebSocket-mode warm-up: false prepares state without output (and adds nothing to a "
+                      "`conversation`)."),
     "stream_id": Field(H, "Tether lanes: creates on one stream_id run in order, lanes concurrently."),
 }
 
