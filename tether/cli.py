@@ -13,6 +13,7 @@ from typing import Any
 from tether import __version__, eventloop
 from tether.config import TetherConfig, load_config, set_path, validate
 from tether.extras import MissingExtra, require
+from tether.startup import StartupError, open_configured_store
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,12 +44,12 @@ def build_config(args: argparse.Namespace) -> TetherConfig:
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--set expects SECTION.KEY=VALUE, got {item!r}")
+            raise SystemExit(f"tether: --set expects SECTION.KEY=VALUE, got {item!r}")
         try:
             set_path(cfg, key.strip().split("."), value.strip())
             validate(cfg)
         except (ValueError, AttributeError) as exc:
-            raise SystemExit(f"--set {item}: {exc}") from None
+            raise SystemExit(f"tether: --set {item}: {exc}") from None
     server = cfg.server
     if getattr(args, "host", None):
         server.grpc_host = server.bridge_host = args.host
@@ -129,10 +130,9 @@ def cmd_bridge(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    from tether.store.factory import open_store
 
     async def run() -> None:
-        store = await open_store(cfg.store)  # opening applies pending migrations
+        store = await open_configured_store(cfg.store)  # opening applies pending migrations
         await store.close()
 
     asyncio.run(run())
@@ -197,9 +197,9 @@ def main(argv: list[str] | None = None, *, strategy: Any = None) -> int:
         args.as_program = as_program
         args.strategy = strategy
         return args.run(args)
-    except MissingExtra as exc:
-        print(f"tether: {exc}", file=sys.stderr)
-        return 2
+    except (MissingExtra, StartupError) as exc:  # one line, no traceback (tether/startup.py)
+        print(f"tether: {exc}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

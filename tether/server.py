@@ -33,7 +33,7 @@ from tether.observability.metrics_http import MetricsServer, start_metrics_serve
 from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
-from tether.store.factory import open_store
+from tether.startup import check_tls, open_configured_store
 
 if TYPE_CHECKING:
     from tether.bridge.listener import BridgeServer
@@ -47,7 +47,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
     """The engine of `config`: its store opened, its backends built, started and discovered.
     `clock`: the time the sessions and turns read (a test sets its own)."""
     telemetry = Observability()
-    store = await open_store(config.store)
+    store = await open_configured_store(config.store)
     backends = {
         name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
         for name, spec in config.backends.items()
@@ -58,13 +58,6 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         added = engine.router.add_discovered(name, list(await backend.discover()))
         if added:
             log.info("backend %s lists %d model(s), routed to it", name, added)
-    catch_all = engine.router.catch_all
-    if catch_all is not None:
-        log.warning(
-            "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
-            catch_all,
-            config.backends[catch_all].kind,
-        )
     for backend in backends.values():
         if hasattr(backend, "on_retry"):
             backend.on_retry = telemetry.retry_hook(backend.name)
@@ -77,7 +70,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
 @dataclass
 class Running:
     engine: Engine
-    grpc: GrpcServer
+    grpc: GrpcServer | None
     bridge: object | None  # tether.bridge.listener.BridgeServer
     readiness: ReadinessChecker | None = None
     metrics: MetricsServer | None = None
@@ -86,6 +79,7 @@ class Running:
 
     @property
     def grpc_port(self) -> int:
+        assert self.grpc is not None
         return self.grpc.port
 
     @property
@@ -99,53 +93,68 @@ class Running:
             await self.loop_lag.stop()
         if self.readiness is not None:
             await self.readiness.stop()
-        await self.grpc.health.enter_graceful_shutdown()
+        if self.grpc is not None:
+            await self.grpc.health.enter_graceful_shutdown()
         await self.engine.shutdown(grace)  # sessions end: WS close 1001, gRPC UNAVAILABLE
         if self.bridge is not None:
             await self.bridge.stop(grace)
-        await self.grpc.stop(grace)
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
         await self.engine.aclose()
         if self.metrics is not None:
             await self.metrics.stop()
 
 
 def make_authenticator(config: TetherConfig) -> Authenticator:
-    auth = Authenticator.from_sources(file=config.server.api_keys_file)
-    if auth.open:
-        log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
-    return auth
+    """The configured API keys (`server.api_keys_file`, TETHER_API_KEYS); open when there are none."""
+    return Authenticator.from_sources(file=config.server.api_keys_file)
 
 
 async def start(config: TetherConfig, *, authenticator: Authenticator | None = None,
                 strategy: TurnStrategy = STANDARD_TURNS) -> Running:  # fmt: skip
     """The whole server of `config` (the bridge when `server.bridge`), listening. `authenticator`
-    defaults to the configured API keys."""
+    defaults to the configured API keys.
+
+    A failure to start (`tether.startup.StartupError`: a port in use, a TLS file that does not
+    load, a store that cannot be opened) stops whatever had started before it is raised, so
+    the caller can report it in one line and nothing is left running."""
+    check_tls(config.server)  # before the store is opened or anything listens
     engine = await build_engine(config, strategy=strategy)
+    running = Running(engine, None, None)  # type: ignore[arg-type] - filled in below
     try:
         auth = authenticator if authenticator is not None else make_authenticator(config)
-        grpc_server = await start_grpc_server(engine, config, auth, count_error=engine.telemetry.error)
-    except BaseException:
-        await engine.aclose()
-        raise
-    readiness = ReadinessChecker(engine, grpc_server.health).start()
-    metrics = None
-    if config.server.metrics_port:
-        metrics = await start_metrics_server(
-            engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=readiness
-        )
-    bridge = None
-    if config.server.bridge:
-        from tether.bridge.listener import start_bridge
+        running.grpc = await start_grpc_server(engine, config, auth, count_error=engine.telemetry.error)
+        running.readiness = ReadinessChecker(engine, running.grpc.health).start()
+        if config.server.metrics_port:
+            running.metrics = await start_metrics_server(
+                engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=running.readiness
+            )
+        if config.server.bridge:
+            from tether.bridge.listener import start_bridge
 
-        bridge = await start_bridge(engine, auth, config, metrics=engine.telemetry)
-    reclaimer = MemoryReclaimer(
+            running.bridge = await start_bridge(engine, auth, config, metrics=engine.telemetry)
+    except BaseException:
+        await running.stop(0)
+        raise
+    # Said once everything listens, so that a failed start prints its reason alone.
+    if auth.open:
+        log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
+    catch_all = engine.router.catch_all
+    if catch_all is not None:
+        log.warning(
+            "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
+            catch_all,
+            config.backends[catch_all].kind,
+        )
+    running.reclaimer = MemoryReclaimer(
         lambda: (len(engine.sessions), engine.sessions_closed),
         config.server.memory_reclaim_interval_s,
         engine.telemetry.memory_reclaimed,
     ).start()
     probe = LoopLagProbe(config.server.loop_lag_interval_s)
     probe.on_lag = engine.telemetry.watch_loop(probe.peak)
-    return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer, probe.start())
+    running.loop_lag = probe.start()
+    return running
 
 
 def startup_lines(config: TetherConfig, running: Running) -> list[str]:

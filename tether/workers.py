@@ -67,6 +67,7 @@ from typing import Any
 
 from tether import eventloop
 from tether.config import TetherConfig
+from tether.startup import BRIDGE, GRPC, StartupError, listen_error, probe_port
 
 log = logging.getLogger("tether.workers")
 
@@ -80,8 +81,8 @@ POLL_S = 0.1
 _WORKER_CMD = "import tether.workers as w; w.worker_main()"
 
 
-class WorkerConfigError(ValueError):
-    """The configuration cannot run with several workers."""
+class WorkerConfigError(StartupError, ValueError):
+    """The configuration cannot run with several workers (said in one line, exit status 1)."""
 
 
 def check_config(cfg: TetherConfig) -> None:
@@ -102,28 +103,16 @@ def check_config(cfg: TetherConfig) -> None:
 # -- ports -------------------------------------------------------------------------------------------
 
 
-def _address(host: str, port: int) -> tuple[int, tuple]:
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, addr = infos[0]
-    return family, addr
-
-
-def reserve_port(host: str, port: int, what: str) -> socket.socket:
-    """A bound, non-listening SO_REUSEPORT socket on (host, port): resolves port 0 to a concrete
-    port the workers then share, and refuses a fixed port some other server already listens on."""
+def reserve_port(listener: tuple[str, str, str | None], host: str, port: int) -> socket.socket:
+    """A bound, non-listening SO_REUSEPORT socket on (host, port) for `listener`
+    (`tether.startup.GRPC` or `BRIDGE`): resolves port 0 to a concrete port the workers then
+    share, and refuses a fixed port some other server already listens on (`probe_port`)."""
+    probe_port(listener, host, port)
     try:
-        family, addr = _address(host, port)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:
-        raise WorkerConfigError(f"cannot resolve the {what} address {host!r}: {exc}") from None
-    if port:
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(addr)
-        except OSError as exc:
-            raise WorkerConfigError(f"{what} port {host}:{port} is not free: {exc.strerror}") from None
-        finally:
-            probe.close()
+        raise listen_error(listener, host, port, exc) from None
+    family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -131,7 +120,7 @@ def reserve_port(host: str, port: int, what: str) -> socket.socket:
         sock.bind(addr)
     except OSError as exc:
         sock.close()
-        raise WorkerConfigError(f"cannot bind {what} port {host}:{port}: {exc.strerror}") from None
+        raise listen_error(listener, host, port, exc) from None
     return sock
 
 
@@ -311,9 +300,9 @@ class Supervisor:
 
 async def _prepare_store(url: str) -> None:
     """Open the store once (creates or migrates the schema) and close it, before any worker."""
-    from tether.store.factory import open_store
+    from tether.startup import open_configured_store
 
-    store = await open_store(url)
+    store = await open_configured_store(url)
     await store.close()
 
 
@@ -322,25 +311,18 @@ def run_workers(cfg: TetherConfig, strategy: Any = None) -> int:
     the standard turn); returns the process exit status."""
     server = cfg.server
     reserved: list[socket.socket] = []
-    try:
+    try:  # a StartupError or MissingExtra: `tether.cli.main` says it in one line
         check_config(cfg)
-        reserved.append(reserve_port(server.grpc_host, server.grpc_port, "gRPC"))
+        reserved.append(reserve_port(GRPC, server.grpc_host, server.grpc_port))
         server.grpc_port = reserved[0].getsockname()[1]
         if server.bridge:
-            reserved.append(reserve_port(server.bridge_host, server.bridge_port, "bridge"))
+            reserved.append(reserve_port(BRIDGE, server.bridge_host, server.bridge_port))
             server.bridge_port = reserved[-1].getsockname()[1]
-    except WorkerConfigError as exc:
-        for sock in reserved:
-            sock.close()
-        print(f"tether: {exc}", file=sys.stderr, flush=True)
-        return 2
-    try:
         asyncio.run(_prepare_store(cfg.store))
-    except Exception as exc:  # noqa: BLE001 - the store could not be opened: say why and stop
+    except BaseException:
         for sock in reserved:
             sock.close()
-        print(f"tether: cannot open the store: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        raise
     print(
         f"tether: supervisor pid {os.getpid()}, {server.workers} workers on gRPC {server.grpc_host}:{server.grpc_port}"
         + (f", HTTP/WebSocket http://{server.bridge_host}:{server.bridge_port}/v1" if server.bridge else "")

@@ -17,6 +17,7 @@ from tests.support.configs import instant_config
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
 from tether.server import start as start_server
+from tether.startup import StartupError
 
 from .helpers import KEY_A, recv_response, send_json
 
@@ -68,7 +69,7 @@ async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> No
 async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> None:
     config = instant_config()
     config.server.tls_cert = "/nonexistent/cert.pem"
-    with pytest.raises(ValueError, match="tls_cert and server.tls_key"):
+    with pytest.raises(StartupError, match="set \\[server\\] tls_cert and tls_key"):
         await start_bridge(None, authenticator, config)  # type: ignore[arg-type]
 
 

@@ -236,7 +236,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
 
 def test_several_workers_refuse_a_private_store() -> None:
     result = _serve("--workers", "2", "--store", "memory://", "--grpc-port", "0", "--port", "0")
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "memory://" in result.stderr and "share" in result.stderr
 
 
@@ -248,5 +248,8 @@ def test_several_workers_refuse_a_port_someone_else_listens_on(tmp_path) -> None
         result = _serve(
             "--workers", "2", "--store", f"sqlite:///{tmp_path}/s.db", "--grpc-port", "0", "--port", str(port)
         )
-    assert result.returncode == 2
-    assert f"bridge port 127.0.0.1:{port} is not free" in result.stderr
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"tether: the HTTP/WebSocket port 127.0.0.1:{port} is already in use (another tether serve?): "
+        "choose another with [server] bridge_port or --port (0 picks a free port)\n"
+    )

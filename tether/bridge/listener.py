@@ -28,6 +28,7 @@ from tether.bridge.common import BridgeContext, ErrorMetrics, raw_http_error
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.errors import REQUEST_TIMEOUT, TetherError
+from tether.startup import BRIDGE, check_tls, listen_error
 
 log = logging.getLogger("tether.bridge")
 
@@ -201,8 +202,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
     port); HTTPS/WSS when `tls_cert` and `tls_key` are both set. `metrics`: where the bridge counts
     the errors it answers, and what its `/metrics` serves (`BridgeContext.metrics`)."""
     sc, limits = config.server, config.limits
-    if bool(sc.tls_cert) != bool(sc.tls_key):
-        raise ValueError("server.tls_cert and server.tls_key must be set together")
+    check_tls(sc)
     app = BridgeApp(BridgeContext(api=api, authenticator=authenticator, limits=limits, server=sc, metrics=metrics))
     ping = sc.ws_ping_interval_s if sc.ws_ping_interval_s and sc.ws_ping_interval_s > 0 else None
     ucfg = uvicorn.Config(
@@ -231,7 +231,10 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
     )
     ucfg.load()
     _install_log_filter(config.log_content)
-    sock = _bind(sc.bridge_host, sc.bridge_port, reuse_port=sc.workers > 1)
+    try:
+        sock = _bind(sc.bridge_host, sc.bridge_port, reuse_port=sc.workers > 1)
+    except OSError as exc:
+        raise listen_error(BRIDGE, sc.bridge_host, sc.bridge_port, exc) from None
     server = uvicorn.Server(ucfg)
     try:
         server.lifespan = ucfg.lifespan_class(ucfg)

@@ -26,6 +26,8 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
+from tether.startup import METRICS, listen_error
+
 log = logging.getLogger("tether.metrics_http")
 
 Headers = list[tuple[bytes, bytes]]
@@ -82,7 +84,10 @@ class MetricsServer:
         self.port = 0
 
     async def start(self, host: str, port: int) -> MetricsServer:
-        self._server = await asyncio.start_server(self._handle, host, port, backlog=128)
+        try:
+            self._server = await asyncio.start_server(self._handle, host, port, backlog=128)
+        except OSError as exc:
+            raise listen_error(METRICS, host, port, exc) from None
         sock = self._server.sockets[0]
         self.host, self.port = host, sock.getsockname()[1]
         log.info("metrics listening on http://%s:%d/metrics", host, self.port)

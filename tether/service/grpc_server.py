@@ -26,6 +26,7 @@ from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
 from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether.startup import GRPC, StartupError, probe_port
 
 log = logging.getLogger("tether.grpc")
 
@@ -244,11 +245,17 @@ async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticat
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    address = f"{config.server.grpc_host}:{config.server.grpc_port}"
-    if config.server.tls_cert and config.server.tls_key:
-        port = server.add_secure_port(address, _server_credentials(config))
-    else:
-        port = server.add_insecure_port(address)
+    host, wanted = config.server.grpc_host, config.server.grpc_port
+    if config.server.workers == 1:  # workers share the port the supervisor reserved (SO_REUSEPORT)
+        probe_port(GRPC, host, wanted)  # gRPC itself would say only "Failed to bind"
+    address = f"{host}:{wanted}"
+    try:
+        if config.server.tls_cert and config.server.tls_key:
+            port = server.add_secure_port(address, _server_credentials(config))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen for gRPC on {address}: {exc} ([server] grpc_port or --grpc-port)") from None
     await server.start()
     ready = getattr(api, "ready", None)
     status = health_pb2.HealthCheckResponse.SERVING
