@@ -8,6 +8,7 @@ with `--plot`) under `bench-results/`.
     tether bench throughput               # 100 concurrent gRPC streams at 4,000 tok/s; coalescing on/off
     tether bench overhead                 # per-turn overhead, turn 1 vs 50 vs 100, cached gRPC continuation
     tether bench replicas --plot          # many agents on 1/2/4 simulated replicas, per routing policy
+    tether bench upstream                 # CPU per token streamed from a paced upstream (tether_lab.upstream)
 
 (`python -m tether_lab.bench ...` takes the same arguments. The `tether` CLI passes everything after
 `bench` through, but its parser rejects a first argument that starts with `--`: lead with the
@@ -104,7 +105,7 @@ def _ttft(spec: str) -> tuple[float, float]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tether bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("what", nargs="?", choices=[*sorted(PROFILES), "throughput", "overhead", "replicas"],
+    p.add_argument("what", nargs="?", choices=[*sorted(PROFILES), "throughput", "overhead", "replicas", "upstream"],
                    help="shorthand for --profile NAME / --throughput / --overhead (works with the `tether` CLI, "
                         "whose sub-command parser drops a leading --option; `tether bench -- --opts` also works)")
     p.add_argument("--profile", choices=sorted(PROFILES), help="a preset list of phases (default: quick)")
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminate)
     if argv[:1] == ["--"]:
         argv = argv[1:]
+    if argv[:1] == ["upstream"]:  # its own options (tether_lab.upstream)
+        from tether_lab import upstream
+
+        return upstream.main(argv[1:])
     args = parser().parse_args(argv)
     if args.what in PROFILES:
         args.profile = args.profile or args.what

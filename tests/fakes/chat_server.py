@@ -19,7 +19,7 @@ user message of the form `scenario: NAME` (see `BUILTIN_SCENARIOS`, or `register
 `server.default` (a short text stream).
 
 A scenario is a `Reply` or a callable `(RecordedRequest) -> Reply`; the builders below (`text`,
-`tool_calls`, `http_error`, `mid_stream_error`, `stall`, ...) return callables that render a
+`tool_calls`, `http_error`, `mid_stream_error`, `stall`, `paced`, ...) return callables that render a
 stream or a JSON body depending on the request. A `Reply` streams `sse` parts in order: a dict is
 one `data: {json}` frame, str/bytes are written raw (one write, flushed), `Pause(s)` waits while
 watching for the client to hang up, `ABORT` drops the socket without ending the body.
@@ -433,6 +433,28 @@ def slow(count: int = 200, interval: float = 0.02) -> Callable[[RecordedRequest]
     return render
 
 
+def paced(
+    count: int = 50, interval: float = 0.01, burst: int = 1, ttft: float = 0.0
+) -> Callable[[RecordedRequest], Reply]:
+    """A real server's pace: `count` content chunks of one token each (`" w<i>"`), `interval`
+    seconds apart on average, after `ttft`. `burst` > 1 sends that many chunks back to back (each
+    its own write) every `burst * interval` seconds, as vLLM and Cerebras deliver. Usage on the
+    finish chunk, then `[DONE]`."""
+
+    def render(req: RecordedRequest) -> Reply:
+        parts: list[Part] = [chunk({"role": "assistant", "content": ""})]
+        if ttft > 0:
+            parts.append(Pause(ttft))
+        for i in range(count):
+            if i and i % burst == 0:
+                parts.append(Pause(interval * burst))
+            parts.append(chunk({"content": f" w{i}"}))
+        parts += [chunk({}, "stop", usage=usage(_prompt_tokens(req), count)), "data: [DONE]\n\n"]
+        return Reply(200, {}, sse=parts)
+
+    return render
+
+
 def http_error(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
     if body is None:
         body = error_body(
@@ -517,6 +539,7 @@ BUILTIN_SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "abort": lambda: completion(done=False, usage_mode="none", tail=[ABORT]),
     "stall": lambda: stall(),
     "slow": lambda: slow(),
+    "paced": lambda: paced(),
     "split": lambda: text(
         "Split frames arrive in pieces.", reasoning="Thinking in halves.", split_frames=True
     ),

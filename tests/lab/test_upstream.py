@@ -1,0 +1,124 @@
+"""The paced upstream: the fake Chat Completions server's `paced` scenario (one token per SSE chunk,
+at a set interval and in bursts), the lab's own `PacedUpstream` read by the lab's minimal reader,
+and a smoke run of `python -m tether_lab.upstream` (upstream, Tether and client processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from tests.fakes.chat_server import FakeChatServer, paced
+from tether_lab import upstream
+
+
+def _read_events(server: FakeChatServer) -> list[tuple[float, dict]]:
+    """(arrival, chunk) of every SSE data event of one streamed call, as it arrived."""
+    body = {"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "go"}], "stream": True}
+    out: list[tuple[float, dict]] = []
+    buf = b""
+    with httpx.Client(timeout=10) as client, client.stream(
+        "POST", server.base_url + "/chat/completions", json=body, headers={"authorization": "Bearer test-key"}
+    ) as resp:
+        assert resp.status_code == 200
+        for data in resp.iter_raw():
+            now = time.monotonic()
+            buf += data
+            while b"\n\n" in buf:
+                frame, buf = buf.split(b"\n\n", 1)
+                payload = frame.removeprefix(b"data: ")
+                if payload != b"[DONE]":
+                    out.append((now, orjson.loads(payload)))
+    return out
+
+
+def test_paced_fake_sends_one_token_per_chunk_in_timed_bursts() -> None:
+    count, interval, burst = 12, 0.025, 4
+    with FakeChatServer() as server:
+        server.push(paced(count, interval, burst))
+        events = _read_events(server)
+    contents = [(t, c["choices"][0]["delta"].get("content")) for t, c in events if c["choices"]]
+    tokens = [(t, text) for t, text in contents if text]
+    assert [text for _, text in tokens] == [f" w{i}" for i in range(count)]  # one token per chunk, in order
+    assert events[-1][1]["usage"]["completion_tokens"] == count
+    # Bursts: a pause of burst x interval (a sleep is never shorter) between each group of `burst`.
+    gaps = [b - a for (a, _), (b, _) in zip(tokens, tokens[1:], strict=False)]
+    long_gaps = [i for i, g in enumerate(gaps) if g >= interval * burst * 0.9]
+    assert long_gaps == [burst - 1, 2 * burst - 1]
+    assert tokens[-1][0] - tokens[0][0] >= (count // burst - 1) * interval * burst * 0.9
+
+
+def test_paced_fake_without_bursts_spaces_every_token() -> None:
+    with FakeChatServer() as server:
+        server.push(paced(5, 0.02))
+        events = _read_events(server)
+    times = [t for t, c in events if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(times) == 5
+    assert all(b - a >= 0.018 for a, b in zip(times, times[1:], strict=False))
+
+
+async def test_lab_upstream_streams_stamped_tokens_to_the_minimal_reader() -> None:
+    server = await upstream.PacedUpstream(upstream.Pacing(tokens=30, interval_s=0.002, burst=3, ttft_s=0.01)).start()
+    try:
+
+        async def go() -> None:
+            return None
+
+        raw = await upstream.client_round("direct", server.base_url, "paced", 3, go)
+        row = upstream.summarize(raw, None)
+    finally:
+        await server.stop()
+    assert row["ok"] == 3 and row["tokens"] == 90 and server.streams_done == 3
+    # Every token carried its send stamp: the lag is real and small on loopback.
+    assert all(len(t["lags"]) == 30 for t in raw["traces"])
+    assert 0 <= row["lag_p50_ms"] < 1000 and row["ttft_p50_ms"] >= 10 * 0.9
+    assert row["cpu_us_per_token"] > 0
+
+
+def test_lab_module_smoke(tmp_path: Path) -> None:
+    """The whole run, tiny: the floor, httpx and every Tether transport at 2 streams (seconds)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether_lab.upstream", "--streams", "2", "--tokens", "8", "--interval-ms", "5",
+         "--ttft-ms", "5", "--burst", "1", "--modes", "direct,direct-httpx,ws,sse,grpc,litellm", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "upstream.json").read_text())
+    modes = {r["mode"]: r for r in data["rows"]}
+    assert {"direct", "direct-httpx", "ws", "sse", "grpc"} <= set(modes)
+    for mode in ("direct", "direct-httpx", "ws", "sse", "grpc"):
+        r = modes[mode]
+        assert r["ok"] == 2 and r["tokens"] == 16, r
+        assert r["cpu_us_per_token"] is not None and r["lag_p50_ms"] is not None
+    assert modes["ws"]["x_floor"] is not None
+    assert "| upstream | streams | path |" in (out / "upstream.md").read_text()
+    if "litellm" not in modes:
+        assert any("LiteLLM" in n for n in data["notes"])
+
+
+def test_pacing_refuses_nonsense() -> None:
+    for bad in ({"tokens": 0}, {"burst": 0}, {"interval_s": -1.0}):
+        try:
+            upstream.Pacing(**bad)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+async def test_client_round_reports_a_failing_stream() -> None:
+    server = await upstream.PacedUpstream(upstream.Pacing(tokens=2, interval_s=0.0)).start()
+    await server.stop()  # nothing listens any more: the stream fails, the round still reports
+
+    async def go() -> None:
+        return None
+
+    raw = await asyncio.wait_for(upstream.client_round("direct", server.base_url, "paced", 1, go), 10)
+    assert raw["traces"][0]["error"] and not raw["traces"][0]["ok"]
+    assert upstream.summarize(raw, None)["ok"] == 0
