@@ -100,7 +100,7 @@ async def open_configured_store(url: str) -> Store:
     """`tether.store.factory.open_store(url)` (opened, schema migrated), or a `StartupError`
     naming the store (credentials redacted) and why it cannot be opened. A missing extra stays a
     `MissingExtra` (its message names the `pip install`)."""
-    from tether.store._common import redact_url
+    from tether.logging_setup import redact_url
     from tether.store.factory import open_store
 
     try:
