@@ -79,6 +79,11 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.handshake_initiated and self.conn.handshake_exc is not None:
             self._refuse_handshake(self.conn.handshake_exc.__cause__)
 
+    def handle_handshake_exception(self) -> None:
+        # uvicorn >= 0.55 answers an unparsable upgrade itself (a bare 400, or the 414/431 that
+        # websockets >= 17 queues); the answer stays ours: JSON, with the limit's own code.
+        self._refuse_handshake(self.conn.handshake_exc.__cause__ if self.conn.handshake_exc else None)
+
     def _refuse_handshake(self, cause: BaseException | None) -> None:
         if self.transport.is_closing():
             return
