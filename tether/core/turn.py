@@ -526,15 +526,15 @@ class Turn:
         ev.compaction_compacting.output_index = builder.next_index
         await self.ctx.outbox.put(ev)
         context = [*prepared.node.items(), *output]
-        summary, keep = await self.services.summarize(
-            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None
-        )
+        summary = await self.services.summarize(
+            self.ctx.tenant, prepared.route, context, self.params.instructions or None,
+            ledger_id=item_id, store=prepared.response.store, affinity=finish.replica or None,
+        )  # fmt: skip
         item = items_pb2.Item()
         item.compaction.id = item_id
-        item.compaction.encrypted_content = encode_payload(summary, keep)
+        item.compaction.encrypted_content = encode_payload(summary.text, summary.keep)
         _, events = builder.add_finished_item(item)
         await self._emit_all(events)
-        self.services.telemetry.compaction()
         return builder.output
 
     # -- finalisation -----------------------------------------------------------------------------
