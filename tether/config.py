@@ -31,7 +31,11 @@ class Limits:
     max_metadata_pairs: int = 16
     # Tokens (per-model context windows can override max_input_tokens in [models]).
     max_input_tokens: int = 1_000_000
-    max_output_tokens: int = 128_000
+    max_output_tokens: int = 128_000  # also enforced on an upstream that ignores the cap it is sent
+    # A turn's generation (its model calls, from the first) must end within this, else the
+    # response fails with `backend_timeout` (an upstream that keeps a stream open forever, e.g.
+    # with SSE keep-alive comments, cannot hold a turn).
+    max_turn_s: float = 1800.0
     # Connection scope.
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection
@@ -214,6 +218,8 @@ def validate(cfg: TetherConfig) -> None:
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
+    if not limits.max_turn_s > 0:
+        raise ValueError("limits.max_turn_s must be > 0")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

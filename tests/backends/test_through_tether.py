@@ -6,6 +6,7 @@ hints reach the client, usage says where it came from, model names come from the
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 import pytest
@@ -13,6 +14,7 @@ from openai import AsyncOpenAI
 
 from tests.fakes import chat_server as fk
 from tests.support.served import loopback, served
+from tether import render
 from tether.config import BackendSpec, Route, TetherConfig, from_dict
 
 KEY = "sk-t"
@@ -94,6 +96,53 @@ async def test_rate_limit_hint_reaches_the_client(upstream):
     assert r["error"]["tether_code"] == "rate_limit_exceeded"
     assert r["error"]["retry_after_s"] == pytest.approx(12.25)  # x-ratelimit-reset-tokens-minute
     assert resp.headers["retry-after"] == "13"
+
+
+async def test_an_upstream_ignoring_the_output_cap_is_cut_at_it(upstream):
+    """The cap is sent upstream; an upstream that ignores it is read only until the output passes
+    it: the response is incomplete (`max_output_tokens`) and billed at most the cap."""
+    upstream.push(fk.runaway(5000))
+    async with served(config(upstream), {KEY: "t"}) as s, AsyncOpenAI(base_url=s.base_url, api_key=KEY) as client:
+        r = await client.responses.create(model="gpt-oss-120b", input="hi", max_output_tokens=50)
+        assert await upstream.disconnected(within=5)  # the stream was closed, not read to its end
+        stored = await client.responses.retrieve(r.id)
+    assert upstream.chat_requests[-1].body["max_completion_tokens"] == 50
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert 0 < r.usage.output_tokens <= 50
+    assert len(render.encode(r.output_text)) > 50  # read until past the cap (within one wake-up's chunks)
+    assert len(r.output_text.split()) < 500
+    assert stored.status == "incomplete" and stored.usage.output_tokens == r.usage.output_tokens
+
+
+async def test_an_upstream_reporting_more_than_the_cap_is_billed_the_cap(upstream):
+    upstream.push(fk.runaway(10, completion_tokens=156_601), fk.runaway(10, completion_tokens=156_601))
+    async with served(config(upstream), {KEY: "t"}) as s, AsyncOpenAI(base_url=s.base_url, api_key=KEY) as client:
+        at_edge = await client.responses.create(model="gpt-oss-120b", input="hi", max_output_tokens=10)
+        past = await client.responses.create(model="gpt-oss-120b", input="hi", max_output_tokens=9)
+    assert at_edge.status == "completed" and at_edge.usage.output_tokens == 10  # ten words fit a cap of 10
+    assert past.status == "incomplete" and past.incomplete_details.reason == "max_output_tokens"
+    assert past.usage.output_tokens == 9
+
+
+async def test_a_turn_past_its_deadline_fails_even_while_the_upstream_sends_keep_alives(upstream):
+    upstream.push(fk.slow(count=5, interval=0.02), fk.keepalive_forever(seconds=20))
+    cfg = config(upstream)
+    cfg.limits.max_turn_s = 1.0
+    async with served(cfg, {KEY: "t"}) as s, AsyncOpenAI(base_url=s.base_url, api_key=KEY) as client:
+        within = await client.responses.create(model="gpt-oss-120b", input="hi")  # ~0.1 s: inside it
+        started = time.monotonic()
+        stuck = await client.responses.create(model="gpt-oss-120b", input="hi")
+        elapsed = time.monotonic() - started
+        assert await upstream.disconnected(within=5)
+    assert within.status == "completed"
+    assert stuck.status == "failed" and stuck.error.model_extra["tether_code"] == "backend_timeout"
+    assert "limits.max_turn_s" in stuck.error.message and 1.0 <= elapsed < 5
+
+
+@pytest.mark.parametrize("seconds", [0, -1])
+def test_a_turn_deadline_must_be_positive(seconds):
+    with pytest.raises(ValueError, match="limits.max_turn_s"):
+        from_dict({"limits": {"max_turn_s": seconds}})
 
 
 async def test_usage_from_the_upstream_else_counted_with_the_source(upstream):

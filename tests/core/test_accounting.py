@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.fakes.items import assistant
 from tether.backends.base import Usage
-from tether.core.accounting import account
+from tether.core.accounting import OutputCap, TurnUsage, account, capped
 
 
 def test_reported_figures_win_and_are_labelled():
@@ -51,3 +51,22 @@ def test_a_custom_tool_calls_input_is_counted_as_output():
         output=[custom_call_item("ctc_1", "c1", "p", patch, "completed")],
     )
     assert long.output_tokens > short.output_tokens > 0
+
+
+def test_the_output_cap_is_exact_at_its_edge_and_tokenises_only_past_its_bytes():
+    cap = OutputCap(10)
+    cap.add(" word" * 2)
+    assert not cap.over() and cap.counted == 0  # 10 bytes: not tokenised
+    cap.add(" word" * 8)
+    assert not cap.over() and cap.counted == 10  # 10 tokens: at the cap
+    cap.add(" word")
+    assert cap.over()  # 11: past it
+    wide = OutputCap(3)  # non-ASCII text is bounded by its UTF-8 bytes, not its characters
+    wide.add("日本語のテキスト")
+    assert wide.over()
+
+
+def test_usage_past_the_cap_is_billed_the_cap():
+    u = account(Usage(10, 0, 156_601, 100_000), input_tokens=9, cached_tokens=0, output=[])
+    assert capped(u, 50) == TurnUsage(10, 0, 50, 50, u.sources)
+    assert capped(u, 200_000) is u

@@ -455,6 +455,35 @@ def paced(
     return render
 
 
+def runaway(count: int = 5000, completion_tokens: int | None = None) -> Callable[[RecordedRequest], Reply]:
+    """An upstream that ignores the output cap it was sent: `count` content chunks of one token
+    each (" word", one o200k token), then a `stop` finish whose usage reports `completion_tokens`
+    (default `count`)."""
+
+    def render(req: RecordedRequest) -> Reply:
+        parts: list[Part] = [chunk({"role": "assistant"})]
+        parts += [chunk({"content": " word"}) for _ in range(count)]
+        reported = usage(_prompt_tokens(req), count if completion_tokens is None else completion_tokens)
+        parts += [chunk({}, "stop", usage=reported), "data: [DONE]\n\n"]
+        return Reply(200, {}, sse=parts)
+
+    return render
+
+
+def keepalive_forever(seconds: float = 10.0, interval: float = 0.05) -> Callable[[RecordedRequest], Reply]:
+    """One content chunk, then nothing but SSE keep-alive comments every `interval` seconds for
+    `seconds` (a read timeout never fires; a hang-up ends it early)."""
+
+    def render(req: RecordedRequest) -> Reply:
+        parts: list[Part] = [chunk({"role": "assistant"}), chunk({"content": "thinking"})]
+        for _ in range(int(seconds / interval)):
+            parts += [": keep-alive\n\n", Pause(interval)]
+        parts += [chunk({}, "stop"), "data: [DONE]\n\n"]
+        return Reply(200, {}, sse=parts)
+
+    return render
+
+
 def http_error(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
     if body is None:
         body = error_body(

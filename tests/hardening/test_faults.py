@@ -282,7 +282,8 @@ async def test_slow_client_blocks_only_its_own_stream() -> None:
     generation pulls nothing more while the other one runs, and once the reader resumes its whole
     stream arrives intact."""
     chunks, limit = 800, 8  # 800 KiB of text, far more than the shrunken buffers hold
-    config = instant_config(outbound_buffer_events=limit, max_coalesced_bytes=4096)
+    # About 200,000 tokens of output: past the default output cap, which Tether enforces.
+    config = instant_config(outbound_buffer_events=limit, max_coalesced_bytes=4096, max_output_tokens=1_000_000)
     with_backend(config, "hose", "hardening_firehose", chunks=chunks, chunk_bytes=1024)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack:
@@ -335,8 +336,9 @@ async def test_bridge_connections_disable_nagle() -> None:
 @pytest.mark.parametrize("side", ["input", "output"])
 async def test_items_of_a_million_characters(side: str) -> None:
     """Within `max_item_bytes` (8 MiB) an item of 1,000,000+ characters is legal, in the input or
-    in the output; the turn must complete (and be stored), with no trailing `error`."""
-    config = instant_config()
+    in the output; the turn must complete (and be stored), with no trailing `error`. (The output,
+    about 275,000 tokens, needs an output cap above the default 128,000, which Tether enforces.)"""
+    config = instant_config(max_output_tokens=1_000_000)
     with_backend(config, "hose", "hardening_firehose", chunks=1100, chunk_bytes=1000)
     with_models(config, {"hose": {"backend": "hose"}, "*": {"backend": "sim"}})
     async with full_stack(config) as stack, stack.ws() as conn:

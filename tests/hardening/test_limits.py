@@ -517,6 +517,67 @@ async def test_tokens_per_minute_exact_budget_is_admitted() -> None:
         assert (await recv_response(conn))[-1]["type"] == "response.completed"
 
 
+COMPACTING = {"context_management": [{"type": "compaction", "compact_threshold": 1000}]}  # the least allowed
+
+
+async def test_compaction_calls_pay_the_rate_limits_and_are_counted() -> None:
+    """`POST /v1/responses/compact` is admitted like a create (429 past `requests_per_minute`,
+    and no model call then); a compaction inside a turn is one more request on the key's
+    budget. Both calls' tokens are in `tether_tokens_total`, `tether_compaction_tokens_total`
+    and one usage-ledger line each (status "compaction")."""
+    history = [{"role": "user", "content": "tell me a story " * 300}, {"role": "assistant", "content": "once " * 40},
+               {"role": "user", "content": "go on"}]  # fmt: skip
+    async with full_stack(instant_config(requests_per_minute=3)) as stack, stack.http(KEY_A) as h:
+        engine = stack.engine
+        r = await h.post("/v1/responses/compact", content=dumps({"model": "sim-model", "input": history}))
+        assert r.status_code == 200, r.text  # 1 request of 3
+        compacted = r.json()
+        assert compacted["usage"]["input_tokens"] > 0 and compacted["usage"]["output_tokens"] > 0
+        assert metric(engine, "tether_compactions_total") == 1
+        assert metric(engine, "tether_compaction_tokens_total", kind="input") == compacted["usage"]["input_tokens"]
+        assert metric(engine, "tether_compaction_tokens_total", kind="output") == compacted["usage"]["output_tokens"]
+        assert metric(engine, "tether_tokens_total", kind="output") == compacted["usage"]["output_tokens"]
+
+        body = {**CREATE, "input": history, "store": True, **COMPACTING}
+        r = await h.post("/v1/responses", content=dumps(body))  # 2 and 3: the turn and its compaction
+        assert r.status_code == 200, r.text
+        done = r.json()
+        assert done["output"][-1]["type"] == "compaction"
+        assert metric(engine, "tether_compactions_total") == 2
+        r = await h.post("/v1/responses/compact", content=dumps({"model": "sim-model", "input": history}))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert metric(engine, "tether_compactions_total") == 2  # refused before its model call
+        async with stack.http(KEY_B) as other:  # per key
+            assert (await other.post("/v1/responses", content=dumps(CREATE))).status_code == 200
+
+        await engine.post.flush()
+        ledger = {u.response_id: u for u in await engine.store.usage_records("a")}
+        assert ledger[compacted["id"]].status == "compaction"
+        assert ledger[compacted["id"]].output_tokens == compacted["usage"]["output_tokens"]
+        in_turn = ledger[done["output"][-1]["id"]]
+        assert in_turn.status == "compaction" and in_turn.input_tokens > 0 and in_turn.output_tokens > 0
+        assert ledger[done["id"]].status == "completed"
+
+
+async def test_compaction_in_a_turn_pays_the_tokens_per_minute_budget() -> None:
+    body = {**CREATE, "input": "some input tokens to count " * 250}  # past the compaction threshold
+    tokens = await _count_tokens(body)
+    async with full_stack() as probe, probe.http() as h:
+        output = (await h.post("/v1/responses", content=dumps(body))).json()["usage"]["output_tokens"]
+    # Room for three turns' input and two turns' output, with 50 tokens to spare: not for the
+    # compaction's call as well (its input alone is about `tokens`).
+    budget = 3 * tokens + 2 * output + 50
+    async with full_stack(instant_config(tokens_per_minute=budget)) as stack, stack.http(KEY_A) as h:
+        r = await h.post("/v1/responses", content=dumps(body))
+        assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == output
+        r = await h.post("/v1/responses", content=dumps({**body, **COMPACTING}))
+        assert r.status_code == 200 and r.json()["output"][-1]["type"] == "compaction"
+        assert r.json()["usage"]["output_tokens"] == output
+        # The compaction's input and output tokens were charged too: the budget is spent.
+        r = await h.post("/v1/responses", content=dumps(body))
+        assert r.status_code == 429 and "tokens per minute" in r.json()["error"]["message"]
+
+
 # -- caches -----------------------------------------------------------------------------------------
 
 

@@ -61,6 +61,53 @@ def _generated_text(item: items_pb2.Item) -> str:
     return ""
 
 
+class OutputCap:
+    """The output cap (`max_output_tokens`, else `limits.max_output_tokens`) enforced by Tether,
+    for an upstream that ignores the cap it was sent. The turn `add`s the text each wake-up
+    generated (text, refusals, reasoning, tool calls' arguments: its delta events' text), then asks
+    `over()` whether the output so far passed the cap, so it stops reading.
+
+    Cheap while the output is short: every token is at least one UTF-8 byte, so output of at most
+    `limit` bytes cannot pass the cap and is not tokenised. Past that, the text not counted yet is
+    tokenised (each piece once: the count is exact to about a token per check, see
+    `render.encode`), and checks come when the bytes since the last count could hold the rest of
+    the budget, so an answer is tokenised about once in all."""
+
+    __slots__ = ("limit", "counted", "pending", "pending_bytes")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.counted = 0  # tokens of the text already tokenised
+        self.pending: list[str] = []  # text not tokenised yet
+        self.pending_bytes = 0  # its UTF-8 size: at least its token count
+
+    def add(self, text: str) -> None:
+        self.pending.append(text)
+        self.pending_bytes += len(text) if text.isascii() else len(text.encode())
+
+    def over(self) -> bool:
+        if self.counted + self.pending_bytes <= self.limit:
+            return False
+        self.counted += len(render.encode("".join(self.pending)))
+        self.pending.clear()
+        self.pending_bytes = 0
+        return self.counted > self.limit
+
+
+def capped(usage: TurnUsage, limit: int) -> TurnUsage:
+    """`usage` billing at most `limit` output tokens (an upstream that ignored the cap may report
+    more than it was allowed to produce; the reasoning part stays within the output)."""
+    if usage.output_tokens <= limit:
+        return usage
+    return TurnUsage(
+        input_tokens=usage.input_tokens,
+        cached_tokens=usage.cached_tokens,
+        output_tokens=limit,
+        reasoning_tokens=min(usage.reasoning_tokens, limit),
+        sources=usage.sources,
+    )
+
+
 def account(
     reported: Usage | None, *, input_tokens: int, cached_tokens: int, output: Sequence[items_pb2.Item]
 ) -> TurnUsage:

@@ -32,7 +32,21 @@ from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import events_pb2
 
 Hydrate = Callable[[str, str, str], Awaitable[CachedResponse | None]]  # (tenant, response id, lane)
-Summarize = Callable[..., Awaitable[tuple[str, int]]]  # (route, context, instructions, affinity=, tenant=)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A compaction's summary: its text, how many trailing items stay verbatim, and the model
+    call's tokens (billed, rate-limited and counted like any other call's)."""
+
+    text: str
+    keep: int
+    input_tokens: int
+    output_tokens: int
+
+
+# (tenant, route, context, instructions, *, ledger_id, store=, admit=, affinity=)
+Summarize = Callable[..., Awaitable[Summary]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,11 @@ from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
 from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
 from tether.core.clock import SYSTEM_CLOCK, Clock
-from tether.core.context import TurnServices
+from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.items import user_message
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
-from tether.core.postinference import PostInference
+from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.session import Session
@@ -40,7 +40,7 @@ from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
-from tether.store.base import Store
+from tether.store.base import Store, UsageRecord
 
 log = logging.getLogger("tether.engine")
 
@@ -173,38 +173,69 @@ class Engine:
 
     async def summarize(
         self,
+        tenant: str,
         route: Resolved,
         context: Sequence[items_pb2.Item],
         instructions: str | None,
         *,
+        ledger_id: str,
+        store: bool = True,
+        admit: bool = False,
         affinity: str | None = None,
-        tenant: str = "",
-    ) -> tuple[str, int]:
+    ) -> Summary:
         """Compaction: ask the backend to summarise the older items; keep the recent turn verbatim.
         `affinity`: the pool replica that holds the conversation (chain-affine routing); `tenant`:
         whose call it is (it scopes prefix-cache keys, `BackendRequest.tenant`).
-        Returns (summary, number of trailing items kept)."""
+
+        The model call is the tenant's like any other: `admit` (`POST /v1/responses/compact`)
+        checks the rate limits first (429 `rate_limit_exceeded`, no model call), otherwise (a
+        compaction inside a turn that was admitted) its request and input tokens are charged
+        without a check; its output tokens are charged after. Its tokens (the upstream's counts
+        where it reports them, else Tether's) go to `tether_tokens_total`,
+        `tether_compaction_tokens_total` and, when `store`, one usage-ledger line under
+        `ledger_id` with status "compaction"."""
         keep = _kept_tail(context)
         older = list(context[: len(context) - keep])
-        text = [f"Earlier instructions: {instructions}"] if instructions else []
+        input_tokens = sum(len(render.encode(render.render_item(i))) for i in older)
+        if admit:
+            self.rate_limiter.admit(tenant, input_tokens)
+        else:
+            self.rate_limiter.charge(tenant, input_tokens)
         request = BackendRequest(
             model=route.upstream_model,
             instructions=SUMMARY_INSTRUCTIONS,
             items=older,
-            input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
+            input_tokens=input_tokens,
             affinity=affinity,
             tenant=tenant,
         )
+        generated: list[str] = []
+        reported = None
         stream = route.backend.stream(request)
         try:
             async for chunk in stream:
                 if isinstance(chunk, TextDelta):
-                    text.append(chunk.text)
+                    generated.append(chunk.text)
                 elif isinstance(chunk, Finish):
+                    reported = chunk.usage
                     break
         finally:
             await stream.aclose()
-        return "".join(text), keep
+        text = "".join(generated)
+        if reported is not None and reported.input_tokens is not None:
+            input_tokens = reported.input_tokens
+        output_tokens = (reported.output_tokens if reported is not None else None) or len(render.encode(text))
+        self.rate_limiter.charge_output(tenant, output_tokens)
+        self.telemetry.compaction(input_tokens, output_tokens)
+        if store:
+            self.post.submit(PostJob(usage=UsageRecord(
+                tenant=tenant, response_id=ledger_id, model=route.model, backend=route.backend.name,
+                input_tokens=input_tokens, cached_tokens=0, output_tokens=output_tokens, reasoning_tokens=0,
+                status="compaction", created_at=time.time(),
+            ), record=None))  # fmt: skip
+        if instructions:
+            text = f"Earlier instructions: {instructions}" + text
+        return Summary(text, keep, input_tokens, output_tokens)
 
     # -- ResponsesAPI -----------------------------------------------------------------------------
 
@@ -303,17 +334,18 @@ class Engine:
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
-        summary, keep = await self.summarize(route, context, instructions, tenant=tenant)
+        out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
+        summary = await self.summarize(
+            tenant, route, context, instructions, ledger_id=out.id,
+            store=params.store if params.HasField("store") else True, admit=True,
+        )  # fmt: skip
         item = items_pb2.Item()
         item.compaction.id = ids.compaction_id()
-        item.compaction.encrypted_content = encode_payload(summary, keep)
-        out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
-        out.output.extend(output_item(kept) for kept in context[len(context) - keep :])
+        item.compaction.encrypted_content = encode_payload(summary.text, summary.keep)
+        out.output.extend(output_item(kept) for kept in context[len(context) - summary.keep :])
         out.output.append(item)
-        in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
-        out_tokens = len(render.encode(summary))
-        out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
-        out.usage.total_tokens = in_tokens + out_tokens
+        out.usage.input_tokens, out.usage.output_tokens = summary.input_tokens, summary.output_tokens
+        out.usage.total_tokens = summary.input_tokens + summary.output_tokens
         return out
 
     async def conversation_call(self, tenant: str, method: str, request):  # noqa: ANN001, ANN201

@@ -1,8 +1,10 @@
 """Per-API-key (tenant) rate limits: token buckets for requests and tokens per minute.
 
-A create is admitted when both buckets can pay (1 request, its input tokens); output tokens are
-charged when the response finishes (the bucket may go negative, which delays the next create,
-the way upstream providers account for reserved output). Refusals are 429
+A create (or a `POST /v1/responses/compact`) is admitted when both buckets can pay (1 request,
+its input tokens); output tokens are charged when the response finishes (the bucket may go
+negative, which delays the next create, the way upstream providers account for reserved output).
+A compaction inside a turn (`context_management`) is one more model call: its request and input
+tokens are charged without a check (`charge`), its output tokens like a response's. Refusals are 429
 `rate_limit_exceeded` with the seconds until the request would be admitted.
 """
 
@@ -76,6 +78,18 @@ class RateLimiter:
         bucket = self._tokens.get(tenant)
         if bucket is not None:
             bucket.level -= output_tokens
+
+    def charge(self, tenant: str, input_tokens: int) -> None:
+        """A model call the tenant did not ask for separately (in-turn compaction): one request and
+        its input tokens are paid without a check (the buckets may go negative, which delays the
+        tenant's next create), like output tokens."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self._rpm:
+            self._bucket(self._requests, tenant, self._rpm, now).level -= 1.0
+        if self._tpm:
+            self._bucket(self._tokens, tenant, self._tpm, now).level -= float(input_tokens)
 
     @staticmethod
     def _bucket(table: dict[str, Bucket], tenant: str, per_minute: int, now: float) -> Bucket:

@@ -22,6 +22,7 @@ lab's prototype turn loops over tool calls in one response); everything else is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -34,12 +35,13 @@ import orjson
 from tether import errors, ids, render
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
-from tether.core.accounting import account
+from tether.core.accounting import OutputCap, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment
 from tether.core.context import TurnContext
 from tether.core.items import assign_ids, item_key, user_message
 from tether.core.lane import Lane
+from tether.core.outbox import Delta
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
 from tether.core.stages import fields, validate
@@ -150,6 +152,8 @@ class Turn:
         self.response_id = ""
         self.phase = Phase.PREPARING
         self.builder: OutputBuilder | None = None  # while generating
+        self.output_cap: OutputCap | None = None  # while generating: the output cap Tether enforces
+        self.deadline = 0.0  # loop time by which the generation must end (`limits.max_turn_s`)
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
 
     # -- emission ---------------------------------------------------------------------------------
@@ -406,20 +410,38 @@ class Turn:
         reader = WakeupReader(backend.stream_runs(request), while_waiting)
         outbox = self.ctx.outbox
         stream_id, response_id = self.stream_id, self.response_id
+        cap = self.output_cap
+        assert cap is not None
         started = time.perf_counter()
         builder.finish = None
+        deadline = asyncio.timeout_at(self.deadline)
         try:
             with self.services.coalesce.generating():  # counted: many streams widen the outboxes' window
-                chunks = await reader.next()
-                if chunks:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                while chunks:
-                    for ev in builder.feed(chunks):
-                        ev.stream_id, ev.response_id = stream_id, response_id
-                        await outbox.put(ev)
-                    if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
-                        break
+                async with deadline:
                     chunks = await reader.next()
+                    if chunks:
+                        self.clock.add("backend_ttft", time.perf_counter() - started)
+                    while chunks:
+                        for ev in builder.feed(chunks):
+                            if type(ev) is Delta:  # what the model generated in this wake-up
+                                cap.add("".join(ev.pieces))
+                            ev.stream_id, ev.response_id = stream_id, response_id
+                            await outbox.put(ev)
+                        if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                            break
+                        if cap.over():  # the upstream ignored the output cap: stop reading
+                            last = builder.finish or Finish()
+                            builder.finish = dataclasses.replace(last, reason="length")
+                            break
+                        chunks = await reader.next()
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            limit = self.services.limits.max_turn_s
+            raise BackendError(
+                errors.BACKEND_TIMEOUT,
+                f"The model did not finish within the turn deadline of {limit:g} s (limits.max_turn_s).",
+            ) from None
         finally:
             await reader.aclose()
             self.clock.add("backend_wait", reader.waited)
@@ -438,10 +460,21 @@ class Turn:
         )
         return self.builder
 
+    def _output_limit(self) -> int:
+        """The output cap: the request's `max_output_tokens`, else `limits.max_output_tokens`."""
+        p = self.params
+        return p.max_output_tokens if p.HasField("max_output_tokens") else self.services.limits.max_output_tokens
+
     async def _generate(self, prepared: Prepared) -> None:
         """Run `_steps` and end the response however they stop: the model's finish, a backend
-        error, or the interruption the control carries (steer, client cancel, server cut)."""
+        error, or the interruption the control carries (steer, client cancel, server cut). Two
+        bounds hold over all the steps: the output cap (`OutputCap`: past it the stream is
+        closed and the response ends incomplete, `max_output_tokens`, billed at most the cap) and
+        the deadline (`limits.max_turn_s` from here: past it the response fails with
+        `backend_timeout`)."""
         builder = self._builder()
+        self.output_cap = OutputCap(self._output_limit())
+        self.deadline = asyncio.get_running_loop().time() + self.services.limits.max_turn_s
         error: TetherError | None = None
         finish: Finish | None = None
         try:
@@ -527,16 +560,15 @@ class Turn:
         ev.compaction_compacting.output_index = builder.next_index
         await self.ctx.outbox.put(ev)
         context = [*prepared.node.items(), *output]
-        summary, keep = await self.services.summarize(
-            prepared.route, context, self.params.instructions or None, affinity=finish.replica or None,
-            tenant=self.ctx.tenant,
-        )
+        summary = await self.services.summarize(
+            self.ctx.tenant, prepared.route, context, self.params.instructions or None,
+            ledger_id=item_id, store=prepared.response.store, affinity=finish.replica or None,
+        )  # fmt: skip
         item = items_pb2.Item()
         item.compaction.id = item_id
-        item.compaction.encrypted_content = encode_payload(summary, keep)
+        item.compaction.encrypted_content = encode_payload(summary.text, summary.keep)
         _, events = builder.add_finished_item(item)
         await self._emit_all(events)
-        self.services.telemetry.compaction()
         return builder.output
 
     # -- finalisation -----------------------------------------------------------------------------
@@ -555,12 +587,12 @@ class Turn:
         r.completed_at = int(self.services.clock.wall())
         del r.output[:]
         r.output.extend(output)
-        usage = account(
+        usage = capped(account(
             finish.usage if finish else None,
             input_tokens=prepared.input_tokens,
             cached_tokens=prepared.cached_tokens,
             output=output,
-        )
+        ), self._output_limit())  # fmt: skip
         u = r.usage
         u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
         u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens

@@ -90,7 +90,13 @@ class Metrics:
             "meanwhile; written again self-contained), permanent (the response is not stored)",
             ["reason"], registry=r,
         )  # fmt: skip
-        self.compactions = Counter("tether_compactions", "Automatic compactions", registry=r)
+        self.compactions = Counter(
+            "tether_compactions", "Compactions (in a turn or POST /v1/responses/compact)", registry=r
+        )
+        self.compaction_tokens = Counter(
+            "tether_compaction_tokens", "Tokens of compactions' model calls (also in tether_tokens)", ["kind"],
+            registry=r,
+        )
         self.safety_findings = Counter("tether_safety_findings", "Safety classifier findings", ["kind"], registry=r)
         self.memory_reclaims = Counter(
             "tether_memory_reclaims", "Runs of gc + malloc_trim after connections closed", registry=r
@@ -130,6 +136,8 @@ class Metrics:
         # Pre-create the label sets every scrape should show, so dashboards see zeros, not gaps.
         for kind in ("input", "cached", "output", "reasoning"):
             self.tokens.labels(kind)
+        for kind in ("input", "output"):
+            self.compaction_tokens.labels(kind)
         for result in ("found", "missing"):
             self.hydrations.labels(result)
         for reason in ("retried", "repaired", "permanent"):
@@ -207,8 +215,12 @@ class Metrics:
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def compaction(self) -> None:
+    def compaction(self, input_tokens: int, output_tokens: int) -> None:
         self.compactions.inc()
+        self.tokens.labels("input").inc(input_tokens)
+        self.tokens.labels("output").inc(output_tokens)
+        self.compaction_tokens.labels("input").inc(input_tokens)
+        self.compaction_tokens.labels("output").inc(output_tokens)
 
     def retry_hook(self, backend: str):
         """A zero-argument callback counting one upstream retry of `backend`."""
