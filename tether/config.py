@@ -32,6 +32,9 @@ class Limits:
     # Tokens (per-model context windows can override max_input_tokens in [models]).
     max_input_tokens: int = 1_000_000
     max_output_tokens: int = 128_000
+    # Log probabilities one response carries: output tokens x (1 + top_logprobs). With log
+    # probabilities asked for, the output cap is at most this / (1 + top_logprobs) tokens.
+    max_logprobs: int = 16_384
     # Connection scope.
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection

@@ -17,11 +17,11 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
-from tether import errors, ids, render
+from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
-from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
@@ -158,8 +158,12 @@ class Engine:
         self.telemetry.hydration(hydrated is not None)
         if hydrated is None:
             return None
-        input_node = Node.continue_with(None, tuple(Segment.of(k.key, k.item) for k in hydrated.inputs))
-        context = Node.continue_with(input_node, tuple(Segment.of(k.key, k.item) for k in hydrated.outputs))
+        keyed = [*hydrated.inputs, *hydrated.outputs]
+        segments = await offload.run(sum(k.item.ByteSize() for k in keyed), segments_of,
+                                     [k.item for k in keyed], [k.key for k in keyed])  # fmt: skip
+        split = len(hydrated.inputs)
+        input_node = Node.continue_with(None, segments[:split])
+        context = Node.continue_with(input_node, segments[split:])
         return CachedResponse(
             response=hydrated.response,
             input_node=input_node,
@@ -189,7 +193,7 @@ class Engine:
             model=route.upstream_model,
             instructions=SUMMARY_INSTRUCTIONS,
             items=older,
-            input_tokens=sum(len(render.encode(render.render_item(i))) for i in older),
+            input_tokens=await count_tokens(older),
             affinity=affinity,
         )
         stream = route.backend.stream(request)
@@ -289,8 +293,8 @@ class Engine:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
-        header = len(render.encode(render.render_header(instructions, list(params.tools))))
-        return header + sum(len(render.encode(render.render_item(i))) for i in items)
+        header = render.render_header(instructions, list(params.tools))
+        return len(await offload.run(len(header), render.encode, header)) + await count_tokens(items)
 
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
@@ -307,8 +311,8 @@ class Engine:
         out = service_pb2.CompactResponseResponse(id=ids.response_id(), created_at=int(time.time()))
         out.output.extend(output_item(kept) for kept in context[len(context) - keep :])
         out.output.append(item)
-        in_tokens = sum(len(render.encode(render.render_item(i))) for i in context)
-        out_tokens = len(render.encode(summary))
+        in_tokens = await count_tokens(context)
+        out_tokens = len(await offload.run(len(summary), render.encode, summary))
         out.usage.input_tokens, out.usage.output_tokens = in_tokens, out_tokens
         out.usage.total_tokens = in_tokens + out_tokens
         return out
@@ -321,6 +325,15 @@ class Engine:
         for name in self.router.model_names:
             out.data.add(id=name, created=0, owned_by="tether")
         return out
+
+
+async def count_tokens(items: Sequence[items_pb2.Item]) -> int:
+    """Tokens of `items` rendered, counted off the event loop when they are large (tether.offload)."""
+    return await offload.run(sum(i.ByteSize() for i in items), _count_tokens, items)
+
+
+def _count_tokens(items: Sequence[items_pb2.Item]) -> int:
+    return sum(len(render.encode(render.render_item(i))) for i in items)
 
 
 def _kept_tail(context: Sequence[items_pb2.Item]) -> int:

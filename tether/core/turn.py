@@ -31,12 +31,12 @@ from typing import Protocol
 
 import orjson
 
-from tether import errors, ids, render
+from tether import errors, ids, offload, render
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
 from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
-from tether.core.chain import CachedResponse, Node, Segment
+from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
 from tether.core.items import assign_ids, item_key, user_message
 from tether.core.lane import Lane
@@ -201,8 +201,9 @@ class Turn:
         self._validate_params()
         parent = await self._resolve()
         new_items = self._validate_items(parent.node)
-        texts, findings = self._classify(new_items)
-        header = self._render_header()
+        # Rendering and classifying megabytes of new input runs off the event loop (tether.offload).
+        texts, findings = await offload.run(sum(item.ByteSize() for item in new_items), self._classify, new_items)
+        header = await self._render_header()
         route = self._route()
         return await self._plan(parent, new_items, texts, findings, header, route)
 
@@ -235,12 +236,12 @@ class Turn:
             findings = self.services.classify(texts)
         return texts, findings
 
-    def _render_header(self) -> tuple[int, bool]:
+    async def _render_header(self) -> tuple[int, bool]:
         """The instructions+tools header's tokens (count, memoised on the connection)."""
         params = self.params
         with self.clock.stage("render"):
             instructions = params.instructions if params.HasField("instructions") else None
-            return self.ctx.memo.header_tokens(instructions, params.tools)
+            return await self.ctx.memo.header_tokens(instructions, params.tools)
 
     def _route(self) -> Resolved:
         with self.clock.stage("route"):
@@ -277,8 +278,11 @@ class Turn:
         # that bound fits the context window, no token budget is charged and the backend reads the
         # count only for `usage`, tokenising waits for the backend's first-token time.
         with clock.stage("route"):
-            bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
-            defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+            new_bytes = sum(len(t.encode()) for t in texts)
+            bound = header_tokens + (parent_node.token_count if parent_node else 0) + new_bytes
+            # A large input is tokenised now, off the event loop, not while the backend waits.
+            large = offload.large(new_bytes)
+            defer = not large and not compacting and not limiter.charges_input_tokens and bound <= route.context_window
             items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
             entry = parent.entry
             request = self._backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
@@ -286,6 +290,7 @@ class Turn:
         prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
+                await offload.run(new_bytes, prepared.render)
                 request.items = prepared.node.items()
                 request.input_tokens = prepared.input_tokens
             if prepared.input_tokens > route.context_window:
@@ -305,7 +310,8 @@ class Turn:
         items = await self.services.conversations.context(self.ctx.tenant, conversation_id)
         if not items:
             return None
-        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
+        segments = await offload.run(sum(item.ByteSize() for item in items), segments_of, items)
+        return Node.continue_with(None, segments)
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -373,6 +379,8 @@ class Turn:
         self, route: Resolved, items: list[items_pb2.Item], input_tokens: int, *, affinity: str | None = None
     ) -> BackendRequest:
         p = self.params
+        # Asked for log probabilities without a cap: the cap their volume allows (limits.max_logprobs).
+        cap = p.max_output_tokens if p.HasField("max_output_tokens") else validate.logprobs_output_cap(p, self.services.limits)
         return BackendRequest(
             model=route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
@@ -380,7 +388,7 @@ class Turn:
             tools=list(p.tools),
             tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
             parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
-            max_output_tokens=p.max_output_tokens if p.HasField("max_output_tokens") else None,
+            max_output_tokens=cap,
             temperature=p.temperature if p.HasField("temperature") else None,
             top_p=p.top_p if p.HasField("top_p") else None,
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
@@ -434,6 +442,7 @@ class Turn:
             max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
             reasoning_summary=p.reasoning.HasField("summary"),
             seal_reasoning=seal,
+            max_logprobs=self.services.limits.max_logprobs if fields.requested_logprobs(p) is not None else None,
         )
         return self.builder
 
