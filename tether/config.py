@@ -29,6 +29,9 @@ class Limits:
     max_item_bytes: int = 8 * 1024 * 1024  # one item's text
     max_tools: int = 512
     max_metadata_pairs: int = 16
+    # One conversation (/v1/conversations): its items, and their protobuf bytes.
+    max_conversation_items: int = 10_000
+    max_conversation_bytes: int = 32 * 1024 * 1024
     # Tokens (per-model context windows can override max_input_tokens in [models]).
     max_input_tokens: int = 1_000_000
     max_output_tokens: int = 128_000

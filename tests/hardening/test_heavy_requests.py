@@ -92,3 +92,44 @@ async def test_a_large_input_is_rendered_and_tokenised_off_the_loop(monkeypatch:
         n = await client.responses.input_tokens.count(model="sim-model", input=big)
         assert n.input_tokens > 150_000
     assert on_loop == []
+
+
+# -- conversation size: max_conversation_items, max_conversation_bytes ---------------------------
+
+
+def _msg(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": text}
+
+
+async def test_conversation_items_edge_then_refused_when_adding_and_when_continuing() -> None:
+    async with full_stack(instant_config(max_conversation_items=3)) as stack:
+        client = _sdk(stack)
+        conv = await client.conversations.create(items=[_msg("one"), _msg("two")])
+        # A create whose input would make it 4 is refused before anything is generated.
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.responses.create(model="sim-model", input=[_msg("3"), _msg("4")], conversation=conv.id)
+        assert info.value.body["code"] == "conversation_too_large" and info.value.body["param"] == "conversation"
+        await client.conversations.items.create(conv.id, items=[_msg("three")])  # 3: the edge
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.conversations.items.create(conv.id, items=[_msg("four")])
+        assert info.value.body["code"] == "conversation_too_large" and info.value.body["param"] == "items"
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.responses.create(model="sim-model", input="more?", conversation=conv.id)
+        assert info.value.body["code"] == "conversation_too_large"
+        with pytest.raises(openai.BadRequestError):  # a new one with too many items at once
+            await client.conversations.create(items=[_msg("a")] * 4)
+
+
+async def test_conversation_bytes_edge_then_refused() -> None:
+    from tether.protocol import json_codec
+
+    async with full_stack(instant_config()) as stack:
+        client = _sdk(stack)
+        conv = await client.conversations.create(items=[_msg("x" * 1000)])
+        held = sum(i.ByteSize() for i in await stack.engine.store.conversation_items("a", conv.id))
+        adding = json_codec.item_from_json(_msg("y" * 500)).ByteSize()
+        stack.config.limits.max_conversation_bytes = held + adding  # read as each call runs
+        await client.conversations.items.create(conv.id, items=[_msg("y" * 500)])  # exactly the bound
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.conversations.items.create(conv.id, items=[_msg("z")])
+        assert info.value.body["code"] == "conversation_too_large" and "bytes" in info.value.body["message"]

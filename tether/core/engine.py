@@ -25,7 +25,7 @@ from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
-from tether.core.items import user_message
+from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.queued import QueuedBytes
@@ -279,11 +279,8 @@ class Engine:
                 )
             items = parent.context_node.items() if parent.context_node else []
         elif params.conversation:
-            items = await self.conversations.context(tenant, params.conversation)
-        if params.input:
-            items.extend(params.input)
-        elif params.HasField("input_text"):
-            items.append(user_message(params.input_text))
+            items = await self.conversations.context(tenant, params.conversation, request_input(params))
+        items.extend(request_input(params))
         return items
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:

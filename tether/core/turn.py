@@ -38,7 +38,7 @@ from tether.core.accounting import account
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
-from tether.core.items import assign_ids, item_key, user_message
+from tether.core.items import assign_ids, item_key, request_input
 from tether.core.lane import Lane
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
@@ -307,7 +307,7 @@ class Turn:
 
     async def _conversation_node(self, conversation_id: str) -> Node | None:
         """A conversation's items as the chain a create continues (None when it has none yet)."""
-        items = await self.services.conversations.context(self.ctx.tenant, conversation_id)
+        items = await self.services.conversations.context(self.ctx.tenant, conversation_id, request_input(self.params))
         if not items:
             return None
         segments = await offload.run(sum(item.ByteSize() for item in items), segments_of, items)
@@ -316,12 +316,7 @@ class Turn:
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
         params = self.params
-        if params.input:
-            items = list(params.input)
-        elif params.HasField("input_text"):
-            items = [user_message(params.input_text)]
-        else:
-            items = []
+        items = request_input(params)
         for steer in self.lane.take_pending_steer(params.previous_response_id):
             items.extend(steer)
         assign_ids(items)
