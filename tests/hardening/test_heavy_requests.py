@@ -133,3 +133,26 @@ async def test_conversation_bytes_edge_then_refused() -> None:
         with pytest.raises(openai.BadRequestError) as info:
             await client.conversations.items.create(conv.id, items=[_msg("z")])
         assert info.value.body["code"] == "conversation_too_large" and "bytes" in info.value.body["message"]
+
+
+# -- prompt templates: the expansion is bounded by max_request_bytes ----------------------------
+
+
+async def test_a_template_expansion_edge_then_413_before_expanding() -> None:
+    from tether.prompts import PromptLibrary
+
+    limit = 65_539  # ten uses of {{v}} and nine spaces: 10 v + 9 bytes
+    config = instant_config(max_request_bytes=limit)
+    config.prompts = PromptLibrary.from_config({"tenfold": {"input": [{"role": "user", "content": " ".join(["{{v}}"] * 10)}]}})
+    async with full_stack(config) as stack:
+        client = _sdk(stack)
+        r = await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "x" * 6553}})
+        assert r.status == "completed" and r.usage.input_tokens > 0  # exactly the limit
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "x" * 6554}})
+        assert info.value.status_code == 413
+        assert info.value.body["code"] == "request_too_large" and info.value.body["param"] == "prompt"
+        # Multi-byte text counts its UTF-8 bytes.
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "é" * 3300}})
+        assert info.value.status_code == 413

@@ -210,7 +210,8 @@ class Turn:
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
-            self.services.config.prompts.apply(self.params)  # `prompt`: the template into instructions and input
+            # `prompt`: the template into instructions and input, its expansion bounded
+            self.services.config.prompts.apply(self.params, self.services.limits.max_request_bytes)
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
