@@ -29,6 +29,9 @@ class Limits:
     max_item_bytes: int = 8 * 1024 * 1024  # one item's text
     max_tools: int = 512
     max_metadata_pairs: int = 16
+    # One conversation (/v1/conversations): its items, and their protobuf bytes.
+    max_conversation_items: int = 10_000
+    max_conversation_bytes: int = 32 * 1024 * 1024
     # Tokens (per-model context windows can override max_input_tokens in [models]).
     max_input_tokens: int = 1_000_000
     max_output_tokens: int = 128_000  # also enforced on an upstream that ignores the cap it is sent
@@ -36,6 +39,9 @@ class Limits:
     # response fails with `backend_timeout` (an upstream that keeps a stream open forever, e.g.
     # with SSE keep-alive comments, cannot hold a turn).
     max_turn_s: float = 1800.0
+    # Log probabilities one response carries: output tokens x (1 + top_logprobs). With log
+    # probabilities asked for, the output cap is at most this / (1 + top_logprobs) tokens.
+    max_logprobs: int = 16_384
     # Connection scope.
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection

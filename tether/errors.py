@@ -73,6 +73,7 @@ IDLE_TIMEOUT = "idle_timeout"
 REQUEST_TOO_LARGE = "request_too_large"
 ITEM_TOO_LARGE = "item_too_large"
 TOO_MANY_ITEMS = "too_many_items"
+CONVERSATION_TOO_LARGE = "conversation_too_large"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 QUEUE_FULL = "too_many_queued_responses"
 QUEUED_BYTES_FULL = "too_many_queued_bytes"
@@ -150,6 +151,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a body or frame over max_request_bytes, or an upstream 413"),
     ITEM_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "one input item over max_item_bytes"),
     TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "more than max_input_items items"),
+    CONVERSATION_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a conversation past max_conversation_items or max_conversation_bytes"),
     CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the rendered context is over the model's window"),
     QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a lane already holds max_queued_responses"),
     QUEUED_BYTES_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "pending creates past max_queued_bytes_per_connection, _per_key or _per_process"),

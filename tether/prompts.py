@@ -20,7 +20,8 @@ is a string, or an input content part: `input_text` (its text), `input_image` or
 (only as the whole content of a template message, which then carries that part). An unknown id
 or version, a placeholder without a variable, a variable the template does not use, or a part
 where only text fits is a 400 naming `prompt.id`, `prompt.version` or `prompt.variables.<name>`.
-The Response echoes `prompt` as sent.
+The Response echoes `prompt` as sent. The expansion is bounded: past `max_request_bytes` (counted
+before expanding) it is 413 `request_too_large`, `param: prompt`.
 """
 
 from __future__ import annotations
@@ -81,9 +82,11 @@ class PromptLibrary:
         """The ids of the templates `tenant` may use, sorted."""
         return sorted(pid for pid, t in self.templates.items() if t.visible_to(tenant))
 
-    def apply(self, params: request_pb2.ResponseCreateParams, tenant: str) -> None:
+    def apply(self, params: request_pb2.ResponseCreateParams, tenant: str, max_bytes: int = 0) -> None:
         """Expand `params.prompt` into `params.instructions` and `params.input` (see above), with
-        the templates `tenant` may use."""
+        the templates `tenant` may use. `max_bytes` (0 = no bound): the most UTF-8 bytes the
+        template's expansion may add, checked before anything is expanded (413
+        `request_too_large`, `param: prompt`)."""
         if not params.HasField("prompt"):
             return
         prompt = params.prompt
@@ -116,6 +119,15 @@ class PromptLibrary:
             raise _variable_error(
                 name, f"Unknown prompt.variables.{name}: prompt {prompt.id!r} has no {{{{{name}}}}}."
             )
+        if max_bytes:
+            size = _expanded_bytes(version, variables)
+            if size > max_bytes:
+                raise TetherError(
+                    errors.REQUEST_TOO_LARGE,
+                    f"Prompt {prompt.id!r} with these variables expands to {size} bytes; the limit is {max_bytes} "
+                    "(max_request_bytes).",
+                    param="prompt",
+                )
         if version.instructions is not None:
             text = _substitute(version.instructions, variables)
             params.instructions = (
@@ -132,6 +144,20 @@ class PromptLibrary:
         items.extend(params.input)
         del params.input[:]
         params.input.extend(items)
+
+
+def _expanded_bytes(version: PromptVersion, variables: Mapping[str, str | dict]) -> int:
+    """The UTF-8 size of a version's texts with every placeholder replaced, without building them
+    (a large variable used many times would otherwise be copied that many times first)."""
+    sizes = {
+        name: len((value if isinstance(value, str) else value.get("text") or orjson.dumps(value).decode()).encode())
+        for name, value in variables.items()
+    }
+    total = 0
+    for text in (version.instructions or "", *(m.content for m in version.input)):
+        total += len(PLACEHOLDER.sub("", text).encode())
+        total += sum(sizes.get(m.group(1), 0) for m in PLACEHOLDER.finditer(text))
+    return total
 
 
 def _variable_error(name: str, message: str) -> TetherError:

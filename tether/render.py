@@ -10,6 +10,7 @@ vocabulary in its wheel and runs offline.
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections import OrderedDict
 from functools import lru_cache
@@ -68,7 +69,9 @@ class TokenCache:
     tokenising it again was most of the server's CPU for such a turn; the connection-scoped cache
     cannot help a request that opens no connection. Entries are keyed by (tenant, text) so one
     tenant's timing never reveals what another sent. Texts under `min_chars` are tokenised
-    directly: cheap, and not worth an entry. The arrays are shared: callers never modify them."""
+    directly: cheap, and not worth an entry. The arrays are shared: callers never modify them.
+    Thread-safe: large inputs are tokenised off the event loop (`tether.offload`) while the loop
+    tokenises small ones (a lock guards the entries, never the tokenising)."""
 
     def __init__(self, max_bytes: int, min_chars: int = 256) -> None:
         self.max_bytes = max_bytes
@@ -76,6 +79,7 @@ class TokenCache:
         self.nbytes = 0
         self.hits = 0
         self._entries: OrderedDict[tuple[str, str], array] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -84,19 +88,22 @@ class TokenCache:
         if self.max_bytes <= 0 or len(text) < self.min_chars:
             return encode(text)
         key = (tenant, text)
-        tokens = self._entries.get(key)
-        if tokens is not None:
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return tokens
+        with self._lock:
+            tokens = self._entries.get(key)
+            if tokens is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return tokens
         tokens = encode(text)
         size = _entry_bytes(text, tokens)
         if size <= self.max_bytes:
-            self._entries[key] = tokens
-            self.nbytes += size
-            while self.nbytes > self.max_bytes:
-                (_, old_text), old = self._entries.popitem(last=False)
-                self.nbytes -= _entry_bytes(old_text, old)
+            with self._lock:
+                if key not in self._entries:
+                    self._entries[key] = tokens
+                    self.nbytes += size
+                while self.nbytes > self.max_bytes:
+                    (_, old_text), old = self._entries.popitem(last=False)
+                    self.nbytes -= _entry_bytes(old_text, old)
         return tokens
 
 

@@ -4,7 +4,7 @@ continuation does not walk the whole history again (exact lists, no timing)."""
 from __future__ import annotations
 
 from tether.core.chain import Node, Segment
-from tether.core.turn import user_message
+from tether.core.items import user_message
 
 
 def seg(text: str) -> Segment:

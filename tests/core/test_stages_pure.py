@@ -4,6 +4,8 @@ truncation, and the per-connection memos of the render and route stages."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tether import errors, render
@@ -173,7 +175,7 @@ def test_the_memo_tokenises_a_header_once_and_resolves_a_model_once():
         router = Router({"m": Route(backend="b")}, {"b": object()}, 1000)  # type: ignore[dict-item]
 
     memo = Memo("t", Services())  # type: ignore[arg-type]
-    count, cached = memo.header_tokens("be brief", [])
+    count, cached = asyncio.run(memo.header_tokens("be brief", []))
     assert not cached and count == len(render.encode(render.render_header("be brief", [])))
-    assert memo.header_tokens("be brief", []) == (count, True)
+    assert asyncio.run(memo.header_tokens("be brief", [])) == (count, True)
     assert memo.route("m") is memo.route("m")

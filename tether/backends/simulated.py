@@ -617,16 +617,16 @@ class SimulatedBackend(BackendBase):
         """Each wake-up's due tokens as one run (`stream()`, inherited, yields them one by one)."""
         plan = self.plan(request)
         units = plan.units
-        if request.logprobs is not None:
-            units = [
-                TextDelta(u.text, [token_logprob(u.text, request.logprobs)]) if type(u) is TextDelta else u
-                for u in units
-            ]
         finish = plan.finish
         limit = request.max_output_tokens
         if limit is not None and limit >= 0 and len(units) > limit:
             units = units[:limit]
             finish = "length"
+        if request.logprobs is not None:
+            units = [
+                TextDelta(u.text, [token_logprob(u.text, request.logprobs)]) if type(u) is TextDelta else u
+                for u in units
+            ]
         error_at = min(plan.error_after, len(units)) if plan.error is not None else -1
         if error_at >= 0:
             units = units[:error_at]

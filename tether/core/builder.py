@@ -10,6 +10,9 @@ equals what the stream said. The session core stamps response ids and sequence n
 Two request options shape the output here, so every transport gets them alike:
 - `max_tool_calls`: tool calls (function and custom) past the cap are not started; `capped` turns true, and the
   turn stops the backend stream (the response completes with the calls it has);
+- `max_logprobs` (`limits.max_logprobs` when log probabilities are asked for): a text chunk whose
+  log probabilities (a token and each alternative count one) would pass it is not taken; `capped`
+  turns true with finish reason "length" (the response ends incomplete, `max_output_tokens`);
 - `reasoning_summary` (`reasoning.summary` was set): the backend's reasoning text streams as the
   reasoning item's summary (`response.reasoning_summary_*` events, `summary` parts) instead of
   its `content`; Tether does not summarise separately;
@@ -59,8 +62,12 @@ class OutputBuilder:
         max_tool_calls: int | None = None,
         reasoning_summary: bool = False,
         seal_reasoning: Callable[[items_pb2.Item], None] | None = None,
+        max_logprobs: int | None = None,
     ) -> None:
         self.max_tool_calls = max_tool_calls
+        # Log probabilities the output may carry (a token and each of its alternatives count one);
+        # the text chunk that would pass it is not taken: `capped`, finish reason "length".
+        self.logprobs_left = max_logprobs
         self.reasoning_summary = reasoning_summary
         self.seal_reasoning = seal_reasoning
         self.capped = False  # a tool call past `max_tool_calls` was refused
@@ -93,6 +100,8 @@ class OutputBuilder:
         for chunk in chunks:
             kind = type(chunk)
             if kind is TextDelta:
+                if chunk.logprobs and self.logprobs_left is not None and not self._pay_logprobs(chunk.logprobs):
+                    break
                 if tail is not None:
                     piece = chunk.text
                     self._text.pieces.append(piece)  # type: ignore[union-attr]
@@ -117,6 +126,17 @@ class OutputBuilder:
             else:
                 raise TypeError(f"unknown chunk {chunk!r}")
         return events
+
+    def _pay_logprobs(self, logprobs: list[dict]) -> bool:
+        """Charge a chunk's log probabilities to `logprobs_left`; False (and the stream capped,
+        finishing as by the output cap) when they do not fit."""
+        cost = sum(1 + len(lp.get("top_logprobs") or ()) for lp in logprobs)
+        if cost > self.logprobs_left:  # type: ignore[operator]
+            self.capped = True
+            self.finish = Finish(reason="length")
+            return False
+        self.logprobs_left -= cost  # type: ignore[operator]
+        return True
 
     def close_all(self, status: str = "completed") -> list[Event]:
         """Close every open item (in output order) and return their closing events."""

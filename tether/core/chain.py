@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tether import render
+from tether import ids, render
 from tether.compaction_codec import effective_context
 from tether.protocol.calls import answered_call_id, call_of
 from tether.responses.v1 import items_pb2, response_pb2
@@ -37,6 +37,13 @@ class Segment:
     def of(key: str, item: items_pb2.Item, text: str | None = None) -> Segment:
         """Render and tokenise `item` (`text`: its rendering, when the caller already has it)."""
         return Segment(key, item, render.encode(render.render_item(item) if text is None else text))
+
+
+def segments_of(items: Sequence[items_pb2.Item], keys: Sequence[str] | None = None) -> tuple[Segment, ...]:
+    """`Segment.of` each item (rendered and tokenised), keyed by `keys` or by new item ids."""
+    if keys is None:
+        return tuple(Segment.of(ids.new_id("itm"), item) for item in items)
+    return tuple(Segment.of(key, item) for key, item in zip(keys, items, strict=True))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether import errors, render
+from tether import errors, offload, render
 from tether.config import Limits, TetherConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
@@ -133,23 +133,23 @@ class Memo:
         self._headers: OrderedDict[bytes, int] = OrderedDict()
         self._routes: dict[str, Resolved] = {}
 
-    def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
-        """Tokens of the instructions+tools header: (count, was_cached)."""
-        digest = hashlib.blake2b(digest_size=16)
-        digest.update((instructions or "").encode())
-        for tool in tools:
-            digest.update(tool.SerializeToString())
-        key = digest.digest()
+    async def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
+        """Tokens of the instructions+tools header: (count, was_cached). A large header is hashed
+        and tokenised off the event loop (`tether.offload`); the memo itself is only touched here."""
+        size = len(instructions or "") + sum(tool.ByteSize() for tool in tools)
+        key = await offload.run(size, _header_key, instructions, tools)
         count = self._headers.get(key)
         if count is not None:
             self._headers.move_to_end(key)
             return count, True
-        encode = self._services.token_cache.encode
-        count = len(encode(self._tenant, render.render_header(instructions, list(tools))))
+        count = await offload.run(size, self._count_header, instructions, tools)
         self._headers[key] = count
         if len(self._headers) > self.HEADERS:
             self._headers.popitem(last=False)
         return count, False
+
+    def _count_header(self, instructions: str | None, tools: Sequence) -> int:
+        return len(self._services.token_cache.encode(self._tenant, render.render_header(instructions, list(tools))))
 
     def route(self, model: str) -> Resolved:
         resolved = self._routes.get(model)
@@ -157,6 +157,14 @@ class Memo:
             resolved = self._services.router.resolve(model)
             self._routes[model] = resolved
         return resolved
+
+
+def _header_key(instructions: str | None, tools: Sequence) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update((instructions or "").encode())
+    for tool in tools:
+        digest.update(tool.SerializeToString())
+    return digest.digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,11 @@ conversation's items once (`context`) and uses them as the chain it continues; w
 (completed or incomplete) its new input and its output are appended (`append`) before the
 terminal event goes out, so the client's next create sees them on any transport or replica.
 Every call is tenant-scoped: another tenant's conversation ids behave like ids that do not exist.
+
+A conversation is bounded (`max_conversation_items`, `max_conversation_bytes`): adding items past
+either, or a create whose new input would pass them, is 400 `conversation_too_large` (a turn's
+output is still appended, so the conversation may end one output past the bound; the next create
+on it is refused).
 """
 
 from __future__ import annotations
@@ -73,12 +78,37 @@ class Conversations:
 
     # -- for turns --------------------------------------------------------------------------------
 
-    async def context(self, tenant: str, conversation_id: str) -> list[items_pb2.Item]:
-        """Every item of the conversation, oldest first (404 `conversation_not_found` when none)."""
+    async def context(self, tenant: str, conversation_id: str,
+                      adding: Sequence[items_pb2.Item] = ()) -> list[items_pb2.Item]:  # fmt: skip
+        """Every item of the conversation, oldest first (404 `conversation_not_found` when none);
+        400 `conversation_too_large` when it and the create's new input (`adding`) pass the limits."""
         items = await self.store.conversation_items(tenant, conversation_id)
         if items is None:
             raise not_found(conversation_id, param="conversation")
+        self.check_size(items, adding, param="conversation")
         return items
+
+    def check_size(self, items: Sequence[items_pb2.Item], adding: Sequence[items_pb2.Item], *, param: str) -> None:
+        """`max_conversation_items` and `max_conversation_bytes` (protobuf size) over a
+        conversation's items and those being added (0 = no bound)."""
+        limits = self.limits
+        count = len(items) + len(adding)
+        if limits.max_conversation_items and count > limits.max_conversation_items:
+            raise TetherError(
+                errors.CONVERSATION_TOO_LARGE,
+                f"The conversation would hold {count} items; the limit is {limits.max_conversation_items}. "
+                "Start a new conversation (or compact this one into it).",
+                param=param,
+            )
+        if limits.max_conversation_bytes:
+            size = sum(item.ByteSize() for item in items) + sum(item.ByteSize() for item in adding)
+            if size > limits.max_conversation_bytes:
+                raise TetherError(
+                    errors.CONVERSATION_TOO_LARGE,
+                    f"The conversation would hold {size} bytes; the limit is {limits.max_conversation_bytes}. "
+                    "Start a new conversation (or compact this one into it).",
+                    param=param,
+                )
 
     async def append(self, tenant: str, conversation_id: str, items: Sequence[items_pb2.Item]) -> None:
         """A finished turn's input and output; a conversation deleted meanwhile takes nothing."""
@@ -97,6 +127,7 @@ class Conversations:
             )
         calls = frozenset(call.call_id for call in map(call_of, before) if call is not None)
         validate.validate_items(items, calls, self.limits, param="items")
+        self.check_size(before, items, param="items")
         return [output_item(item) for item in items]
 
     async def _get(self, tenant: str, conversation_id: str) -> service_pb2.Conversation:

@@ -17,15 +17,15 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
-from tether import errors, ids, render
+from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
-from tether.core.chain import CacheBudget, CachedResponse, Node, Segment
+from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
-from tether.core.items import user_message
+from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
 from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
@@ -158,8 +158,12 @@ class Engine:
         self.telemetry.hydration(hydrated is not None)
         if hydrated is None:
             return None
-        input_node = Node.continue_with(None, tuple(Segment.of(k.key, k.item) for k in hydrated.inputs))
-        context = Node.continue_with(input_node, tuple(Segment.of(k.key, k.item) for k in hydrated.outputs))
+        keyed = [*hydrated.inputs, *hydrated.outputs]
+        segments = await offload.run(sum(k.item.ByteSize() for k in keyed), segments_of,
+                                     [k.item for k in keyed], [k.key for k in keyed])  # fmt: skip
+        split = len(hydrated.inputs)
+        input_node = Node.continue_with(None, segments[:split])
+        context = Node.continue_with(input_node, segments[split:])
         return CachedResponse(
             response=hydrated.response,
             input_node=input_node,
@@ -196,7 +200,7 @@ class Engine:
         `ledger_id` with status "compaction"."""
         keep = _kept_tail(context)
         older = list(context[: len(context) - keep])
-        input_tokens = sum(len(render.encode(render.render_item(i))) for i in older)
+        input_tokens = await count_tokens(older)
         if admit:
             self.rate_limiter.admit(tenant, input_tokens)
         else:
@@ -309,28 +313,25 @@ class Engine:
                 )
             items = parent.context_node.items() if parent.context_node else []
         elif params.conversation:
-            items = await self.conversations.context(tenant, params.conversation)
-        if params.input:
-            items.extend(params.input)
-        elif params.HasField("input_text"):
-            items.append(user_message(params.input_text))
+            items = await self.conversations.context(tenant, params.conversation, request_input(params))
+        items.extend(request_input(params))
         return items
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
         fields.check_declared(params, self.config.server.accept_unknown_parameters)
-        self.config.prompts.apply(params, tenant)  # a template's text counts as the create's would
+        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes)  # counted as the create would
         if params.model:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
-        header = len(render.encode(render.render_header(instructions, list(params.tools))))
-        return header + sum(len(render.encode(render.render_item(i))) for i in items)
+        header = render.render_header(instructions, list(params.tools))
+        return len(await offload.run(len(header), render.encode, header)) + await count_tokens(items)
 
     async def compact(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
         validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
-        self.config.prompts.apply(params, tenant)
+        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None
@@ -356,6 +357,15 @@ class Engine:
         for name in self.router.model_names:
             out.data.add(id=name, created=0, owned_by="tether")
         return out
+
+
+async def count_tokens(items: Sequence[items_pb2.Item]) -> int:
+    """Tokens of `items` rendered, counted off the event loop when they are large (tether.offload)."""
+    return await offload.run(sum(i.ByteSize() for i in items), _count_tokens, items)
+
+
+def _count_tokens(items: Sequence[items_pb2.Item]) -> int:
+    return sum(len(render.encode(render.render_item(i))) for i in items)
 
 
 def _kept_tail(context: Sequence[items_pb2.Item]) -> int:

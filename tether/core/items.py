@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tether import ids
-from tether.responses.v1 import items_pb2
+from tether.responses.v1 import items_pb2, request_pb2
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
@@ -17,6 +17,15 @@ def user_message(text: str) -> items_pb2.Item:
     item.message.role = "user"
     item.message.content.add().input_text.text = text
     return item
+
+
+def request_input(params: request_pb2.ResponseCreateParams) -> list[items_pb2.Item]:
+    """A create's new input as items (`input` as a string is one user message)."""
+    if params.input:
+        return list(params.input)
+    if params.HasField("input_text"):
+        return [user_message(params.input_text)]
+    return []
 
 
 def assign_ids(items: Iterable[items_pb2.Item]) -> None:

@@ -32,14 +32,14 @@ from typing import Protocol
 
 import orjson
 
-from tether import errors, ids, render
+from tether import errors, ids, offload, render
 from tether.backends.base import BackendError, BackendRequest, Finish
 from tether.compaction_codec import encode_payload
 from tether.core.accounting import OutputCap, account, capped
 from tether.core.builder import OutputBuilder
-from tether.core.chain import CachedResponse, Node, Segment
+from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
-from tether.core.items import assign_ids, item_key, user_message
+from tether.core.items import assign_ids, item_key, request_input
 from tether.core.lane import Lane
 from tether.core.outbox import Delta
 from tether.core.outcome import Outcome, TurnControl
@@ -205,15 +205,17 @@ class Turn:
         self._validate_params()
         parent = await self._resolve()
         new_items = self._validate_items(parent.node)
-        texts, findings = self._classify(new_items)
-        header = self._render_header()
+        # Rendering and classifying megabytes of new input runs off the event loop (tether.offload).
+        texts, findings = await offload.run(sum(item.ByteSize() for item in new_items), self._classify, new_items)
+        header = await self._render_header()
         route = self._route()
         return await self._plan(parent, new_items, texts, findings, header, route)
 
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
-            self.services.config.prompts.apply(self.params, self.ctx.tenant)  # `prompt`: the template, into instructions and input
+            # `prompt`: the template into instructions and input, its expansion bounded
+            self.services.config.prompts.apply(self.params, self.ctx.tenant, self.services.limits.max_request_bytes)
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
@@ -239,12 +241,12 @@ class Turn:
             findings = self.services.classify(texts)
         return texts, findings
 
-    def _render_header(self) -> tuple[int, bool]:
+    async def _render_header(self) -> tuple[int, bool]:
         """The instructions+tools header's tokens (count, memoised on the connection)."""
         params = self.params
         with self.clock.stage("render"):
             instructions = params.instructions if params.HasField("instructions") else None
-            return self.ctx.memo.header_tokens(instructions, params.tools)
+            return await self.ctx.memo.header_tokens(instructions, params.tools)
 
     def _route(self) -> Resolved:
         with self.clock.stage("route"):
@@ -281,8 +283,11 @@ class Turn:
         # that bound fits the context window, no token budget is charged and the backend reads the
         # count only for `usage`, tokenising waits for the backend's first-token time.
         with clock.stage("route"):
-            bound = header_tokens + (parent_node.token_count if parent_node else 0) + sum(len(t.encode()) for t in texts)
-            defer = not compacting and not limiter.charges_input_tokens and bound <= route.context_window
+            new_bytes = sum(len(t.encode()) for t in texts)
+            bound = header_tokens + (parent_node.token_count if parent_node else 0) + new_bytes
+            # A large input is tokenised now, off the event loop, not while the backend waits.
+            large = offload.large(new_bytes)
+            defer = not large and not compacting and not limiter.charges_input_tokens and bound <= route.context_window
             items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
             entry = parent.entry
             request = self._backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
@@ -290,6 +295,7 @@ class Turn:
         prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
+                await offload.run(new_bytes, prepared.render)
                 request.items = prepared.node.items()
                 request.input_tokens = prepared.input_tokens
             if prepared.input_tokens > route.context_window:
@@ -306,20 +312,16 @@ class Turn:
 
     async def _conversation_node(self, conversation_id: str) -> Node | None:
         """A conversation's items as the chain a create continues (None when it has none yet)."""
-        items = await self.services.conversations.context(self.ctx.tenant, conversation_id)
+        items = await self.services.conversations.context(self.ctx.tenant, conversation_id, request_input(self.params))
         if not items:
             return None
-        return Node.continue_with(None, tuple(Segment.of(ids.new_id("itm"), item) for item in items))
+        segments = await offload.run(sum(item.ByteSize() for item in items), segments_of, items)
+        return Node.continue_with(None, segments)
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
         params = self.params
-        if params.input:
-            items = list(params.input)
-        elif params.HasField("input_text"):
-            items = [user_message(params.input_text)]
-        else:
-            items = []
+        items = request_input(params)
         for steer in self.lane.take_pending_steer(params.previous_response_id):
             items.extend(steer)
         assign_ids(items)
@@ -377,6 +379,8 @@ class Turn:
         self, route: Resolved, items: list[items_pb2.Item], input_tokens: int, *, affinity: str | None = None
     ) -> BackendRequest:
         p = self.params
+        # Asked for log probabilities without a cap: the cap their volume allows (limits.max_logprobs).
+        cap = p.max_output_tokens if p.HasField("max_output_tokens") else validate.logprobs_output_cap(p, self.services.limits)
         return BackendRequest(
             model=route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
@@ -384,7 +388,7 @@ class Turn:
             tools=list(p.tools),
             tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
             parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
-            max_output_tokens=p.max_output_tokens if p.HasField("max_output_tokens") else None,
+            max_output_tokens=cap,
             temperature=p.temperature if p.HasField("temperature") else None,
             top_p=p.top_p if p.HasField("top_p") else None,
             reasoning_effort=p.reasoning.effort if p.reasoning.HasField("effort") else None,
@@ -457,6 +461,7 @@ class Turn:
             max_tool_calls=p.max_tool_calls if p.HasField("max_tool_calls") else None,
             reasoning_summary=p.reasoning.HasField("summary"),
             seal_reasoning=seal,
+            max_logprobs=self.services.limits.max_logprobs if fields.requested_logprobs(p) is not None else None,
         )
         return self.builder
 

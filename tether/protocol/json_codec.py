@@ -82,6 +82,27 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 _QUOTED = re.compile(rb'"[^"]*"')
 
 
+# The last large JSON text a string field held, parsed: the events that end a message (its text's
+# `done`, its part's, its item's, the response's) each carry the same log probabilities, which
+# for a long answer are megabytes; they are parsed once, not four times, on the event loop.
+_MEMO_CHARS = 64 * 1024
+_memo: tuple[str, Any] = ("", None)
+
+
+def _stored_json(text: str) -> Any:
+    """`orjson.loads` of a JSON text kept in a string field; a large one that equals the previous
+    large one returns the same parsed value (callers serialise it, never change it)."""
+    global _memo
+    if len(text) < _MEMO_CHARS:
+        return orjson.loads(text)
+    last_text, last = _memo
+    if text == last_text:
+        return last
+    value = orjson.loads(text)
+    _memo = (text, value)
+    return value
+
+
 def dumps(obj: Any) -> bytes:
     """Serialise to compact JSON bytes (orjson: keeps key order, UTF-8, no spaces)."""
     return orjson.dumps(obj)
@@ -388,7 +409,7 @@ class _Codec:
     def _compile(
         self, name: str, fields: tuple[_Field, ...], typed_wins: bool
     ) -> Callable[[Any, dict], dict]:
-        ns: dict[str, Any] = {"loads": orjson.loads, "merge": _merge_extra}
+        ns: dict[str, Any] = {"loads": _stored_json, "merge": _merge_extra}
         body = [line for i, f in enumerate(fields) for line in f.emit(f"f{i}", ns)]
         if self.has_extra:
             body.append(f"if m.extra_json: merge(out, m.extra_json, {typed_wins})")

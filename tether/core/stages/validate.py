@@ -73,6 +73,7 @@ def validate_params(
         raise TetherError(
             errors.INVALID_REQUEST, f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}.", param="top_logprobs"
         )
+    _check_logprobs_volume(params, limits)
     check_metadata(params.metadata, limits)
     if params.conversation and params.previous_response_id:
         raise TetherError(
@@ -102,6 +103,25 @@ def validate_params(
                 errors.INVALID_REQUEST, "compact_threshold must be at least 1000.",
                 param=f"context_management[{i}].compact_threshold",
             )
+
+
+def logprobs_output_cap(params: request_pb2.ResponseCreateParams, limits: Limits) -> int | None:
+    """The most output tokens a create asking for log probabilities may have (`max_logprobs` /
+    (1 + top_logprobs)); None when it asks for none."""
+    top = fields.requested_logprobs(params)
+    return None if top is None else max(1, limits.max_logprobs // (1 + top))
+
+
+def _check_logprobs_volume(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
+    cap = logprobs_output_cap(params, limits)
+    if cap is not None and params.HasField("max_output_tokens") and params.max_output_tokens > cap:
+        top = params.top_logprobs if params.HasField("top_logprobs") else 0
+        raise TetherError(
+            errors.INVALID_REQUEST,
+            f"With log probabilities (top_logprobs {top}) 'max_output_tokens' can be at most {cap}: a response "
+            f"carries at most {limits.max_logprobs} log probabilities (tokens x (1 + top_logprobs)).",
+            param="max_output_tokens",
+        )
 
 
 def check_metadata(metadata: Mapping[str, str], limits: Limits) -> None:
