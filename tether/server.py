@@ -126,8 +126,11 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     readiness = ReadinessChecker(engine, grpc_server.health).start()
     metrics = None
     if config.server.metrics_port:
+        from tether.bridge.origin import OriginPolicy
+
         metrics = await start_metrics_server(
-            engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=readiness
+            engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=readiness,
+            guard=OriginPolicy.from_config(config.server).check,  # DNS rebinding reads no metrics either
         )
     bridge = None
     if config.server.bridge:

@@ -151,3 +151,23 @@ async def test_json_endpoints_refuse_other_content_types(stack: Stack) -> None:
         assert (await h.post("/responses", content=body)).status_code == 200  # no Content-Type: raw JSON
     check_json_body([(b"content-type", b"application/merge-patch+json")], b"{}")
     check_json_body([(b"content-type", b"text/plain")], b"")  # no body, nothing to misread
+
+
+async def test_the_dedicated_metrics_port_checks_host_and_origin_too() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    config = instant_config()
+    config.server.metrics_port = free
+    async with running_stack(Authenticator({KEY_A: "a"}), config=config):
+
+        def get(path: str, host: str, origin: str = "") -> bytes:
+            extra = f"origin: {origin}\r\n" if origin else ""
+            return f"GET {path} HTTP/1.1\r\nhost: {host}\r\n{extra}\r\n".encode()
+
+        assert b" 200 " in await status_line(free, get("/metrics", f"127.0.0.1:{free}"))
+        assert b" 403 " in await status_line(free, get("/metrics", "rebind.attacker.example"))
+        assert b" 403 " in await status_line(free, get("/metrics", "localhost", "https://evil.example"))
+        assert b" 200 " in await status_line(free, get("/healthz", "probe.example"))
