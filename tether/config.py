@@ -127,6 +127,13 @@ class ServerConfig:
     console: bool = True
     console_token_ttl_s: float = 300.0
     console_admin_tenants: str = ""
+    # Which browsers may use the bridge (tether/bridge/origin.py). `allowed_hosts`: HTTP `Host`
+    # names answered besides loopback names ("*.example.com" for subdomains, "*" any); empty =
+    # loopback names only when bound to loopback, any host otherwise. `allowed_origins`: browser
+    # origins allowed besides the server's own (and loopback origins when bound to loopback),
+    # exact ("https://app.example.com"; "*" any). Env: comma-separated.
+    allowed_hosts: list[str] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -99,6 +99,9 @@ METHOD_NOT_ALLOWED = "method_not_allowed"
 UPGRADE_REQUIRED = "upgrade_required"
 HEADERS_TOO_LARGE = "request_header_fields_too_large"
 REQUEST_TIMEOUT = "request_timeout"
+UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+HOST_NOT_ALLOWED = "host_not_allowed"
+ORIGIN_NOT_ALLOWED = "origin_not_allowed"
 # Raised by the typed client (tether.client) itself, never by a server.
 CONNECTION_LOST = "connection_lost"
 MAX_TURNS_EXCEEDED = "max_turns_exceeded"
@@ -174,6 +177,9 @@ CATALOGUE: dict[str, ErrorKind] = {
     UPGRADE_REQUIRED: ErrorKind(426, "FAILED_PRECONDITION", _BAD, _PROMPT, "a plain GET on the WebSocket endpoint"),
     HEADERS_TOO_LARGE: ErrorKind(431, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a request head over http_max_header_bytes"),
     REQUEST_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, _SERVER_SIDE, "a request head or body slower than its timeout"),
+    UNSUPPORTED_MEDIA_TYPE: ErrorKind(415, "INVALID_ARGUMENT", _BAD, _PROMPT, "a JSON POST body whose Content-Type is not application/json"),
+    HOST_NOT_ALLOWED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "an HTTP Host outside server.allowed_hosts (loopback names when bound to loopback)"),
+    ORIGIN_NOT_ALLOWED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "a browser Origin that is not the server's own, loopback or in server.allowed_origins"),
     CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "client only: the connection broke and could not be resumed"),
     MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "client only: the tool loop ran out of turns"),
 }

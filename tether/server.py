@@ -126,8 +126,11 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         running.grpc = await start_grpc_server(engine, config, auth, count_error=engine.telemetry.error)
         running.readiness = ReadinessChecker(engine, running.grpc.health).start()
         if config.server.metrics_port:
+            from tether.bridge.origin import OriginPolicy
+
             running.metrics = await start_metrics_server(
-                engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=running.readiness
+                engine, host=config.server.bridge_host, port=config.server.metrics_port, readiness=running.readiness,
+                guard=OriginPolicy.from_config(config.server).check,  # DNS rebinding reads no metrics either
             )
         if config.server.bridge:
             from tether.bridge.listener import start_bridge

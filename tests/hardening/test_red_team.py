@@ -54,7 +54,7 @@ def _ws_sockets(stack: Any) -> list[GuardedWebSocketProtocol]:
 
 
 UPGRADE = (
-    b"GET /v1/responses HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+    b"GET /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
     b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n"
 )
 
@@ -358,7 +358,7 @@ async def test_two_authorization_headers_are_refused_on_http_ws_and_grpc() -> No
         for first, second in ((KEY_A, "sk-wrong"), ("sk-wrong", KEY_A), (KEY_A, KEY_B)):
             pair = [(b"authorization", f"Bearer {first}".encode()), (b"authorization", f"Bearer {second}".encode())]
             reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
-            head = b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in pair)
+            head = b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\n" + b"".join(k + b": " + v + b"\r\n" for k, v in pair)
             writer.write(head + b"connection: close\r\n\r\n")
             reply = await _read_all(reader)
             writer.close()

@@ -359,7 +359,7 @@ async def test_slow_loris_heads_and_bodies_are_cut_off() -> None:
         # 4. A body that never completes: 408 request_timeout.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(
-            b"POST /v1/responses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY_A.encode()
+            b"POST /v1/responses HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer " + KEY_A.encode()
             + b"\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":"
         )  # fmt: skip
         reply = await _read_all(reader)

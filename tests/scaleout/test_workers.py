@@ -63,7 +63,7 @@ async def _metrics_of_each_worker(server: ServerProcess, pids: list[int]) -> dic
             if owner is not None:
                 break
             await asyncio.sleep(0.01)
-        writer.write(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        writer.write(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         raw = await reader.read()
         writer.close()
         assert owner in pids, f"no worker accepted the scrape from port {local_port}"

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 async def http_get(port: int, path: str, *, method: str = "GET", headers: str = "") -> tuple[int, dict[str, str], bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"{method} {path} HTTP/1.1\r\nhost: x\r\n{headers}\r\n".encode())
+    writer.write(f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{headers}\r\n".encode())
     await writer.drain()
     raw = await reader.read()
     writer.close()

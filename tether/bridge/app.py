@@ -36,6 +36,7 @@ from typing import Any
 from tether.bridge import common, console, ws
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
+from tether.bridge.origin import OriginPolicy
 from tether.errors import METHOD_NOT_ALLOWED, NOT_FOUND, TetherError
 
 # (path template, {method: handler name}, needs auth). `{id}` matches one path segment; the
@@ -63,6 +64,9 @@ _ROUTES: list[tuple[tuple[str, ...], dict[str, str], bool]] = [
     (("readyz",), {"GET": "readyz"}, False),
 ]
 _METRICS_ROUTE = (("metrics",), {"GET": "metrics"}, False)
+# Liveness and readiness answer any Host and Origin (probes name the pod's address, and a status
+# tells a page nothing); everything else, `/metrics` included, passes `OriginPolicy.check`.
+_UNGUARDED = frozenset({("healthz",), ("readyz",)})
 WS_PATH = ("v1", "responses")
 
 
@@ -75,6 +79,7 @@ class BridgeApp:
 
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
+        self.origins = OriginPolicy.from_config(ctx.server)
         self.http = HttpHandlers(ctx)
         self.routes = list(_ROUTES)
         if ctx.server.metrics_port == 0:
@@ -132,6 +137,7 @@ class BridgeApp:
     async def _websocket(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         try:
             common.check_header_size(scope, self.ctx.server)
+            self.origins.check(scope["headers"])  # cross-site WebSocket hijacking, DNS rebinding
         except TetherError as err:
             await receive()  # websocket.connect
             await ws.deny(self.ctx, scope, send, err)
@@ -156,6 +162,8 @@ class BridgeApp:
         extra: list[tuple[bytes, bytes]] = []
         try:
             common.check_header_size(scope, self.ctx.server)
+            if _segments(path) not in _UNGUARDED:
+                self.origins.check(scope["headers"])  # cross-site requests, DNS rebinding
             route = self.match(path)
             if route is None:
                 raise TetherError(NOT_FOUND, f"Invalid URL ({method} {path}).")

@@ -32,6 +32,7 @@ from urllib.parse import parse_qs
 
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.bridge.origin import check_json_body
 from tether.core.outbox import Outgoing
 from tether.errors import (
     INVALID_REQUEST,
@@ -131,8 +132,15 @@ class HttpHandlers:
     def __init__(self, ctx: BridgeContext) -> None:
         self.ctx = ctx
 
-    async def _params(self, req: HttpRequest) -> Any:
+    async def _json_body(self, req: HttpRequest) -> bytes:
+        """The body of a JSON POST: bounded in size and time, and refused (415) unless it says
+        it is JSON (a browser's `text/plain` "simple request" never reaches the API)."""
         body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
+        check_json_body(req.headers, body)
+        return body
+
+    async def _params(self, req: HttpRequest) -> Any:
+        body = await self._json_body(req)
         return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
 
     # POST /v1/responses
@@ -230,7 +238,7 @@ class HttpHandlers:
         return await self.ctx.api.conversation_call(req.tenant, method, request)
 
     async def _conversation_body(self, req: HttpRequest, cls: Any) -> Any:
-        body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
+        body = await self._json_body(req)
         return json_codec.conversation_body_from_json(cls, common.decode_object(body or b"{}", self.ctx.limits))
 
     async def _send_conversation(self, req: HttpRequest, conversation: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
+from tether.errors import TetherError
 from tether.startup import METRICS, listen_error
 
 log = logging.getLogger("tether.metrics_http")
@@ -33,7 +34,7 @@ log = logging.getLogger("tether.metrics_http")
 Headers = list[tuple[bytes, bytes]]
 _MAX_HEAD = 16 * 1024
 _READ_TIMEOUT_S = 5.0
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 400: "Bad Request", 503: "Service Unavailable"}
 
 
 def metrics_response(source: Any = None, accept: str | None = None) -> tuple[int, Headers, bytes]:
@@ -74,11 +75,15 @@ async def readyz_response(ready: Callable[[], Any] | None) -> tuple[int, Headers
 
 
 class MetricsServer:
-    """`/metrics`, `/healthz`, `/readyz` on their own port."""
+    """`/metrics`, `/healthz`, `/readyz` on their own port. `guard`: called with a `/metrics`
+    request's headers (lower-case names); it raises a `TetherError` (403) to refuse the scrape:
+    the bridge's `Host`/`Origin` check (`tether.bridge.origin.OriginPolicy.check`)."""
 
-    def __init__(self, source: Any, ready: Callable[[], bool | Awaitable[bool]] | None) -> None:
+    def __init__(self, source: Any, ready: Callable[[], bool | Awaitable[bool]] | None,
+                 guard: Callable[[list[tuple[bytes, bytes]]], None] | None = None) -> None:  # fmt: skip
         self._source = source
         self._ready = ready
+        self._guard = guard
         self._server: asyncio.Server | None = None
         self.host = ""
         self.port = 0
@@ -135,8 +140,10 @@ class MetricsServer:
         method, target, _ = parts
         path = target.split("?", 1)[0]
         accept = ""
+        fields: list[tuple[bytes, bytes]] = []
         for raw in lines[1:]:
             name, _, value = raw.partition(":")
+            fields.append((name.strip().lower().encode("latin-1"), value.strip().encode("latin-1")))
             if name.strip().lower() == "accept":
                 accept = value.strip()
         if path not in ("/metrics", "/healthz", "/readyz"):
@@ -145,6 +152,11 @@ class MetricsServer:
             status, headers, body = _json(405, b'{"error":"method not allowed"}')
             return status, [*headers, (b"allow", b"GET, HEAD")], body, method
         if path == "/metrics":
+            if self._guard is not None:
+                try:
+                    self._guard(fields)
+                except TetherError as err:
+                    return (*_json(err.status, b'{"error":"%s"}' % err.code.encode()), method)
             return (*metrics_response(self._source, accept), method)
         if path == "/healthz":
             return (*healthz_response(), method)
@@ -157,15 +169,17 @@ async def start_metrics_server(
     port: int,
     host: str = "127.0.0.1",
     readiness: Any = None,
+    guard: Callable[[list[tuple[bytes, bytes]]], None] | None = None,
 ) -> MetricsServer:
     """Serve `engine`'s metrics and health on `host:port` (0 = any free port; see `.port`).
 
     `readiness`: a `tether.observability.health.ReadinessChecker` (its last result is served),
-    a callable returning bool or an awaitable of bool, or None for `engine.ready()`."""
+    a callable returning bool or an awaitable of bool, or None for `engine.ready()`. `guard`:
+    see `MetricsServer`."""
     if readiness is None:
         ready = getattr(engine, "ready", None)
     elif hasattr(readiness, "is_ready"):
         ready = readiness.is_ready
     else:
         ready = readiness
-    return await MetricsServer(engine, ready).start(host, port)
+    return await MetricsServer(engine, ready, guard).start(host, port)
