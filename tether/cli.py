@@ -23,6 +23,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="override one setting, e.g. --set limits.coalesce_ms=0 (repeatable)",
     )
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", choices=("auto", "json", "text"),
+                   help="logs on stderr: readable lines (text), JSON lines (json), or text on a terminal and "
+                        "JSON otherwise (auto, the default; [server] log_format)")  # fmt: skip
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
@@ -62,6 +65,8 @@ def build_config(args: argparse.Namespace) -> TetherConfig:
         cfg.store = args.store
     if args.log_level:
         cfg.log_level = args.log_level
+    if getattr(args, "log_format", None):
+        cfg.server.log_format = args.log_format
     return cfg
 
 
@@ -81,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cfg.server.bridge = False
     from tether.logging_setup import setup_logging
 
-    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    setup_logging(cfg.log_level, cfg.server.log_format, not cfg.log_content)
     from tether.observability.tracing import configure_from_env
 
     configure_from_env()
@@ -102,7 +107,7 @@ def cmd_bridge(args: argparse.Namespace) -> int:
     _as_program(args, cfg)
     from tether.logging_setup import setup_logging
 
-    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    setup_logging(cfg.log_level, cfg.server.log_format, not cfg.log_content)
     from tether.observability.tracing import configure_from_env
 
     configure_from_env()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tether import eventloop
+from tether.logging_setup import FORMATS as LOG_FORMATS
 from tether.process_memory import ALLOCATORS
 from tether.prompts import PromptLibrary
 
@@ -134,6 +135,9 @@ class ServerConfig:
     # exact ("https://app.example.com"; "*" any). Env: comma-separated.
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+    # Logs on stderr (tether/logging_setup.py): "auto" = readable lines on a terminal, JSON lines
+    # otherwise; "text" or "json" to choose. Flag: --log-format.
+    log_format: str = "auto"
 
 
 @dataclass
@@ -171,7 +175,6 @@ class TetherConfig:
     models: dict[str, Route] = field(default_factory=lambda: {"tether-sim": Route(backend="sim"), "*": Route(backend="sim")})
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     log_level: str = "info"
-    log_format: str = "json"  # json | text
     log_content: bool = False  # message contents and keys are redacted from logs unless True
     # `[prompts.<id>]`: templates a create names with `prompt` (tether/prompts.py), checked at load.
     prompts: PromptLibrary = field(default_factory=PromptLibrary)
@@ -211,9 +214,11 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
         cfg.models = {}
     if "prompts" in data:
         cfg.prompts = PromptLibrary.from_config(data.pop("prompts"))
-    for key in ("store", "store_durability", "log_level", "log_format", "log_content"):
+    for key in ("store", "store_durability", "log_level", "log_content"):
         if key in data:
             setattr(cfg, key, data.pop(key))
+    if "log_format" in data:
+        raise ValueError("log_format is a [server] setting: write it under [server]")
     if data:
         raise ValueError(f"unknown configuration keys: {sorted(data)}")
     validate(cfg)
@@ -227,6 +232,8 @@ def validate(cfg: TetherConfig) -> None:
     if cfg.server.allocator not in ALLOCATORS:
         raise ValueError(f"server.allocator must be one of {', '.join(ALLOCATORS)}")
     eventloop.resolve(cfg.server.event_loop)  # an unknown loop, or uvloop where it is missing
+    if cfg.server.log_format not in LOG_FORMATS:
+        raise ValueError(f"server.log_format must be one of {', '.join(LOG_FORMATS)}")
     limits = cfg.limits
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
         if getattr(limits, name) < 0:
@@ -240,7 +247,7 @@ def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:
         if not name.startswith("TETHER_") or name == "TETHER_API_KEYS":
             continue
         path = name[len("TETHER_") :].lower().split("__")
-        if len(path) == 1 and path[0] in ("store", "store_durability", "log_level", "log_format", "log_content"):
+        if len(path) == 1 and path[0] in ("store", "store_durability", "log_level", "log_content"):
             set_path(cfg, path, raw)
         elif len(path) == 2 and path[0] in ("server", "limits", "safety"):
             set_path(cfg, path, raw)

@@ -1,4 +1,7 @@
-"""Structured logs: one JSON object per line (or plain text), with `extra` fields included.
+"""Logs on stderr, for people and for machines: `[server] log_format` (`--log-format`) "text" is
+one readable line per record (`16:02:11 warning tether.server: message key=value ...`), "json"
+one JSON object per line with the `extra` fields as keys, and "auto" (the default) picks text
+when stderr is a terminal and JSON otherwise (a file, a pipe, a container's log driver).
 
 Message contents and credentials are not logged by default: the core logs ids, counts and codes,
 never item text, and `RedactingFilter` masks anything that looks like a bearer token or API key
@@ -74,6 +77,33 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+FORMATS = ("auto", "json", "text")
+
+
+def resolve_format(fmt: str, stream: object = None) -> str:
+    """"json" or "text" for the setting `fmt` ("auto": text on a terminal) and `stream` (stderr)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if fmt != "auto":
+        return fmt
+    isatty = getattr(sys.stderr if stream is None else stream, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
+class TextFormatter(logging.Formatter):
+    """`HH:MM:SS level logger: message key=value ...`, the `extra` fields after the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        line = f"{stamp} {record.levelname.lower():<7} {record.name}: {record.getMessage()}"
+        fields = [f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")]
+        if fields:
+            line += "  " + " ".join(fields)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         data = {
@@ -90,9 +120,10 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(data, default=str).decode()
 
 
-def setup_logging(level: str = "info", fmt: str = "json", redact_content: bool = True) -> None:
+def setup_logging(level: str = "info", fmt: str = "auto", redact_content: bool = True) -> None:
+    """Log records at `level` and above to stderr in `fmt` (see `resolve_format`)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if resolve_format(fmt) == "json" else TextFormatter())
     if redact_content:
         handler.addFilter(RedactingFilter())
     root = logging.getLogger()

@@ -7,7 +7,7 @@ in-process bridge (by default) and the memory reclaimer; `Running.stop` stops th
 SIGTERM/SIGINT: stop accepting, let in-flight turns finish within the grace period, close
 WebSockets with 1001 and gRPC streams with UNAVAILABLE, flush post-inference work, exit 0.
 `serve_remote_forever` is `tether bridge --upstream`: the bridge alone, in front of a remote
-Tether over `RemoteResponsesAPI`. `wait_for_signal` is the one wait for SIGTERM/SIGINT of both;
+Tether over `RemoteResponsesAPI`. `stop_signal` is the one wait for SIGTERM/SIGINT of both;
 both freeze their startup heap once they listen (`freeze_startup_heap`)."""
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tether import eventloop, render
+from tether import __version__, eventloop, render
 from tether.auth import Authenticator
 from tether.backends.pool import build_configured_backend
+from tether.backends.simulated import LAB_MODEL_PREFIX
 from tether.config import TetherConfig
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
+from tether.core.stages.route import Listed
 from tether.core.turn import STANDARD_TURNS, TurnStrategy
 from tether.observability.health import ReadinessChecker
 from tether.observability.loop_lag import LoopLagProbe
@@ -144,7 +146,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
     catch_all = engine.router.catch_all
     if catch_all is not None:
-        log.warning(
+        log.info(
             "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
             catch_all,
             config.backends[catch_all].kind,
@@ -160,25 +162,72 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     return running
 
 
-def startup_lines(config: TetherConfig, running: Running) -> list[str]:
-    """What `tether serve` prints once it listens (the lab parses the first line): the bridge's
-    URL with its real scheme (https:// when TLS is on), and the console's."""
-    bridge = running.bridge
-    base_url = getattr(bridge, "base_url", None)
-    lines = [f"tether: gRPC on {config.server.grpc_host}:{running.grpc_port}"
-             + (f", HTTP/WebSocket on {base_url}" if base_url else "")]  # fmt: skip
+def banner(config: TetherConfig, running: Running) -> list[str]:
+    """What `tether serve` prints on stdout once it listens: where to point each kind of client
+    (the bridge's URLs with their real scheme, https:// and wss:// when TLS is on) and which model
+    names route to which backend (`Router.listing`, as GET /v1/models lists them). The lab reads
+    the HTTP and gRPC lines (tether_lab/processes.py); the last line ends it."""
+    rows: list[tuple[str, str, str]] = []
+    base_url = getattr(running.bridge, "base_url", None)
+    if base_url:
+        root = base_url.removesuffix("/v1")
+        ws = "wss" + base_url.removeprefix("https") if base_url.startswith("https") else "ws" + base_url.removeprefix("http")
+        rows.append(("HTTP", base_url, "base URL for the openai SDK, Codex, curl"))
+        rows.append(("WebSocket", f"{ws}/responses", "WebSocket mode: client.responses.connect()"))
+    target = f"{config.server.grpc_host}:{running.grpc_port}"
+    rows.append(("gRPC", target, f'tether.client.connect("{target}")'))
     if base_url and config.server.console:
-        lines.append(f"tether: console at {base_url.removesuffix('/v1')}/console")
+        rows.append(("console", f"{root}/console", "open it in a browser"))
+    lines = [f"Tether {__version__} is serving. Point a client at:"]
+    width = max(len(url) for _, url, _ in rows)
+    lines += [f"  {name:<10} {url:<{width}}   {use}" for name, url, use in rows]
+    lines.append("Model names (GET /v1/models lists them):")
+    routes = model_routes(config, running.engine.router.listing(), running.engine.router.catch_all)
+    width = max((len(names) for names, _ in routes), default=0)
+    lines += [f"  {names:<{width}} -> {where}" for names, where in routes]
+    if not routes:
+        lines.append("  none: configure [models] or a backend that lists its models")
+    lines.append("Ctrl-C (or SIGTERM) stops it gracefully.")
     return lines
 
 
-async def wait_for_signal() -> None:
-    """Return on the first SIGTERM or SIGINT."""
+def model_routes(config: TetherConfig, listing: list[Listed], catch_all: str | None) -> list[tuple[str, str]]:
+    """(names, backend) rows for the banner: configured names one by one, each backend's
+    discovered names together (a long list shortened), the lab's workload models on one row, and
+    "any other name" for the "*" route."""
+
+    def where(backend: str) -> str:
+        return f"backend {backend} ({config.backends[backend].kind})"
+
+    rows: list[tuple[str, str]] = []
+    groups: dict[tuple[str, str], list[str]] = {}
+    for entry in listing:
+        if entry.source == "config":
+            rows.append((entry.model, where(entry.backend)))
+        else:
+            groups.setdefault((entry.source, entry.backend), []).append(entry.model)
+    for (source, backend), names in groups.items():
+        lab = [n.removeprefix(LAB_MODEL_PREFIX) for n in names if n.startswith(LAB_MODEL_PREFIX)]
+        plain = [n for n in names if not n.startswith(LAB_MODEL_PREFIX)]
+        if plain:
+            shown = ", ".join(plain[:4]) + (f" and {len(plain) - 4} more" if len(plain) > 4 else "")
+            rows.append((shown, where(backend) + (", listed by the server" if source == "discovered" else "")))
+        if lab:
+            rows.append((f"{LAB_MODEL_PREFIX}<workload>: {', '.join(lab)}", where(backend) + ", lab rollouts"))
+    if catch_all is not None:
+        rows.append(("any other name", where(catch_all) + ', the "*" route'))
+    return rows
+
+
+def stop_signal() -> asyncio.Event:
+    """An event set by the first SIGTERM or SIGINT from now on. Taken before the server says it
+    is up, so that a signal sent as soon as the banner or the supervisor's line appears drains
+    the server instead of killing it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
 
 
 def freeze_startup_heap() -> int:
@@ -198,7 +247,11 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDARD_TURNS) -> None:
+async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDARD_TURNS,
+                        announce: bool = True) -> None:  # fmt: skip
+    """Serve `config` until SIGTERM/SIGINT; `announce`: print the `banner` once listening (one
+    worker of several announces for all)."""
+    stopping = stop_signal()
     running = await start(config, strategy=strategy)
     frozen = freeze_startup_heap()
     log.info(
@@ -210,9 +263,9 @@ async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDA
             "frozen_objects": frozen,
         },
     )
-    for line in startup_lines(config, running):
-        print(line, flush=True)
-    await wait_for_signal()
+    if announce:
+        print("\n".join(banner(config, running)), flush=True)  # one write: the lab reads it whole
+    await stopping.wait()
     log.info("shutting down", extra={"grace_s": config.server.shutdown_grace_s})
     await running.stop(config.server.shutdown_grace_s)
 
@@ -294,13 +347,14 @@ async def serve_remote_forever(
     merge_tenants: bool = False,
 ) -> None:
     """Serve the bridge in front of the Tether gRPC server at `upstream` until SIGTERM/SIGINT."""
+    stopping = stop_signal()
     remote = await start_remote_bridge(
         config, upstream=upstream, api_key=api_key, tls_ca=tls_ca, merge_tenants=merge_tenants
     )
     freeze_startup_heap()
     try:
         print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)
-        await wait_for_signal()
+        await stopping.wait()
         log.info("bridge shutting down", extra={"grace_s": config.server.shutdown_grace_s})
     finally:
         await remote.stop(config.server.shutdown_grace_s)

@@ -385,7 +385,7 @@ def worker_main() -> None:
     _die_with_parent()
     from tether.logging_setup import setup_logging
 
-    setup_logging(cfg.log_level, cfg.log_format, not cfg.log_content)
+    setup_logging(cfg.log_level, cfg.server.log_format, not cfg.log_content)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_WorkerFields(index))
     os.environ["TETHER_WORKER_INDEX"] = str(index)
@@ -394,7 +394,8 @@ def worker_main() -> None:
     from tether.server import serve_forever
 
     try:
-        main = serve_forever(cfg, strategy=strategy[0]) if strategy else serve_forever(cfg)
+        announce = index == 0  # the supervisor printed the addresses; one banner says the rest
+        main = serve_forever(cfg, strategy=strategy[0], announce=announce) if strategy else serve_forever(cfg, announce=announce)
         eventloop.run(main, cfg.server.event_loop)
     except KeyboardInterrupt:
         pass

@@ -32,7 +32,11 @@ import httpx
 from tether.workloads import SpeedProfile, Workload
 from tether_lab.metrics import ProcStat
 
-_SERVE_BANNER = re.compile(r"tether: gRPC on (\S+):(\d+)(?:, HTTP/WebSocket on (https?://\S+:(\d+)/v1))?")
+# `tether serve`'s banner (tether/server.py `banner`), written in one piece: its gRPC and HTTP
+# lines, and its last line, which says it is complete.
+_SERVE_GRPC = re.compile(r"^  gRPC +(\S+):(\d+) ", re.M)
+_SERVE_HTTP = re.compile(r"^  HTTP +(https?://\S+:(\d+)/v1) ", re.M)
+_SERVE_END = re.compile(r"^Ctrl-C \(or SIGTERM\) stops it", re.M)
 _BRIDGE_BANNER = re.compile(r"tether bridge: HTTP/WebSocket on (https?://\S+:(\d+)/v1)")
 _WORKER_LINE = re.compile(r"tether: worker (\d+) started \(pid (\d+)\)")
 
@@ -75,8 +79,8 @@ def write_config(
 ) -> dict[tuple[str, str], str]:
     """Write the server TOML; returns {(workload, speed name): model name}."""
     script_dir.mkdir(parents=True, exist_ok=True)
-    lines = [f"store = {toml_value(store)}", f"log_level = {toml_value(log_level)}", 'log_format = "text"', ""]
-    srv = {"grpc_port": 0, "bridge_port": 0, "shutdown_grace_s": 2.0, **(server or {})}
+    lines = [f"store = {toml_value(store)}", f"log_level = {toml_value(log_level)}", ""]
+    srv = {"grpc_port": 0, "bridge_port": 0, "shutdown_grace_s": 2.0, "log_format": "text", **(server or {})}
     lines.append("[server]")
     lines += [f"{k} = {toml_value(v)}" for k, v in srv.items()]
     if limits:
@@ -294,14 +298,19 @@ class ServerProcess:
         raise RuntimeError(f"tether {self.program} did not start within {timeout:g} s:\n{self.logs()}")
 
     def _parse_banner(self, text: str) -> bool:
-        m = _SERVE_BANNER.search(text) if self.program == "serve" else _BRIDGE_BANNER.search(text)
-        if m is None:
-            return False
-        if self.program == "serve":
-            self.grpc_port, self.bridge_port = int(m.group(2)), int(m.group(4) or 0)
-            self.announced_url = m.group(3)
-        else:
+        if self.program != "serve":
+            m = _BRIDGE_BANNER.search(text)
+            if m is None:
+                return False
             self.announced_url, self.bridge_port = m.group(1), int(m.group(2))
+            return True
+        grpc = _SERVE_GRPC.search(text)
+        if grpc is None or _SERVE_END.search(text) is None:
+            return False
+        http = _SERVE_HTTP.search(text)
+        self.grpc_port = int(grpc.group(2))
+        self.bridge_port = int(http.group(2)) if http else 0
+        self.announced_url = http.group(1) if http else None
         return True
 
     def log_text(self) -> str:

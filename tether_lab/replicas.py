@@ -130,8 +130,8 @@ def replica_script(wl: workloads.Workload) -> dict:
 def write_config(path: Path, wl: workloads.Workload, counts: list[int], variants: list[str], time_scale: float) -> None:
     script = path.parent / f"{wl.name}-replicas.json"
     script.write_text(json.dumps(replica_script(wl), indent=1))
-    lines = ['store = "memory://"', 'log_level = "warning"', 'log_format = "text"', "",
-             "[server]", "grpc_port = 0", "bridge_port = 0", "shutdown_grace_s = 2.0", "",
+    lines = ['store = "memory://"', 'log_level = "warning"', "",
+             "[server]", 'log_format = "text"', "grpc_port = 0", "bridge_port = 0", "shutdown_grace_s = 2.0", "",
              "[limits]", "max_connections_per_key = 100000"]
     profile = {**scaled_profile(time_scale), "tick_ms": 2.0, "script": str(script.resolve())}
     for variant in variants:

@@ -80,9 +80,9 @@ def write_config(
     """A TOML config: `store` (and `store_durability` when given), an instant simulated model for
     every name, quick shutdown."""
     sim = {**FAST_SIM, **(sim or {})}
-    server = {"shutdown_grace_s": 3, **(server or {})}
+    server = {"shutdown_grace_s": 3, "log_format": "json", **(server or {})}
 
-    lines = [f"store = {toml_value(store)}", 'log_format = "json"']
+    lines = [f"store = {toml_value(store)}"]
     if durability:
         lines.append(f"store_durability = {toml_value(durability)}")
     lines += ["", "[server]"]

@@ -117,8 +117,8 @@ def _mean(xs: list[float]) -> float | None:
 
 def write_config(path: Path, *, tps: float, tokens: int, ttft_ms: float, store: str, tokens_per_chunk: int = 1) -> None:
     path.write_text(
-        f'store = "{store}"\nlog_level = "warning"\nlog_format = "text"\n\n'
-        "[server]\ngrpc_port = 0\nbridge_port = 0\nshutdown_grace_s = 2.0\n\n"
+        f'store = "{store}"\nlog_level = "warning"\n\n'
+        "[server]\nlog_format = \"text\"\ngrpc_port = 0\nbridge_port = 0\nshutdown_grace_s = 2.0\n\n"
         '[backends."tput"]\nkind = "simulated"\n'
         f"ttft_ms = {ttft_ms}\ntokens_per_s = {tps}\noutput_tokens = {tokens}\ncall_tools = false\n"
         f"tokens_per_chunk = {tokens_per_chunk}\n\n"

@@ -73,19 +73,22 @@ async def test_half_configured_tls_is_refused(authenticator: Authenticator) -> N
         await start_bridge(None, authenticator, config)  # type: ignore[arg-type]
 
 
-async def test_startup_line_shows_https_when_tls_is_on(tmp_path: Path, authenticator: Authenticator) -> None:
-    from types import SimpleNamespace
-
-    from tether.server import startup_lines
+async def test_the_banner_shows_https_and_wss_when_tls_is_on(tmp_path: Path, authenticator: Authenticator) -> None:
+    from tether.server import banner
 
     cert, key = self_signed(tmp_path)
     config = instant_config()
     config.server.tls_cert, config.server.tls_key = str(cert), str(key)
     running = await start_server(config, authenticator=authenticator)
-    bridge = running.bridge
     try:
-        lines = startup_lines(config, SimpleNamespace(grpc_port=50051, bridge=bridge))  # type: ignore[arg-type]
+        lines = banner(config, running)
     finally:
         await running.stop(0.5)
-    assert lines[0] == f"tether: gRPC on 127.0.0.1:50051, HTTP/WebSocket on https://127.0.0.1:{bridge.port}/v1"
-    assert lines[1] == f"tether: console at https://127.0.0.1:{bridge.port}/console"
+    port = running.bridge_port
+    urls = {line.split()[0]: line.split()[1] for line in lines[1:5]}
+    assert urls == {
+        "HTTP": f"https://127.0.0.1:{port}/v1",
+        "WebSocket": f"wss://127.0.0.1:{port}/v1/responses",
+        "gRPC": f"127.0.0.1:{running.grpc_port}",
+        "console": f"https://127.0.0.1:{port}/console",
+    }

@@ -16,7 +16,8 @@ from tether.core.engine import Engine
 @dataclass
 class Served:
     engine: Engine
-    port: int
+    port: int  # the bridge's
+    grpc_port: int = 0
 
     @property
     def base_url(self) -> str:
@@ -37,6 +38,6 @@ async def served(config: TetherConfig, keys: Mapping[str, str]) -> AsyncIterator
     config.server.bridge = True
     running = await server.start(config, authenticator=Authenticator(dict(keys)))
     try:
-        yield Served(running.engine, running.bridge_port or 0)
+        yield Served(running.engine, running.bridge_port or 0, running.grpc_port)
     finally:
         await running.stop(0.5)

@@ -192,6 +192,18 @@ class Backend(Protocol):
         otherwise, listed by GET /v1/models); [] when it cannot say. Never raises."""
         ...
 
+    def owned_by(self, model: str) -> str:
+        """The `owned_by` GET /v1/models shows for `model` (an upstream name routed here): what
+        the server's own model list says, else the backend's kind (`tether` for the simulated
+        model)."""
+        ...
+
+    def catch_all_models(self) -> Sequence[str]:
+        """Names GET /v1/models lists when a "*" route reaches this backend (and no route names
+        them): the simulated model's default name and the lab's workload models; [] for a server
+        whose names come from its own model list (`discover`)."""
+        ...
+
     def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
         """Yield chunks, ending with exactly one `Finish`. Raise `BackendError` on failure."""
         ...
@@ -223,7 +235,7 @@ async def runs_of(chunks: AsyncGenerator[Chunk, None]) -> AsyncGenerator[list[Ch
 
 class BackendBase:
     """Defaults for the parts of the contract most adapters need nothing for: every request shape
-    accepted, no model list of its own, nothing to release; `stream` and `stream_runs` each made
+    accepted, no model list of its own (`owned_by` its kind), nothing to release; `stream` and `stream_runs` each made
     from the other, so a subclass implements one of them."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -244,6 +256,12 @@ class BackendBase:
         return False
 
     async def discover(self) -> Sequence[str]:
+        return []
+
+    def owned_by(self, model: str) -> str:
+        return getattr(self, "kind", "tether")
+
+    def catch_all_models(self) -> Sequence[str]:
         return []
 
     async def aclose(self) -> None:

@@ -146,6 +146,7 @@ class ChatCompletionsBackend:
             transport=transport,
         )
         self._discovery = asyncio.Lock()
+        self._owners: dict[str, str] = {}  # model id -> `owned_by` in the server's model list
         # Observability: retries made (total), an optional hook, the last x-ratelimit-* headers seen.
         self.retries = 0
         self.on_retry: RetryHook | None = None
@@ -192,7 +193,9 @@ class ChatCompletionsBackend:
             self.dialect = detect(listing) or dialect_named("openai")
             log.info("backend %s: dialect %s (detected)", self.name, self.dialect.name)
         data = listing.get("data") if isinstance(listing, dict) else None
-        return [m["id"] for m in data or () if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        models = [m for m in data or () if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        self._owners = {m["id"]: m["owned_by"] for m in models if isinstance(m.get("owned_by"), str) and m["owned_by"]}
+        return [m["id"] for m in models]
 
     async def discover(self) -> list[str]:
         """The model ids to route here ([] when `discover_models` is off or the server cannot
@@ -206,6 +209,13 @@ class ChatCompletionsBackend:
                     self.dialect = dialect_named("openai")
                 return []
         return ids if self.config.discover_models else []
+
+    def owned_by(self, model: str) -> str:
+        """As the server's model list says (GET /models at startup), else this backend's kind."""
+        return self._owners.get(model) or self.kind
+
+    def catch_all_models(self) -> list[str]:
+        return []  # its names are the ones it lists (`discover`)
 
     def mapping_options(self, dialect: Dialect) -> MappingOptions:
         c = self.config

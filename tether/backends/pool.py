@@ -212,6 +212,12 @@ class BackendPool:
         listed = await asyncio.gather(*(r.backend.discover() for r in self.replicas))
         return list(dict.fromkeys(m for models in listed for m in models))
 
+    def owned_by(self, model: str) -> str:
+        return self.replicas[0].backend.owned_by(model)
+
+    def catch_all_models(self) -> Sequence[str]:
+        return self.replicas[0].backend.catch_all_models()
+
     # -- serving ----------------------------------------------------------------------------------
 
     def _chain(self, request: BackendRequest) -> list[Block]:

@@ -87,6 +87,8 @@ from tether.responses.v1 import items_pb2, request_pb2
 log = logging.getLogger(__name__)
 
 LAB_MODEL_PREFIX = "tether-lab/"
+# The name GET /v1/models shows for a "*" route to a simulated backend (the default config routes it).
+DEFAULT_MODEL = "tether-sim"
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 
@@ -447,6 +449,16 @@ class SimulatedBackend(BackendBase):
                 kv_cache_tokens=c.kv_cache_tokens,
                 decode_slowdown=c.decode_slowdown,
             )
+
+    def owned_by(self, model: str) -> str:
+        return "tether"
+
+    def catch_all_models(self) -> list[str]:
+        """Its default name, and the lab's workload models (`tether-lab/<workload>`, 1,000 tok/s;
+        any `@<speed>` suffix works too)."""
+        from tether import workloads  # the workload files' names, read only when listing
+
+        return [DEFAULT_MODEL, *(LAB_MODEL_PREFIX + name for name in workloads.available())]
 
     # planning ---------------------------------------------------------------------------------
 

@@ -245,7 +245,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
     main_loop = asyncio.create_task(server.main_loop(), name="bridge-uvicorn")
     port = sock.getsockname()[1]
     tls = ucfg.ssl is not None
-    log.info("bridge listening on %s://%s:%d/v1", "https" if tls else "http", sc.bridge_host, port)
+    log.debug("bridge listening on %s://%s:%d/v1", "https" if tls else "http", sc.bridge_host, port)
     return BridgeServer(
         app=app,
         host=sc.bridge_host,

@@ -354,8 +354,8 @@ class Engine:
 
     async def list_models(self, tenant: str) -> service_pb2.ListModelsResponse:
         out = service_pb2.ListModelsResponse()
-        for name in self.router.model_names:
-            out.data.add(id=name, created=0, owned_by="tether")
+        for listed in self.router.listing():
+            out.data.add(id=listed.model, created=0, owned_by=listed.owned_by)
         return out
 
 
