@@ -277,6 +277,54 @@ async def test_permessage_deflate_is_negotiated_when_offered(stack: Any) -> None
         assert "Sec-WebSocket-Extensions" not in conn.response.headers
 
 
+def _recording_deflate(seen: list[tuple[bool, int]]) -> Any:
+    """A client permessage-deflate offer that records (RSV1, wire length) of every data frame."""
+    from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
+    from websockets.frames import OP_TEXT
+
+    class Recording(ClientPerMessageDeflateFactory):
+        def process_response_params(self, params: Any, accepted: Any) -> Any:
+            ext = super().process_response_params(params, accepted)
+            decode = ext.decode
+
+            def record(frame: Any, *, max_size: int | None = None) -> Any:
+                if frame.opcode is OP_TEXT:
+                    seen.append((frame.rsv1, len(frame.data)))
+                return decode(frame, max_size=max_size)
+
+            ext.decode = record
+            return ext
+
+    return Recording(client_max_window_bits=True)
+
+
+@pytest.mark.parametrize("min_bytes", [512, 0])
+async def test_small_messages_go_out_uncompressed(authenticator: Any, min_bytes: int) -> None:
+    """Below `ws_compress_min_bytes` a message is sent as it is (RSV1 unset), at and above it
+    deflated; 0 deflates everything. The client reads both kinds alike."""
+    config = instant_config()
+    config.server.ws_compress_min_bytes = min_bytes
+    running = await start_server(config, authenticator=authenticator)
+    seen: list[tuple[bool, int]] = []
+    try:
+        url = f"ws://127.0.0.1:{running.bridge_port}/v1/responses"
+        async with connect(url, additional_headers={"Authorization": "Bearer sk-a"}, compression=None,
+                           extensions=[_recording_deflate(seen)]) as conn:
+            assert "permessage-deflate" in conn.response.headers.get("Sec-WebSocket-Extensions", "")
+            await send_json(conn, CREATE)
+            events = await recv_response(conn)
+            assert events[-1]["type"] == "response.completed"
+    finally:
+        await running.stop(0.5)
+    assert len(seen) == len(events)
+    raw = [n for compressed, n in seen if not compressed]
+    if min_bytes:
+        assert raw and all(n < min_bytes for n in raw)  # the deltas and other small events
+        assert any(compressed for compressed, _ in seen)  # response.created and the other large ones
+    else:
+        assert not raw
+
+
 async def test_compression_can_be_turned_off(authenticator: Any) -> None:
     config = instant_config()
     config.server.ws_compression = False
@@ -311,3 +359,11 @@ async def test_ws_upgrade_on_an_unknown_path_is_404(stack: Any) -> None:
             pass
     assert info.value.response.status_code == 404
     assert b'"code":"not_found"' in info.value.response.body
+
+
+def test_compress_min_bytes_must_not_be_negative() -> None:
+    from tether.config import from_dict
+
+    assert from_dict({"server": {"ws_compress_min_bytes": 0}}).server.ws_compress_min_bytes == 0
+    with pytest.raises(ValueError, match="ws_compress_min_bytes"):
+        from_dict({"server": {"ws_compress_min_bytes": -1}})

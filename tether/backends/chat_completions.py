@@ -1,6 +1,11 @@
 """The one Chat Completions adapter: any `/v1/chat/completions` server, shaped by its dialect.
 
-`ChatCompletionsBackend` talks to one upstream over one `httpx.AsyncClient`. What differs between
+`ChatCompletionsBackend` talks to one upstream over one `aiohttp.ClientSession` (its connection pool:
+keep-alive, `max_connections`). aiohttp rather than httpx because a streamed token is one network
+read, and the read is what costs: from a paced upstream (one token per SSE chunk, `python -m
+tether_lab.upstream`) a bare asyncio reader pays ~280 µs of CPU per read on a 2-vCPU VM, the
+same reader through aiohttp ~360 µs (a C HTTP parser, one timer per read), through httpx
+(httpcore, h11, anyio) ~860 µs. What differs between
 servers (vLLM, SGLang, llama.cpp, llama-cpp-python, Ollama, LM Studio, Cerebras, OpenAI) is
 declared in `tether.backends.chat.dialects` and chosen by the `dialect` option, or detected from
 `GET {base_url}/models` when it is "auto". The kinds "openai" and "cerebras" are this class with
@@ -22,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-import httpx
+import aiohttp
 import orjson
 
 from tether import errors
@@ -65,11 +70,13 @@ class ChatCompletionsConfig:
     api_key_env: str | None = None
     # A name from tether.backends.chat.dialects.DIALECTS, or "auto" (detected from GET /models).
     dialect: str = "auto"
-    connect_timeout_s: float = 5.0
+    connect_timeout_s: float = 5.0  # the TCP (and TLS) connect
+    pool_timeout_s: float = 10.0  # waiting for a free connection when all `max_connections` are busy
+    # Sending the request: the response head must come within pool + connect + write + idle
+    # timeouts of the call's start, so an upstream that stops reading the request cannot hold it.
     write_timeout_s: float = 10.0
-    pool_timeout_s: float = 10.0
-    # Longest silence tolerated from upstream, both waiting for the response head and between stream
-    # bytes; past it the call fails with backend_timeout.
+    # Longest silence tolerated from upstream, both waiting for the response head (once the request
+    # is sent) and between stream bytes; past it the call fails with backend_timeout.
     stream_idle_timeout_s: float = 60.0
     # The largest SSE line or event (and one-piece JSON reply) taken from the upstream; past it
     # the call fails with backend_error (tether/backends/chat/sse.py).
@@ -77,8 +84,8 @@ class ChatCompletionsConfig:
     max_retries: int = 2
     retry_initial_delay_s: float = 0.5
     retry_max_delay_s: float = 8.0
-    max_connections: int = 100
-    max_keepalive_connections: int = 20
+    max_connections: int = 100  # open connections to the upstream at most (streams beyond wait)
+    keepalive_timeout_s: float = 15.0  # an idle kept-alive connection is closed after this long
     headers: dict[str, str] = field(default_factory=dict)  # extra request headers
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into every request body
     developer_role: str = "system"
@@ -110,15 +117,15 @@ class ChatCompletionsBackend:
     require_api_key: ClassVar[bool] = False
     drain_timeout_s: ClassVar[float] = 1.0
 
-    def __init__(
-        self, name: str, config: ChatCompletionsConfig, *, transport: httpx.AsyncBaseTransport | None = None
-    ):
+    def __init__(self, name: str, config: ChatCompletionsConfig):
         self.name = name
         self.config = config
         if not config.base_url:
             raise ValueError(f"backend {name!r} ({self.kind}): base_url is required")
         if config.max_retries < 0:
             raise ValueError(f"backend {name!r}: max_retries must be >= 0")
+        if config.max_connections < 1:
+            raise ValueError(f"backend {name!r}: max_connections must be >= 1")
         # None until known: "auto" is resolved by the first `discover()` (GET /models).
         self.dialect: Dialect | None = None if config.dialect == "auto" else dialect_named(config.dialect)
         self.api_key = self._resolve_key()
@@ -131,20 +138,10 @@ class ChatCompletionsBackend:
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
         headers.update({k.lower(): v for k, v in config.headers.items()})
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(
-                connect=config.connect_timeout_s,
-                read=config.stream_idle_timeout_s,
-                write=config.write_timeout_s,
-                pool=config.pool_timeout_s,
-            ),
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_keepalive_connections,
-            ),
-            transport=transport,
-        )
+        self._headers = headers
+        # Made on first use, inside the running loop (a session belongs to the loop it was made in).
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
         self._discovery = asyncio.Lock()
         self._owners: dict[str, str] = {}  # model id -> `owned_by` in the server's model list
         # Observability: retries made (total), an optional hook, the last x-ratelimit-* headers seen.
@@ -168,25 +165,55 @@ class ChatCompletionsBackend:
             raise ValueError(f"backend {self.name!r} ({self.kind}): an API key is required (set api_key_env)")
         return None
 
+    def _http(self) -> aiohttp.ClientSession:
+        """The upstream's session (connection pool), made in the running loop on first use."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session_loop is not loop or self._session.closed:
+            c = self.config
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=c.pool_timeout_s + c.connect_timeout_s,  # a pooled connection: waiting + connecting
+                    sock_connect=c.connect_timeout_s,
+                    sock_read=c.stream_idle_timeout_s,
+                ),
+                connector=aiohttp.TCPConnector(limit=c.max_connections, keepalive_timeout=c.keepalive_timeout_s),
+                trust_env=True,  # proxies and certificates from the environment, as before
+            )
+            self._session_loop = loop
+        return self._session
+
+    async def _request(self, method: str, url: str, **kw: Any) -> aiohttp.ClientResponse:
+        """Send a request; the response once its head is in (read the body, then release it:
+        `async with response`). Past the head deadline (see `write_timeout_s`): TimeoutError."""
+        c = self.config
+        async with asyncio.timeout(c.pool_timeout_s + c.connect_timeout_s + c.write_timeout_s + c.stream_idle_timeout_s):
+            return await self._http().request(method, url, **kw)
+
     async def aclose(self) -> None:
-        await self._client.aclose()
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
 
     # -- models and dialect ---------------------------------------------------------------------
 
     async def list_models(self) -> list[str]:
         """Model ids from `GET {base_url}/models` (resolving an "auto" dialect on the way)."""
         try:
-            resp = await self._client.get(self.base_url + "/models", headers={"accept": "application/json"})
-        except httpx.TimeoutException as exc:
+            resp = await self._request("GET", self.base_url + "/models", headers={"accept": "application/json"})
+            async with resp:
+                status, headers, content = resp.status, resp.headers, await resp.read()
+        except TimeoutError as exc:
             raise BackendError(errors.BACKEND_TIMEOUT, f"upstream timed out: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise BackendError(errors.BACKEND_ERROR, f"upstream unreachable: {type(exc).__name__}") from exc
-        self._note_ratelimit(resp.headers)
-        if resp.status_code >= 400:
-            message, etype, code = parse_error_body(resp.content)
-            raise error_from_status(resp.status_code, message, code, rate_limit_wait(resp.headers), etype)
+        self._note_ratelimit(headers)
+        if status >= 400:
+            message, etype, code = parse_error_body(content)
+            raise error_from_status(status, message, code, rate_limit_wait(headers), etype)
         try:
-            listing = orjson.loads(resp.content)
+            listing = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise BackendError(errors.BACKEND_ERROR, "upstream sent an invalid model list") from None
         if self.dialect is None:
@@ -244,8 +271,8 @@ class ChatCompletionsBackend:
 
     # -- the call -------------------------------------------------------------------------------
 
-    def _note_ratelimit(self, headers: httpx.Headers) -> None:
-        rl = {k: v for k, v in headers.items() if k.startswith("x-ratelimit-")}
+    def _note_ratelimit(self, headers: Mapping[str, str]) -> None:
+        rl = {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-ratelimit-")}
         if rl:
             self.ratelimit = rl
 
@@ -274,30 +301,29 @@ class ChatCompletionsBackend:
             failure: BackendError
             headers: Mapping[str, str] = {}
             try:
-                async with self._client.stream("POST", url, content=payload) as resp:
+                resp = await self._request("POST", url, data=payload)
+                async with resp:
                     self._note_ratelimit(resp.headers)
-                    if resp.status_code < 400:
+                    if resp.status < 400:
                         emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
                         async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
                             async for run in runs:
                                 yield run
                         return
-                    raw = await resp.aread()
+                    raw = await resp.read()
                     message, etype, code = parse_error_body(raw)
-                    failure = error_from_status(
-                        resp.status_code, message, code, rate_limit_wait(resp.headers), etype
-                    )
+                    failure = error_from_status(resp.status, message, code, rate_limit_wait(resp.headers), etype)
                     headers = resp.headers
                     retry = should_retry(failure, resp.headers)
-                    reason = f"HTTP {resp.status_code}"
-            except httpx.TimeoutException as exc:
+                    reason = f"HTTP {resp.status}"
+            except TimeoutError as exc:  # connect, pool, or no response head within the idle timeout
                 failure = BackendError(
                     errors.BACKEND_TIMEOUT,
                     f"upstream timed out before responding ({type(exc).__name__})",
                     retryable=True,
                 )
                 retry, reason = True, type(exc).__name__
-            except httpx.TransportError as exc:
+            except aiohttp.ClientError as exc:
                 failure = BackendError(
                     errors.BACKEND_ERROR,
                     f"upstream connection failed: {type(exc).__name__}",
@@ -312,7 +338,7 @@ class ChatCompletionsBackend:
             await asyncio.sleep(delay)
 
     async def _read(
-        self, resp: httpx.Response, forced: bool, emulated: frozenset[str]
+        self, resp: aiohttp.ClientResponse, forced: bool, emulated: frozenset[str]
     ) -> AsyncIterator[list[Chunk]]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
@@ -324,9 +350,9 @@ class ChatCompletionsBackend:
             # One chat.completion object (stream_upstream = false, or the server ignored stream=true).
             try:
                 raw = await _read_at_most(resp, self.config.max_event_bytes)
-            except httpx.TimeoutException as exc:
+            except TimeoutError as exc:
                 raise BackendError(errors.BACKEND_TIMEOUT, "upstream stalled") from exc
-            except httpx.HTTPError as exc:
+            except aiohttp.ClientError as exc:
                 raise BackendError(errors.BACKEND_ERROR, f"upstream connection broke: {type(exc).__name__}") from exc
             try:
                 obj = orjson.loads(raw)
@@ -341,48 +367,48 @@ class ChatCompletionsBackend:
         decoder = SSEDecoder(self.config.max_event_bytes)
         seen = 0
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
-        async with contextlib.aclosing(resp.aiter_bytes()) as it:
-            try:
-                async for data in it:
-                    run, failure = self._parse(decoder.feed(data), parser, generated)
-                    if run:
-                        seen += len(run)
-                        yield run
-                    if failure is not None:
-                        raise failure
-                    if parser.done:
-                        break
-                else:
-                    run, failure = self._parse(decoder.flush(), parser, generated)
-                    if run:
-                        seen += len(run)
-                        yield run
-                    if failure is not None:
-                        raise failure
-            except httpx.TimeoutException as exc:
-                raise BackendError(
-                    errors.BACKEND_TIMEOUT,
-                    f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s",
-                ) from exc
-            except httpx.HTTPError as exc:
-                raise BackendError(
-                    errors.BACKEND_ERROR, f"upstream connection broke mid-stream: {type(exc).__name__}"
-                ) from exc
-            if not parser.done:
-                where = "after partial output" if seen else "before any output (its log says why)"
-                raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
-            run = parser.calls_done()
-            for chunk in run:
-                _note_generated(chunk, generated)
-            run.append(await self._finish(parser, forced, generated))
-            yield run
-            # Read to the end of the body so the connection goes back to the pool (normally instant).
-            try:
-                async with asyncio.timeout(self.drain_timeout_s):
-                    async for _ in it:
-                        pass
-            except (TimeoutError, httpx.HTTPError):
-                pass
+        it = resp.content.iter_any()
+        try:
+            async for data in it:
+                run, failure = self._parse(decoder.feed(data), parser, generated)
+                if run:
+                    seen += len(run)
+                    yield run
+                if failure is not None:
+                    raise failure
+                if parser.done:
+                    break
+            else:
+                run, failure = self._parse(decoder.flush(), parser, generated)
+                if run:
+                    seen += len(run)
+                    yield run
+                if failure is not None:
+                    raise failure
+        except TimeoutError as exc:
+            raise BackendError(
+                errors.BACKEND_TIMEOUT,
+                f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s",
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise BackendError(
+                errors.BACKEND_ERROR, f"upstream connection broke mid-stream: {type(exc).__name__}"
+            ) from exc
+        if not parser.done:
+            where = "after partial output" if seen else "before any output (its log says why)"
+            raise BackendError(errors.BACKEND_ERROR, f"upstream stream ended without [DONE], {where}")
+        run = parser.calls_done()
+        for chunk in run:
+            _note_generated(chunk, generated)
+        run.append(await self._finish(parser, forced, generated))
+        yield run
+        # Read to the end of the body so the connection goes back to the pool (normally instant).
+        try:
+            async with asyncio.timeout(self.drain_timeout_s):
+                async for _ in it:
+                    pass
+        except (TimeoutError, aiohttp.ClientError):
+            pass
 
     @staticmethod
     def _parse(
@@ -427,17 +453,20 @@ class ChatCompletionsBackend:
             return None
         root = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
         try:
-            resp = await self._client.post(root + path, json={"input": text}, headers={"accept": "application/json"})
-            count = resp.json().get("count") if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            resp = await self._request(
+                "POST", root + path, data=orjson.dumps({"input": text}), headers={"accept": "application/json"}
+            )
+            async with resp:
+                count = orjson.loads(await resp.read()).get("count") if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             count = None
         return count if isinstance(count, int) and count >= 0 else None
 
 
-async def _read_at_most(resp: httpx.Response, limit: int) -> bytes:
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The whole body of `resp`, or BackendError once it passes `limit` bytes."""
     parts, size = [], 0
-    async for data in resp.aiter_bytes():
+    async for data in resp.content.iter_any():
         size += len(data)
         if size > limit:
             raise BackendError(errors.BACKEND_ERROR, f"upstream sent a reply over {limit} bytes (max_event_bytes)")

@@ -214,6 +214,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
             send_timeout_s=sc.ws_send_timeout_s,
             hard_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
             inflation_budget_bytes=sc.ws_receive_budget_bytes,
+            compress_min_bytes=sc.ws_compress_min_bytes,
         ),
         ws_max_size=WS_HARD_LIMIT_FACTOR * limits.max_request_bytes,
         ws_ping_interval=ping,

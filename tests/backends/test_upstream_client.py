@@ -1,0 +1,121 @@
+"""The Chat Completions adapter's connection pool and timeouts (aiohttp), at and past each edge,
+against real sockets on loopback: `max_connections` with `pool_timeout_s`, `keepalive_timeout_s`,
+an upstream that never answers (nor reads the request), and the options' validation."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.fakes import chat_server as fk
+from tests.fakes.items import request
+from tether.backends.base import BackendError, Finish
+from tether.backends.registry import build_backend
+
+FAST = {"api_key": "test-key", "max_retries": 0, "dialect": "cerebras"}
+
+
+def backend(base_url: str, **options):
+    return build_backend("pool-test", "openai", {"base_url": base_url, **FAST, **options})
+
+
+async def drain(b, text: str = "hi") -> list:
+    return [c async for c in b.stream(request(text))]
+
+
+async def test_a_busy_pool_waits_then_times_out_past_pool_timeout(fake_chat_server):
+    b = backend(fake_chat_server.base_url, max_connections=1, pool_timeout_s=0.2, connect_timeout_s=0.2)
+    try:
+        fake_chat_server.push(fk.stall(after_chunks=1, seconds=5))
+        holder = b.stream(request("hold the only connection"))
+        await holder.__anext__()  # streaming: the one connection is taken
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as ei:
+            await drain(b)
+        assert ei.value.code == "backend_timeout"
+        assert 0.3 <= time.monotonic() - t0 < 3  # waited out pool + connect (0.4 s), not the stall
+        await holder.aclose()
+        # The connection is free again: the next call goes through at once.
+        chunks = await drain(b)
+        assert isinstance(chunks[-1], Finish)
+    finally:
+        await b.aclose()
+
+
+async def test_max_connections_streams_beyond_the_cap_wait_their_turn(fake_chat_server):
+    b = backend(fake_chat_server.base_url, max_connections=2)
+    try:
+        fake_chat_server.default = fk.paced(5, 0.02)
+        results = await asyncio.gather(*(drain(b) for _ in range(4)))
+        assert all(isinstance(r[-1], Finish) for r in results)
+        assert len({r.peer for r in fake_chat_server.chat_requests}) <= 2  # never more than 2 sockets
+    finally:
+        await b.aclose()
+
+
+async def test_keepalive_timeout_closes_an_idle_connection(fake_chat_server):
+    b = backend(fake_chat_server.base_url, keepalive_timeout_s=0.2)
+    try:
+        await drain(b)
+        await drain(b)  # right after: the kept-alive connection
+        await asyncio.sleep(0.6)  # past keepalive_timeout_s: closed while idle
+        await drain(b)
+        peers = [r.peer for r in fake_chat_server.chat_requests]
+        assert peers[0] == peers[1] and peers[2] != peers[1]
+    finally:
+        await b.aclose()
+
+
+def _silent_server() -> tuple[socket.socket, threading.Event]:
+    """Accepts connections and never reads nor answers (until `stop` is set)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def run() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                held.append(conn)
+            except OSError:
+                continue
+        for c in held:
+            c.close()
+        srv.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return srv, stop
+
+
+@pytest.mark.parametrize("body_mb", [0, 8])
+async def test_an_upstream_that_never_answers_nor_reads_times_out(body_mb):
+    """A small body is sent, then the head never comes: `stream_idle_timeout_s` (0.4 s). An 8 MB
+    body cannot even be written out: the head deadline (pool + connect + write + idle, 1.0 s)."""
+    srv, stop = _silent_server()
+    b = backend(f"http://127.0.0.1:{srv.getsockname()[1]}/v1", stream_idle_timeout_s=0.4, write_timeout_s=0.2,
+                pool_timeout_s=0.2, connect_timeout_s=0.2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as ei:
+            await drain(b, "x" * (body_mb << 20))
+        took = time.monotonic() - t0
+        assert ei.value.code == "backend_timeout" and ei.value.retryable
+        assert (0.35 if body_mb == 0 else 0.9) <= took < 5
+    finally:
+        stop.set()
+        await b.aclose()
+
+
+def test_pool_options_are_checked():
+    with pytest.raises(ValueError, match="max_connections"):
+        backend("http://127.0.0.1:9/v1", max_connections=0)
+    with pytest.raises(ValueError, match="max_keepalive_connections"):  # gone: keepalive_timeout_s
+        backend("http://127.0.0.1:9/v1", max_keepalive_connections=5)
