@@ -191,7 +191,7 @@ def test_a_real_backend_without_models_has_no_simulated_catch_all():
 async def test_the_simulated_catch_all_is_announced_at_startup(caplog):
     cfg = loopback(TetherConfig())
     cfg.store = "memory://"
-    with caplog.at_level(logging.WARNING, logger="tether.engine"):
+    with caplog.at_level(logging.INFO, logger="tether.server"):
         async with served(cfg, {KEY: "t"}):
             pass
     assert any("'*' route" in r.getMessage() and "simulated" in r.getMessage() for r in caplog.records)
