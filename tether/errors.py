@@ -97,6 +97,7 @@ METHOD_NOT_ALLOWED = "method_not_allowed"
 UPGRADE_REQUIRED = "upgrade_required"
 HEADERS_TOO_LARGE = "request_header_fields_too_large"
 REQUEST_TIMEOUT = "request_timeout"
+MCP_SERVER_NOT_ALLOWED = "mcp_server_not_allowed"
 # Raised by the typed client (tether.client) itself, never by a server.
 CONNECTION_LOST = "connection_lost"
 MAX_TURNS_EXCEEDED = "max_turns_exceeded"
@@ -170,6 +171,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     UPGRADE_REQUIRED: ErrorKind(426, "FAILED_PRECONDITION", _BAD, _PROMPT, "a plain GET on the WebSocket endpoint"),
     HEADERS_TOO_LARGE: ErrorKind(431, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a request head over http_max_header_bytes"),
     REQUEST_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, _SERVER_SIDE, "a request head or body slower than its timeout"),
+    MCP_SERVER_NOT_ALLOWED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "an `mcp` tool's server_url outside [mcp] allowed_servers (or MCP is off)"),
     CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "client only: the connection broke and could not be resumed"),
     MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "client only: the tool loop ran out of turns"),
 }

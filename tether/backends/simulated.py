@@ -16,9 +16,11 @@ What it says is decided per turn, in this order:
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
    of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
-4. no script: when function or custom tools are offered and the context has no tool output yet,
-   one call to the first of them (a function's arguments built from its JSON schema; a custom
-   tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar), else a text answer of
+4. no script: when function or custom tools are offered and the context has no tool output (nor
+   `mcp_call`) yet, one call to the first of them (a function's arguments built from its JSON
+   schema; a custom tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar; a remote
+   MCP server's tool only when `tool_choice` names it or the last user message mentions its
+   name, and then before any other tool), else a text answer of
    `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
 Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
@@ -546,10 +548,14 @@ class SimulatedBackend(BackendBase):
         mode, named = _choice(request)
         if named is not None:
             offered = [o for o in offered if o[0] in named]
+        elif request.mcp_tools:  # a remote MCP server's tool: only when the user asks for it by name
+            asked = _last_user_text(request.items)
+            mentioned = [o for o in offered if o[0] in request.mcp_tools and o[0] in asked]
+            offered = mentioned or [o for o in offered if o[0] not in request.mcp_tools]
         if not offered or mode == "none":
             return None
         name, target, custom = offered[0]
-        answered = any(answered_call_id(i) is not None for i in request.items)
+        answered = any(answered_call_id(i) is not None or i.WhichOneof("item") == "mcp_call" for i in request.items)
         if answered and mode != "required":
             return None
         if custom:
