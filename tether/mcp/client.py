@@ -148,7 +148,10 @@ class McpServerSession:
             async with (
                 httpx2.AsyncClient(transport=_guarded_transport(self.policy), headers=self._headers,
                                    timeout=timeout) as http,  # fmt: skip
-                http_mod.streamable_http_client(self.url, http_client=http) as streams,
+                # An SSE event may carry a result escaped up to 6x (\\uXXXX) plus its envelope; past
+                # that the SDK stops reading (a result never sits in memory whole beyond the cap).
+                http_mod.streamable_http_client(self.url, http_client=http,
+                                                max_sse_event_size=6 * cfg.max_result_bytes + 65536) as streams,
                 session_mod.ClientSession(streams[0], streams[1]) as session,
             ):
                 await session.initialize()
@@ -210,8 +213,14 @@ class McpServerSession:
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> CallResult:
         cfg = self.config
-        result = await self._request(self._session.call_tool(name, arguments), cfg.call_timeout_s,
-                                     f"the MCP tool {name!r}", "mcp.call_timeout_s")  # fmt: skip
+        try:
+            result = await self._request(self._session.call_tool(name, arguments), cfg.call_timeout_s,
+                                         f"the MCP tool {name!r}", "mcp.call_timeout_s")  # fmt: skip
+        except McpFailure as exc:
+            if "byte limit" in exc.message:  # the SDK's SSE event cap (set from max_result_bytes above)
+                raise protocol_error(TOO_LARGE, f"the MCP tool's result is over {cfg.max_result_bytes} bytes "
+                                                "(mcp.max_result_bytes)") from None  # fmt: skip
+            raise
         blocks = [block.model_dump(exclude_none=True, by_alias=True) for block in result.content]
         texts = [b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)]
         text = "\n".join(texts) if len(texts) == len(blocks) else orjson.dumps(blocks).decode()
