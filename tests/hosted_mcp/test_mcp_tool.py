@@ -5,6 +5,7 @@ over HTTP and a raw WebSocket client. Items and events are parsed strictly with 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import openai
@@ -16,6 +17,7 @@ from pydantic import TypeAdapter
 from tests.bridge.helpers import KEY_A, check_sse_events, recv_response, send_json
 from tests.fakes.mcp_server import McpTestServer, roll_total
 from tests.hosted_mcp.conftest import mcp_config, mcp_tool
+from tests.support.metrics import http_get, samples, value
 from tests.support.stacks import running_stack
 from tether.auth import Authenticator
 
@@ -164,9 +166,11 @@ async def test_dns_answers_into_private_networks_are_refused(mcp_server) -> None
     assert len(mcp_server.headers) == seen  # nothing was sent
 
 
-async def test_credentials_reach_the_server_and_nothing_else(stack, mcp_server) -> None:
+async def test_credentials_reach_the_server_and_nothing_else(stack, mcp_server, caplog) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, Tether's and the SDK's, at its most verbose
     tool = mcp_tool(mcp_server, headers={"X-Api-Key": "hdr-s3cret"}, authorization="tok-s3cret")
     r = await stack.client().responses.create(model="sim-model", input="roll", tools=[tool])
+    assert not [rec for rec in caplog.records if "s3cret" in rec.getMessage()]
     sent = mcp_server.headers[-1]
     assert sent["x-api-key"] == "hdr-s3cret" and sent["authorization"] == "Bearer tok-s3cret"
     stored = await stack.client().responses.retrieve(r.id)
@@ -248,3 +252,38 @@ async def test_http_turns_open_and_close_their_own_session(stack) -> None:
         await asyncio.sleep(0.2)
         deletes = [h for h in server.headers if h.get("mcp-session-id")]
         assert deletes  # the SDK sent its session id (and closed the session at the end of the turn)
+
+
+async def test_metrics_count_calls_listings_sessions_and_approvals() -> None:
+    with McpTestServer() as server:
+        async with running_stack(Authenticator({KEY_A: "a"}), config=mcp_config()) as st:
+
+            async def scrape() -> dict:
+                _, _, body = await http_get(st.port, "/metrics")
+                return samples(body.decode())
+
+            before = await scrape()
+            client = st.client()
+            await client.responses.create(model="sim-model", input="please roll", tools=[mcp_tool(server)])
+            await client.responses.create(model="sim-model", input="x", tools=[mcp_tool(server)],
+                                          tool_choice={"type": "mcp", "server_label": "dice", "name": "fail"})  # fmt: skip
+            asked = await client.responses.create(model="sim-model", input="please roll",
+                                                  tools=[mcp_tool(server, require_approval="always")])  # fmt: skip
+            async with st.ws() as ws:
+                await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "please echo",
+                                     "tools": [mcp_tool(server)]})  # fmt: skip
+                await recv_response(ws)
+                during = await scrape()
+            await asyncio.sleep(0.2)
+            after = await scrape()
+
+    def delta(name: str, scrape: dict = after, **labels: str) -> float:
+        return value(scrape, name, **labels) - value(before, name, **labels)
+
+    assert delta("tether_mcp_calls_total", server="dice", outcome="ok") == 2
+    assert delta("tether_mcp_calls_total", server="dice", outcome="tool_error") == 1
+    assert delta("tether_mcp_call_seconds_count", server="dice") == 3
+    assert delta("tether_mcp_listings_total", server="dice", outcome="listed") == 4
+    assert delta("tether_mcp_approvals_total", event="requested") == 1 and asked.output[-1].type == "mcp_approval_request"
+    assert value(during, "tether_mcp_sessions_open") == 1  # the WebSocket keeps its session open
+    assert value(after, "tether_mcp_sessions_open") == 0  # HTTP turns closed theirs; the WebSocket closed
