@@ -341,6 +341,7 @@ class McpLoop:
             outcome = "failed"
             del lt.tools[:]
             lt.error = exc.message
+        turn.clock.add("mcp", time.perf_counter() - started)
         turn.services.telemetry.mcp_listing(lt.server_label, outcome, time.perf_counter() - started)
         done = turn._event()
         arm = done.mcp_list_tools_failed if outcome == "failed" else done.mcp_list_tools_completed
@@ -406,6 +407,7 @@ class McpLoop:
             outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", -32002: "refused"}.get(code, "failed")  # type: ignore[arg-type]
             mc.error_json = orjson.dumps(exc.error).decode()
         mc.status = "completed" if outcome == "ok" else "failed"
+        turn.clock.add("mcp", time.perf_counter() - started)
         turn.services.telemetry.mcp_call(mc.server_label, outcome, time.perf_counter() - started)
         await turn._emit_all(builder.settle_mcp_call(index, item))
 
