@@ -8,6 +8,7 @@ simulated backend answers every model name. Every limit the server enforces live
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -165,6 +166,34 @@ class SafetyConfig:
 
 
 @dataclass
+class McpConfig:
+    """`[mcp]`: remote MCP servers a create may name in a `{"type": "mcp"}` tool (docs/mcp.md).
+
+    Off until `allowed_servers` names at least one server. An entry with `://` is a URL prefix
+    (`https://mcp.example.com/tools/`, matched up to a `/`, `?` or `#` boundary); any other entry is
+    a host, optionally with a port (`mcp.example.com`, `127.0.0.1:8931`). A `server_url` outside
+    the list is a 400 naming `tools[i].server_url`. Every address a server's host resolves to (and
+    every redirect, which the MCP SDK follows within the server's origin only) is checked again at
+    connect time: an address that is not public (loopback, private, link-local, ...) must lie in
+    `allow_private_networks` (CIDRs), else the connection is refused."""
+
+    allowed_servers: list[str] = field(default_factory=list)
+    allow_private_networks: list[str] = field(default_factory=list)
+    connect_timeout_s: float = 10.0  # open the session: connect + initialize
+    list_timeout_s: float = 10.0  # tools/list
+    call_timeout_s: float = 60.0  # one tools/call
+    max_servers_per_request: int = 8  # `mcp` tools in one create
+    max_tools_per_server: int = 128  # tools a server may offer (more: the listing fails)
+    max_result_bytes: int = 1024 * 1024  # one call's result text (more: the call fails)
+    max_calls_per_response: int = 32  # MCP calls in one response (then the model answers without them)
+    max_sessions_per_connection: int = 16  # open MCP sessions a connection keeps (LRU-closed past it)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.allowed_servers)
+
+
+@dataclass
 class TetherConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: Limits = field(default_factory=Limits)
@@ -177,6 +206,7 @@ class TetherConfig:
     # model name or alias -> route; "*" catches every other name.
     models: dict[str, Route] = field(default_factory=lambda: {"tether-sim": Route(backend="sim"), "*": Route(backend="sim")})
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     log_level: str = "info"
     log_content: bool = False  # message contents and keys are redacted from logs unless True
     # `[prompts.<id>]`: templates a create names with `prompt` (tether/prompts.py), checked at load.
@@ -197,7 +227,7 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
 def from_dict(data: Mapping[str, Any]) -> TetherConfig:
     data = dict(data)
     cfg = TetherConfig()
-    for section in ("server", "limits", "safety"):
+    for section in ("server", "limits", "safety", "mcp"):
         if section in data:
             setattr(cfg, section, _build(type(getattr(cfg, section)), data.pop(section), section))
     if "backends" in data:
@@ -239,6 +269,19 @@ def validate(cfg: TetherConfig) -> None:
         raise ValueError(f"server.log_format must be one of {', '.join(LOG_FORMATS)}")
     if cfg.server.ws_compress_min_bytes < 0:
         raise ValueError("server.ws_compress_min_bytes must be >= 0")
+    mcp = cfg.mcp
+    for name in ("connect_timeout_s", "list_timeout_s", "call_timeout_s"):
+        if getattr(mcp, name) <= 0:
+            raise ValueError(f"mcp.{name} must be > 0")
+    for name in ("max_servers_per_request", "max_tools_per_server", "max_result_bytes", "max_calls_per_response",
+                 "max_sessions_per_connection"):  # fmt: skip
+        if getattr(mcp, name) < 1:
+            raise ValueError(f"mcp.{name} must be >= 1")
+    for net in mcp.allow_private_networks:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ValueError(f"mcp.allow_private_networks: {net!r} is not a CIDR network") from None
     limits = cfg.limits
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
         if getattr(limits, name) < 0:
@@ -254,7 +297,7 @@ def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:
         path = name[len("TETHER_") :].lower().split("__")
         if len(path) == 1 and path[0] in ("store", "store_durability", "log_level", "log_content"):
             set_path(cfg, path, raw)
-        elif len(path) == 2 and path[0] in ("server", "limits", "safety"):
+        elif len(path) == 2 and path[0] in ("server", "limits", "safety", "mcp"):
             set_path(cfg, path, raw)
 
 

@@ -17,6 +17,7 @@ EXTRAS = {
     "redis": "a Redis store",
     "tracing": "OpenTelemetry tracing",
     "lab": "the development tools (tether_lab)",
+    "mcp": "remote MCP servers (the `mcp` tool)",
 }
 
 

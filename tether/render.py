@@ -131,6 +131,21 @@ def render_item(item: items_pb2.Item) -> str:
         return f"<|start|>system<|message|>Summary of the earlier conversation: {decode_payload(item.compaction.encrypted_content).summary}<|end|>"
     if arm == "item_reference":
         return f"<|start|>reference<|message|>{item.item_reference.id}<|end|>"
+    if arm == "mcp_call":
+        mc = item.mcp_call
+        result = mc.output if mc.HasField("output") else mc.error_json
+        return (f"<|start|>assistant to=mcp.{mc.server_label}.{mc.name}<|call|>{mc.arguments}<|end|>"
+                f"<|start|>tool {mc.id}<|message|>{result}<|end|>")  # fmt: skip
+    if arm == "mcp_list_tools":
+        lt = item.mcp_list_tools
+        tools = " ".join(f"{t.name}: {t.description} {t.input_schema_json}" for t in lt.tools)
+        return f"<|start|>mcp.{lt.server_label}<|message|>{tools}{lt.error}<|end|>"
+    if arm == "mcp_approval_request":
+        ar = item.mcp_approval_request
+        return f"<|start|>assistant to=mcp.{ar.server_label}.{ar.name}<|approval|>{ar.arguments}<|end|>"
+    if arm == "mcp_approval_response":
+        resp = item.mcp_approval_response
+        return f"<|start|>user {resp.approval_request_id}<|message|>{resp.approve} {resp.reason}<|end|>"
     return f"<|start|>{item.other.type}<|message|>{item.other.json}<|end|>"
 
 

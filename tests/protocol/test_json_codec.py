@@ -117,6 +117,31 @@ ITEM = st.one_of(
     ),
     typed("compaction", {"encrypted_content": TEXT}, {"id": OPT_TEXT, "created_by": OPT_TEXT}),
     typed("item_reference", {"id": TEXT}),
+    typed(
+        "mcp_list_tools",
+        {
+            "server_label": TEXT,
+            "tools": st.lists(
+                obj({"name": TEXT, "description": nullable(TEXT), "input_schema": JSON_OBJECTS,
+                     "annotations": nullable(JSON_OBJECTS.filter(bool))}),  # fmt: skip
+                max_size=2,
+            ),
+            "error": nullable(TEXT),
+        },
+        {"id": OPT_TEXT},
+    ),
+    typed(
+        "mcp_call",
+        {"server_label": TEXT, "name": TEXT, "arguments": TEXT, "output": nullable(TEXT),
+         "approval_request_id": nullable(TEXT), "error": nullable(JSON_OBJECTS.filter(bool))},  # fmt: skip
+        {"id": OPT_TEXT, "status": OPT_TEXT},
+    ),
+    typed("mcp_approval_request", {"server_label": TEXT, "name": TEXT, "arguments": TEXT}, {"id": OPT_TEXT}),
+    typed(
+        "mcp_approval_response",
+        {"approval_request_id": TEXT, "approve": BOOLS, "reason": nullable(TEXT)},
+        {"id": OPT_TEXT},
+    ),
     obj(
         {"type": st.sampled_from(["web_search_call", "custom_tool_call", "local_shell_call", ""]), "id": TEXT}
     ),
@@ -137,6 +162,24 @@ TOOL = st.one_of(
     typed("namespace", {"name": TEXT, "description": TEXT, "tools": st.lists(FUNCTION_TOOL, max_size=2)}),
     typed("web_search", optional={"external_web_access": BOOLS}),
     obj({"type": st.sampled_from(["mcp", "custom", "file_search", ""]), "name": TEXT}),
+    typed(
+        "mcp",
+        {"server_label": TEXT},
+        {
+            "server_url": OPT_TEXT,
+            "server_description": OPT_TEXT,
+            "headers": nullable(STR_MAPS),
+            "authorization": OPT_TEXT,
+            "allowed_tools": nullable(
+                st.lists(TEXT, max_size=2)
+                | obj({}, {"tool_names": st.lists(TEXT, max_size=2), "read_only": nullable(BOOLS)})
+            ),
+            "require_approval": nullable(
+                st.sampled_from(["always", "never"])
+                | obj({}, {k: obj({}, {"tool_names": st.lists(TEXT, max_size=2)}) for k in ("always", "never")})
+            ),
+        },
+    ),
 )
 TOOL_CHOICE = st.one_of(
     st.sampled_from(["auto", "none", "required"]),
@@ -328,6 +371,13 @@ EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
         event("response.custom_tool_call_input.delta", {**IDX, "delta": TEXT}),
     ),
     ("custom_tool_call_input_done", event("response.custom_tool_call_input.done", {**IDX, "input": TEXT})),
+    ("mcp_call_arguments_delta", event("response.mcp_call_arguments.delta", {**IDX, "delta": TEXT})),
+    ("mcp_call_arguments_done", event("response.mcp_call_arguments.done", {**IDX, "arguments": TEXT})),
+    *(
+        (f"mcp_{what}_{stage}", event(f"response.mcp_{what}.{stage}", IDX))
+        for what in ("call", "list_tools")
+        for stage in ("in_progress", "completed", "failed")
+    ),
     ("reasoning_text_delta", event("response.reasoning_text.delta", {**TEXT_IDX, "delta": TEXT})),
     ("reasoning_text_done", event("response.reasoning_text.done", {**TEXT_IDX, "text": TEXT})),
     *(
@@ -1037,6 +1087,84 @@ def _reasoning(status: str) -> items_pb2.Item:
     )
 
 
+def _mcp_items() -> dict[str, items_pb2.Item]:
+    """One of each MCP item, as Tether produces them (a failed call carries an error object)."""
+    IP = items_pb2
+    listed = IP.McpListTools(id="mcpl_1", server_label="dice", tools=[
+        IP.McpToolInfo(name="roll", description="Roll dice", input_schema_json='{"type":"object"}',
+                      annotations_json='{"readOnlyHint":true}'),
+        IP.McpToolInfo(name="bare", input_schema_json="{}")])  # fmt: skip
+    return {
+        "mcp_list_tools": IP.Item(mcp_list_tools=listed),
+        "mcp_list_tools_failed": IP.Item(mcp_list_tools=IP.McpListTools(id="mcpl_2", server_label="x", error="down")),
+        "mcp_call": IP.Item(mcp_call=IP.McpCall(id="mcp_1", server_label="dice", name="roll", arguments='{"n":2}',
+                                              output="7", status="completed", approval_request_id="mcpr_1")),
+        "mcp_call_failed": IP.Item(mcp_call=IP.McpCall(
+            id="mcp_2", server_label="dice", name="roll", arguments="{}", status="failed",
+            error_json='{"type":"mcp_protocol_error","code":-32001,"message":"timed out"}')),
+        "mcp_approval_request": IP.Item(mcp_approval_request=IP.McpApprovalRequest(
+            id="mcpr_1", server_label="dice", name="roll", arguments="{}")),
+        "mcp_approval_response": IP.Item(mcp_approval_response=IP.McpApprovalResponse(
+            id="mcpa_1", approval_request_id="mcpr_1", approve=False, reason="no")),
+    }  # fmt: skip
+
+
+def _mcp_events(E) -> list[tuple[str, object]]:  # noqa: N803
+    items = _mcp_items()
+    arms: list[tuple[str, object]] = [("output_item_added", E.OutputItemEvent(output_index=4, item=items["mcp_list_tools"]))]
+    arms += [(f"mcp_list_tools_{s}", E.McpItemEvent(item_id="mcpl_1", output_index=4))
+             for s in ("in_progress", "completed", "failed")]  # fmt: skip
+    arms += [
+        ("output_item_done", E.OutputItemEvent(output_index=4, item=items["mcp_list_tools"])),
+        ("output_item_added", E.OutputItemEvent(output_index=5, item=items["mcp_call"])),
+        ("mcp_call_arguments_delta", E.FunctionCallArgumentsDeltaEvent(item_id="mcp_1", output_index=5, delta="{")),
+        ("mcp_call_arguments_done", E.McpCallArgumentsDoneEvent(item_id="mcp_1", output_index=5, arguments="{}")),
+    ]
+    arms += [(f"mcp_call_{s}", E.McpItemEvent(item_id="mcp_1", output_index=5))
+             for s in ("in_progress", "completed", "failed")]  # fmt: skip
+    arms += [("output_item_done", E.OutputItemEvent(output_index=i, item=items[k]))
+             for i, k in enumerate(("mcp_call", "mcp_call_failed", "mcp_list_tools_failed", "mcp_approval_request"), 5)]  # fmt: skip
+    return arms
+
+
+def test_sdk_parses_every_mcp_item_strictly() -> None:
+    """Each MCP item Tether writes is the openai SDK's own type, strictly validated; the approval
+    response parses as an input item too."""
+    from openai.types.responses import ResponseInputItem, ResponseOutputItem
+    from pydantic import TypeAdapter
+
+    out, inp = TypeAdapter(ResponseOutputItem), TypeAdapter(ResponseInputItem)
+    for name, item in _mcp_items().items():
+        d = jc.item_to_json(item)
+        parsed = out.validate_python(d, strict=True)
+        assert parsed.type == d["type"] and type(parsed).__name__.startswith("Mcp"), name
+        assert jc.item_to_json(jc.item_from_json(d)) == d
+    failed = out.validate_python(jc.item_to_json(_mcp_items()["mcp_call_failed"]), strict=True)
+    assert failed.error.type == "mcp_protocol_error" and failed.output is None
+    answer = inp.validate_python(jc.item_to_json(_mcp_items()["mcp_approval_response"]), strict=True)
+    assert answer.approve is False and answer.approval_request_id == "mcpr_1"
+
+
+def test_sdk_mcp_tool_and_choice_round_trip() -> None:
+    """The SDK's `Mcp` tool (every field Tether models) and `ToolChoiceMcp` survive the create
+    codec unchanged."""
+    from openai.types.responses import Tool
+    from pydantic import TypeAdapter
+
+    tools = [
+        {"type": "mcp", "server_label": "dice", "server_url": "http://127.0.0.1:1/mcp", "server_description": "d",
+         "headers": {"X-Key": "k"}, "authorization": "tok", "allowed_tools": ["roll"],
+         "require_approval": {"never": {"tool_names": ["roll"]}, "always": {"read_only": False}}},
+        {"type": "mcp", "server_label": "b", "server_url": "http://h/mcp",
+         "allowed_tools": {"tool_names": ["a"], "read_only": True}, "require_approval": "always"},
+    ]  # fmt: skip
+    for t in tools:
+        TypeAdapter(Tool).validate_python(t, strict=True)
+    body = {"model": "m", "tools": tools, "tool_choice": {"type": "mcp", "server_label": "dice", "name": "roll"}}
+    assert jc.params_to_json(jc.params_from_json(body)) == body
+    assert jc.params_from_json(body).tools[0].WhichOneof("tool") == "mcp"
+
+
 def _sdk_stream() -> list[events_pb2.ServerEvent]:
     """Realistic events of every modelled arm, in a plausible order."""
     E = events_pb2
@@ -1099,6 +1227,7 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
             "custom_tool_call_input_done",
             E.CustomToolCallInputDoneEvent(item_id="ctc_1", output_index=2, input="*** Begin Patch"),
         ),
+        *_mcp_events(E),
         ("compaction_compacting", E.CompactionCompactingEvent(item_id="cmp_1", output_index=3)),
         (
             "output_item_done",

@@ -138,6 +138,10 @@ def real_config(base_url: str) -> TetherConfig:
     }
     # No "*" route: `smol` comes from the server's own model list; `smol-exact` is configured.
     cfg.models = {"smol-exact": Route(backend="llama-exact", upstream_model=ALIAS)}
+    cfg.mcp.allowed_servers = ["127.0.0.1"]  # the MCP test server (tests/fakes/mcp_server.py)
+    cfg.mcp.allow_private_networks = ["127.0.0.0/8"]
+    # SmolLM2 calls a tool it was given again and again: one MCP call per response, then it answers.
+    cfg.mcp.max_calls_per_response = 1
     return loopback(cfg)
 
 

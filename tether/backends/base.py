@@ -55,6 +55,9 @@ class BackendRequest:
     service_tier: str = ""  # as the client named it ("" = not set)
     # Tokens of the rendered input, counted by Tether's tokenizer (for simulated timing, limits).
     input_tokens: int = 0
+    # Tools in `tools` that are a remote MCP server's (Tether runs them, tether.core.mcp): the
+    # simulated model calls one only when `tool_choice` names it or the last user message does.
+    mcp_tools: frozenset[str] = frozenset()
     # Free-form per-request hints (e.g. the simulated backend's script step); never sent upstream.
     hints: dict[str, str] = field(default_factory=dict)
     # What the adapter's `prepare` made of this request (its upstream body), reused by `stream`.

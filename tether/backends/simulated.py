@@ -16,9 +16,11 @@ What it says is decided per turn, in this order:
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
    of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
-4. no script: when function or custom tools are offered and the context has no tool output yet,
-   one call to the first of them (a function's arguments built from its JSON schema; a custom
-   tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar), else a text answer of
+4. no script: when function or custom tools are offered and the context has no tool output yet
+   (for an MCP tool: no `mcp_call` or approval verdict since the last user message), one call to the first of them (a function's arguments built from its JSON
+   schema; a custom tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar; a remote
+   MCP server's tool only when `tool_choice` names it or the last user message mentions its
+   name, and then before any other tool), else a text answer of
    `output_tokens` tokens (or a JSON value when `text.format` asks for one).
 
 Asked for log probabilities (`BackendRequest.logprobs`), every text token carries deterministic
@@ -558,10 +560,18 @@ class SimulatedBackend(BackendBase):
         mode, named = _choice(request)
         if named is not None:
             offered = [o for o in offered if o[0] in named]
+        elif request.mcp_tools:  # a remote MCP server's tool: only when the user asks for it by name
+            asked = _last_user_text(request.items)
+            mentioned = [o for o in offered if o[0] in request.mcp_tools and o[0] in asked]
+            offered = mentioned or [o for o in offered if o[0] not in request.mcp_tools]
         if not offered or mode == "none":
             return None
         name, target, custom = offered[0]
-        answered = any(answered_call_id(i) is not None for i in request.items)
+        if name in request.mcp_tools:  # answered: an MCP call (or a verdict on one) since the user spoke
+            answered = any(i.WhichOneof("item") in ("mcp_call", "mcp_approval_response")
+                           for i in request.items[_last_user_index(request.items) + 1:])  # fmt: skip
+        else:
+            answered = any(answered_call_id(i) is not None for i in request.items)
         if answered and mode != "required":
             return None
         if custom:
@@ -728,6 +738,13 @@ def token_logprob(token: str, top: int) -> dict[str, Any]:
             for rank, t in enumerate(alternatives[:top])
         ],
     }
+
+
+def _last_user_index(items: Sequence[items_pb2.Item]) -> int:
+    for i in range(len(items) - 1, -1, -1):
+        if items[i].WhichOneof("item") == "message" and items[i].message.role == "user":
+            return i
+    return -1
 
 
 def _tool_name(tool: request_pb2.Tool) -> tuple[str, bool]:

@@ -55,6 +55,10 @@ def _generated_text(item: items_pb2.Item) -> str:
     call = call_of(item)  # a function call's arguments, a custom tool call's input
     if call is not None:
         return call.name + call.text
+    if arm == "mcp_call":  # the call the model generated (not the server's result)
+        return item.mcp_call.name + item.mcp_call.arguments
+    if arm == "mcp_approval_request":
+        return item.mcp_approval_request.name + item.mcp_approval_request.arguments
     if arm == "reasoning":
         r = item.reasoning
         return "\n".join(r.content) if r.content else "\n".join(r.summary)

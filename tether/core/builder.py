@@ -21,6 +21,11 @@ Two request options shape the output here, so every transport gets them alike:
 Text chunks that carry log probabilities (the request asked for them) put them on their delta
 (merged deltas concatenate their lists, in order) and on the message's `output_text.done` and
 `output_text` part.
+A tool call of a name in `mcp_routes` (an MCP server's tool, set by the MCP loop before each
+backend call) opens an `mcp_call` item whose arguments stream as `response.mcp_call_arguments.*`;
+closing it does not finish it: it waits in `take_mcp_calls()` until the loop has called the server
+and `settle_mcp_call` finishes it. A call of a tool that needs approval becomes an
+`mcp_approval_request` item, sent whole when the call closes.
 A tool call chunk marked `custom` opens a `custom_tool_call` item (an `OtherItem`, see
 `tether.protocol.calls`) whose fragments stream as `response.custom_tool_call_input.delta` and
 end with `.done`, instead of a `function_call`.
@@ -43,15 +48,26 @@ Event = events_pb2.ServerEvent
 Emitted = Event | Delta
 
 
+@dataclass(frozen=True, slots=True)
+class McpRoute:
+    """Where the model's call of an MCP tool goes: the server's label, and whether the client must
+    approve it first."""
+
+    server_label: str
+    needs_approval: bool
+
+
 @dataclass
 class _OpenItem:
     index: int
-    # message | refusal (a message whose part is a refusal) | reasoning | function_call | custom_tool_call
+    # message | refusal (a message whose part is a refusal) | reasoning | function_call | custom_tool_call |
+    # mcp_call | mcp_approval_request
     kind: str
     item_id: str
     pieces: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
+    server_label: str = ""  # mcp_call / mcp_approval_request
     logprobs: list[dict] | None = None  # output text's token log probabilities, when asked for
 
 
@@ -79,6 +95,9 @@ class OutputBuilder:
         self._next_index = 0
         self._calls_started = 0
         self.finish: Finish | None = None
+        self.mcp_routes: dict[str, McpRoute] = {}  # tool name -> its MCP server (the MCP loop sets it)
+        self._mcp_waiting: list[tuple[int, items_pb2.Item]] = []  # closed mcp_calls not yet run
+        self.approvals_requested = 0
 
     @property
     def output(self) -> list[items_pb2.Item]:
@@ -146,7 +165,45 @@ class OutputBuilder:
         self._open.clear()
         self._text = self._reasoning = None
         self._calls.clear()
+        if status != "completed":  # the response ends: MCP calls that never ran end with it
+            for index, item in self.take_mcp_calls():
+                item.mcp_call.status = "incomplete"
+                events.extend(self.settle_mcp_call(index, item))
         return events
+
+    # -- MCP calls (run by the MCP loop between backend calls) ----------------------------------
+
+    def take_mcp_calls(self) -> list[tuple[int, items_pb2.Item]]:
+        """The closed `mcp_call` items waiting to be run, in output order (and forget them)."""
+        waiting, self._mcp_waiting = self._mcp_waiting, []
+        return sorted(waiting, key=lambda pair: pair[0])
+
+    def open_mcp_item(self, item: items_pb2.Item) -> tuple[int, list[Event]]:
+        """Start an item the MCP loop makes itself (an approved call, a tool listing) at the next
+        index: its `output_item.added`; `settle_mcp_call` / `add_done` finish it."""
+        index = self._next_index
+        self._next_index += 1
+        added = Event()
+        added.output_item_added.output_index = index
+        added.output_item_added.item.CopyFrom(item)
+        return index, [added]
+
+    def settle_mcp_call(self, index: int, item: items_pb2.Item) -> list[Event]:
+        """Finish an `mcp_call` the loop has run (`status` completed or failed, `output` or
+        `error` set): `response.mcp_call.completed|failed`, then `output_item.done`."""
+        call = item.mcp_call
+        progress = Event()
+        arm = progress.mcp_call_completed if call.status == "completed" else progress.mcp_call_failed
+        arm.item_id, arm.output_index = call.id, index
+        return [progress, self.add_done(index, item)]
+
+    def add_done(self, index: int, item: items_pb2.Item) -> Event:
+        """Record a finished item at `index` (opened with `open_mcp_item`); its `output_item.done`."""
+        done = Event()
+        done.output_item_done.output_index = index
+        done.output_item_done.item.CopyFrom(item)
+        self._record(item, index)
+        return done
 
     # -- item lifecycles ------------------------------------------------------------------------
 
@@ -214,6 +271,10 @@ class OutputBuilder:
             for other in (self._reasoning, self._text):
                 if other is not None:
                     events.extend(self._close_one(other))
+            route = None if chunk.custom else self.mcp_routes.get(chunk.name or "")
+            if route is not None:
+                self._mcp_open(chunk, route, events)
+                return
             item_id = ids.custom_tool_call_id() if chunk.custom else ids.function_call_id()
             call_id, name = chunk.call_id or ids.call_id(), chunk.name or ""
             if chunk.custom:
@@ -230,8 +291,29 @@ class OutputBuilder:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            arm = "custom_tool_call_input_delta" if call.kind == "custom_tool_call" else "function_call_arguments_delta"
+            if call.kind == "mcp_approval_request":
+                return  # sent whole when it closes
+            arm = _ARGUMENT_DELTAS.get(call.kind, "function_call_arguments_delta")
             _delta(events, arm, call, chunk.arguments)
+
+    def _mcp_open(self, chunk: ToolCallDelta, route: McpRoute, events: list[Emitted]) -> None:
+        """The model called an MCP tool: an `mcp_call` item (streamed), or an approval request."""
+        name = chunk.name or ""
+        if route.needs_approval:
+            call = _OpenItem(self._next_index, "mcp_approval_request", ids.new_id("mcpr"), name=name,
+                             server_label=route.server_label)  # fmt: skip
+            self._open[call.index] = call
+            self._next_index += 1
+        else:
+            item = items_pb2.Item()
+            mc = item.mcp_call
+            mc.id, mc.server_label, mc.name, mc.status = ids.new_id("mcp"), route.server_label, name, "in_progress"
+            call, added = self._add("mcp_call", mc.id, item)
+            call.name, call.server_label = name, route.server_label
+            events.append(added)
+        self._calls[chunk.index] = call
+        if chunk.arguments:
+            self._tool_delta(ToolCallDelta(index=chunk.index, arguments=chunk.arguments), events)
 
     def _close_one(self, open_item: _OpenItem) -> list[Event]:
         self._open.pop(open_item.index, None)
@@ -281,6 +363,22 @@ class OutputBuilder:
             d = done.reasoning_text_done
             d.item_id, d.output_index, d.content_index, d.text = o.item_id, o.index, 0, text
             events.append(done)
+        elif o.kind == "mcp_call":
+            mc = item.mcp_call
+            mc.id, mc.server_label, mc.name, mc.arguments, mc.status = o.item_id, o.server_label, o.name, text, "calling"
+            done = Event()
+            d = done.mcp_call_arguments_done
+            d.item_id, d.output_index, d.arguments = o.item_id, o.index, text
+            self._mcp_waiting.append((o.index, item))  # `output_item.done` once it has run
+            return [done]
+        elif o.kind == "mcp_approval_request":
+            ar = item.mcp_approval_request
+            ar.id, ar.server_label, ar.name, ar.arguments = o.item_id, o.server_label, o.name, text
+            self.approvals_requested += 1
+            added = Event()
+            added.output_item_added.output_index = o.index
+            added.output_item_added.item.CopyFrom(item)
+            events.append(added)
         elif o.kind == "custom_tool_call":
             item = custom_call_item(o.item_id, o.call_id, o.name, text, status)
             done = Event()
@@ -318,6 +416,9 @@ class OutputBuilder:
         done.output_item_done.item.CopyFrom(item)
         self._record(item, index)
         return index, [added, done]
+
+
+_ARGUMENT_DELTAS = {"custom_tool_call": "custom_tool_call_input_delta", "mcp_call": "mcp_call_arguments_delta"}
 
 
 def _delta(events: list[Emitted], arm: str, item: _OpenItem, text: str) -> Delta:

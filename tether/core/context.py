@@ -28,6 +28,7 @@ from tether.core.ratelimit import RateLimiter
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
+from tether.mcp.sessions import McpSessions
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import events_pb2
 
@@ -182,6 +183,7 @@ class TurnContext:
     memo: Memo
     services: TurnServices
     register: Callable[[Any], None]  # (the Turn)
+    mcp: McpSessions  # the connection's MCP sessions (tether.mcp.sessions), kept for its life
 
     async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
         """An in-band `error` event (counted); dropped when the connection is gone."""

@@ -129,7 +129,7 @@ class Delta:
             p.logprobs_json = self.logprobs_json
         if arm == "reasoning_summary_text_delta":
             p.summary_index = self.summary_index
-        elif arm not in ("function_call_arguments_delta", "custom_tool_call_input_delta"):
+        elif arm not in ("function_call_arguments_delta", "custom_tool_call_input_delta", "mcp_call_arguments_delta"):
             p.content_index = self.content_index
         return ev
 

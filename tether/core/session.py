@@ -39,6 +39,7 @@ from tether.core.outcome import Outcome, TurnControl
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
+from tether.mcp.sessions import McpSessions
 from tether.protocol.calls import call_of
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
@@ -108,6 +109,7 @@ class Session:
             memo=Memo(tenant, services),
             services=services,
             register=self._register,
+            mcp=McpSessions(services.config.mcp, on_count=services.telemetry.mcp_sessions),
         )
         self._lanes: dict[str, Lane] = {}
         self._active = asyncio.Semaphore(limits.max_active_responses)
@@ -172,6 +174,7 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes.values():
             self._drop_queued(lane)
+        await self.context.mcp.aclose()
         self.outbox.close()
         self.cache.clear()
         self._on_closed(self)

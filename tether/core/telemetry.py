@@ -49,6 +49,23 @@ class Telemetry(Protocol):
 
     def safety_finding(self, kind: str) -> None: ...
 
+    # -- remote MCP servers (labels are the create's server_label: the client's name for it)
+    def mcp_call(self, server_label: str, outcome: str, seconds: float) -> None:
+        """One MCP tools/call (`outcome`: ok | tool_error | timeout | failed | refused | too_large)."""
+        ...
+
+    def mcp_listing(self, server_label: str, outcome: str, seconds: float) -> None:
+        """One tool listing (`outcome`: listed | reused (the connection's session had the list) | failed)."""
+        ...
+
+    def mcp_sessions(self, delta: int) -> None:
+        """MCP sessions opened (+1) or closed (-1): the gauge of sessions open."""
+        ...
+
+    def mcp_approval(self, event: str) -> None:
+        """An approval `requested`, `approved` or `denied`."""
+        ...
+
     # -- state
     def cache_lookup(self, *, hit: bool) -> None: ...
     def cache_eviction(self, reason: str) -> None: ...

@@ -10,7 +10,9 @@ from contextlib import contextmanager
 # `render_overlapped` is tokenising the new input while the backend computes its first token
 # (when only `usage` needs the count): it is inside the backend's wait, not overhead, unless the
 # backend was ready before it ended.
-STAGES = ("resolve", "validate", "classify", "render", "route", "backend", "render_overlapped", "emit", "finalize")
+# `mcp` is the time spent on remote MCP servers (opening a session, listing, calling: tether.core.mcp).
+STAGES = ("resolve", "validate", "classify", "render", "route", "backend", "render_overlapped", "mcp", "emit",
+          "finalize")  # fmt: skip
 
 
 class StageClock:

@@ -41,6 +41,7 @@ from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.lane import Lane
+from tether.core.mcp import McpLoop, check_approval_responses, redacted_tools
 from tether.core.outbox import Delta
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
@@ -155,6 +156,7 @@ class Turn:
         self.output_cap: OutputCap | None = None  # while generating: the output cap Tether enforces
         self.deadline = 0.0  # loop time by which the generation must end (`limits.max_turn_s`)
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
+        self.mcp: McpLoop | None = None  # the create names remote MCP servers (tether.core.mcp)
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -214,6 +216,8 @@ class Turn:
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
+            if self.params.tools:
+                self.mcp = McpLoop.of(self.params, self.services.config.mcp)
             # `prompt`: the template into instructions and input, its expansion bounded
             self.services.config.prompts.apply(self.params, self.ctx.tenant, self.services.limits.max_request_bytes)
 
@@ -231,6 +235,8 @@ class Turn:
         new_items = self._new_items()
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
+            if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
+                check_approval_responses(new_items, parent_node.items() if parent_node else ())
         return new_items
 
     def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
@@ -359,7 +365,7 @@ class Turn:
         if p.HasField("prompt"):
             r.prompt.CopyFrom(p.prompt)
         r.top_logprobs = p.top_logprobs
-        r.tools.extend(p.tools)
+        r.tools.extend(redacted_tools(p.tools) if self.mcp else p.tools)  # MCP credentials are never echoed
         if p.HasField("tool_choice"):
             r.tool_choice.CopyFrom(p.tool_choice)
         else:
@@ -381,12 +387,13 @@ class Turn:
         p = self.params
         # Asked for log probabilities without a cap: the cap their volume allows (limits.max_logprobs).
         cap = p.max_output_tokens if p.HasField("max_output_tokens") else validate.logprobs_output_cap(p, self.services.limits)
+        tool_choice = p.tool_choice if p.HasField("tool_choice") else None
         return BackendRequest(
             model=route.upstream_model,
             instructions=p.instructions if p.HasField("instructions") else None,
             items=items,
-            tools=list(p.tools),
-            tool_choice=p.tool_choice if p.HasField("tool_choice") else None,
+            tools=self.mcp.backend_tools(p.tools, with_mcp=False) if self.mcp else list(p.tools),
+            tool_choice=self.mcp.tool_choice(tool_choice, first=True) if self.mcp else tool_choice,
             parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
             max_output_tokens=cap,
             temperature=p.temperature if p.HasField("temperature") else None,
@@ -503,7 +510,10 @@ class Turn:
 
     async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
         """The backend calls of this turn: one, tokenising the new input while the backend
-        computes its first token when nothing before needed the count. Returns how it stopped."""
+        computes its first token when nothing before needed the count; with remote MCP servers,
+        the MCP loop's calls (`tether.core.mcp`). Returns how it stopped."""
+        if self.mcp is not None:
+            return await self.mcp.steps(self, prepared, builder)
         request = prepared.request
 
         def render_while_waiting() -> None:

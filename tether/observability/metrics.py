@@ -130,6 +130,19 @@ class Metrics:
         self.loop_lag_max = Gauge(
             "tether_event_loop_lag_max_seconds", "The longest loop lag since the previous scrape", registry=r
         )
+        # Remote MCP servers (tether/mcp, docs/mcp.md); `server` is the create's server_label.
+        self.mcp_calls = Counter("tether_mcp_calls", "MCP tool calls by server label and outcome",
+                                 ["server", "outcome"], registry=r)  # fmt: skip
+        self.mcp_call_seconds = Histogram("tether_mcp_call_seconds", "Latency of MCP tool calls", ["server"],
+                                          buckets=_STAGE_BUCKETS, registry=r)  # fmt: skip
+        self.mcp_listings = Counter("tether_mcp_listings", "MCP tool listings by server label and outcome",
+                                    ["server", "outcome"], registry=r)  # fmt: skip
+        self.mcp_sessions_open = Gauge("tether_mcp_sessions_open", "MCP sessions open (kept per connection)",
+                                       registry=r)  # fmt: skip
+        self.mcp_approvals = Counter("tether_mcp_approvals", "MCP approvals: requested, approved, denied",
+                                     ["event"], registry=r)  # fmt: skip
+        for event in ("requested", "approved", "denied"):
+            self.mcp_approvals.labels(event)
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
         _event_loop_info(r)
@@ -252,6 +265,19 @@ class Metrics:
 
     def safety_finding(self, kind: str) -> None:
         self.safety_findings.labels(kind).inc()
+
+    def mcp_call(self, server_label: str, outcome: str, seconds: float) -> None:
+        self.mcp_calls.labels(server_label, outcome).inc()
+        self.mcp_call_seconds.labels(server_label).observe(seconds)
+
+    def mcp_listing(self, server_label: str, outcome: str, seconds: float) -> None:
+        self.mcp_listings.labels(server_label, outcome).inc()
+
+    def mcp_sessions(self, delta: int) -> None:
+        self.mcp_sessions_open.inc(delta)
+
+    def mcp_approval(self, event: str) -> None:
+        self.mcp_approvals.labels(event).inc()
 
 
 class BridgeMetrics:

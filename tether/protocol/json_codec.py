@@ -352,6 +352,8 @@ class _Json(_Field):
 
     def emit(self, name: str, ns: dict) -> list[str]:
         k, a = repr(self.key), self.attr
+        if self.policy == NULLABLE:
+            return [f"v = m.{a}", f"out[{k}] = loads(v) if v else None"]
         if self.policy != ALWAYS:
             return [f"v = m.{a}", f"if v: out[{k}] = loads(v)"]
         empty = "None" if self.shape is None else repr(self.shape())
@@ -672,6 +674,17 @@ def _text_parts(part_type: str, attr: str, policy: int) -> _Custom:
     return _Custom(attr, dec, enc, policy)
 
 
+# One tool of an `mcp_list_tools` item.
+_MCP_TOOL_INFO = _Codec(
+    items_pb2.McpToolInfo,
+    _Scalar("name"),
+    _Scalar("description", NULLABLE),
+    _Json("input_schema", "input_schema_json", dict),
+    _Json("annotations", "annotations_json", dict, NULLABLE),
+    skip=(),
+)
+
+
 def _infer_item_type(d: dict) -> str:
     """Items may omit `type`: `{"role","content"}` is a message, `{"id"}` an item reference."""
     if "role" in d:
@@ -739,6 +752,38 @@ _ITEM = _Union(
             _Scalar("created_by", NONEMPTY),
         ),
         "item_reference": _Codec(items_pb2.ItemReference, _Scalar("id", NONEMPTY)),
+        "mcp_list_tools": _Codec(
+            items_pb2.McpListTools,
+            _Scalar("id", NONEMPTY),
+            _Scalar("server_label"),
+            _List("tools", lambda m, v, p: _MCP_TOOL_INFO.decode_into(v, m, p), lambda t: _MCP_TOOL_INFO.encode(t, {})),
+            _Scalar("error", NULLABLE),
+        ),
+        "mcp_call": _Codec(
+            items_pb2.McpCall,
+            _Scalar("id", NONEMPTY),
+            _Scalar("server_label"),
+            _Scalar("name"),
+            _Scalar("arguments"),
+            _Scalar("output", NULLABLE),
+            _Json("error", "error_json", dict, NULLABLE),
+            _Scalar("status", NONEMPTY),
+            _Scalar("approval_request_id", NULLABLE),
+        ),
+        "mcp_approval_request": _Codec(
+            items_pb2.McpApprovalRequest,
+            _Scalar("id", NONEMPTY),
+            _Scalar("server_label"),
+            _Scalar("name"),
+            _Scalar("arguments"),
+        ),
+        "mcp_approval_response": _Codec(
+            items_pb2.McpApprovalResponse,
+            _Scalar("id", NONEMPTY),
+            _Scalar("approval_request_id"),
+            _Scalar("approve"),
+            _Scalar("reason", NULLABLE),
+        ),
     },
     infer=_infer_item_type,
 )
@@ -763,6 +808,54 @@ def _items_field(key: str, policy: int = ALWAYS, attr: str | None = None) -> _Li
 # The create body.
 # ---------------------------------------------------------------------------------------------
 
+_MCP_FILTER = _Codec(request_pb2.McpToolFilter, _Scalar("tool_names", NONEMPTY), _Scalar("read_only", OPTIONAL))
+
+
+def _mcp_allowed_dec(msg: request_pb2.McpTool, value: Any, path: str) -> bool:
+    """`allowed_tools`: a list of tool names, or `{"tool_names": [...], "read_only": bool}`."""
+    if isinstance(value, list):
+        if not _is_str_list(value):
+            raise _type_error(path, "an array of strings", value)
+        msg.allowed_names.names.extend(value)
+        return True
+    if not isinstance(value, dict):
+        raise _type_error(path, "one of an array of tool names or a filter object", value)
+    msg.allowed_filter.SetInParent()
+    return _MCP_FILTER.decode_into(value, msg.allowed_filter, path)
+
+
+def _mcp_allowed_enc(msg: request_pb2.McpTool, out: dict) -> None:
+    arm = msg.WhichOneof("allowed")
+    if arm == "allowed_names":
+        out["allowed_tools"] = list(msg.allowed_names.names)
+    elif arm == "allowed_filter":
+        out["allowed_tools"] = _MCP_FILTER.encode(msg.allowed_filter, {})
+
+
+_MCP_APPROVAL_FILTER = _Codec(
+    request_pb2.McpApprovalFilter, _Sub("always", _MCP_FILTER), _Sub("never", _MCP_FILTER), skip=()
+)
+
+
+def _mcp_approval_dec(msg: request_pb2.McpTool, value: Any, path: str) -> bool:
+    """`require_approval`: "always" | "never", or `{"always": filter, "never": filter}`."""
+    if type(value) is str:
+        msg.approval_mode = value
+        return True
+    if not isinstance(value, dict):
+        raise _type_error(path, "one of a string or an approval filter object", value)
+    msg.approval_filter.SetInParent()
+    return _MCP_APPROVAL_FILTER.decode_into(value, msg.approval_filter, path)
+
+
+def _mcp_approval_enc(msg: request_pb2.McpTool, out: dict) -> None:
+    arm = msg.WhichOneof("approval")
+    if arm == "approval_mode":
+        out["require_approval"] = msg.approval_mode
+    elif arm == "approval_filter":
+        out["require_approval"] = _MCP_APPROVAL_FILTER.encode(msg.approval_filter, {})
+
+
 _TOOL = _Union(
     "tool",
     {
@@ -772,6 +865,17 @@ _TOOL = _Union(
             _Scalar("description", OPTIONAL),
             _Json("parameters", "parameters_json", dict, NONEMPTY),
             _Scalar("strict", OPTIONAL),
+        ),
+        "mcp": _Codec(
+            request_pb2.McpTool,
+            _Scalar("server_label", NONEMPTY),
+            _Scalar("server_url", OPTIONAL),
+            _Scalar("server_description", OPTIONAL),
+            _Scalar("headers", NONEMPTY),
+            _Scalar("authorization", OPTIONAL),
+            _Custom("allowed_tools", _mcp_allowed_dec, _mcp_allowed_enc),
+            _Custom("require_approval", _mcp_approval_dec, _mcp_approval_enc),
+            _Scalar("connector_id", OPTIONAL),
         ),
     },
 )
@@ -1224,6 +1328,8 @@ def _steer_failed_error_enc(m: events_pb2.SteerFailedEvent, out: dict) -> None:
 
 _STEER_SUB = _Sub("steer", _STEER_REF, ALWAYS)
 
+_MCP_ITEM_EVENT = _Codec(events_pb2.McpItemEvent, _Scalar("item_id"), _Scalar("output_index"))
+
 # oneof arm -> (JSON type, codec). The one table that names every modelled event.
 _EVENT_ARMS: dict[str, tuple[str, _Codec | None]] = {
     "created": ("response.created", _RESPONSE_EVENT),
@@ -1311,6 +1417,29 @@ _EVENT_ARMS: dict[str, tuple[str, _Codec | None]] = {
         "response.compaction.compacting",
         _Codec(events_pb2.CompactionCompactingEvent, _Scalar("item_id"), _Scalar("output_index")),
     ),
+    "mcp_call_arguments_delta": (
+        "response.mcp_call_arguments.delta",
+        _Codec(
+            events_pb2.FunctionCallArgumentsDeltaEvent,
+            _Scalar("item_id"),
+            _Scalar("output_index"),
+            _Scalar("delta"),
+        ),
+    ),
+    "mcp_call_arguments_done": (
+        "response.mcp_call_arguments.done",
+        _Codec(
+            events_pb2.McpCallArgumentsDoneEvent,
+            _Scalar("item_id"),
+            _Scalar("output_index"),
+            _Scalar("arguments"),
+        ),
+    ),
+    **{
+        f"mcp_{what}_{stage}": (f"response.mcp_{what}.{stage}", _MCP_ITEM_EVENT)
+        for what in ("call", "list_tools")
+        for stage in ("in_progress", "completed", "failed")
+    },
     "error": ("error", None),  # transport-dependent shape: `_error_event_json`
     "steer_accepted": ("response.steer.accepted", _Codec(events_pb2.SteerAcceptedEvent, _STEER_SUB)),
     "steer_pending": (

@@ -51,6 +51,7 @@ DELTA_ARMS = frozenset(
         "reasoning_text_delta",
         "function_call_arguments_delta",
         "custom_tool_call_input_delta",
+        "mcp_call_arguments_delta",
         "reasoning_summary_text_delta",
     }
 )

@@ -23,6 +23,7 @@ from tether.backends.chat.dialects import Dialect, reasoning_controls
 from tether.backends.chat.schema import reduce_schema
 from tether.compaction_codec import decode_summary
 from tether.errors import TetherError
+from tether.protocol.json_codec import item_to_json
 from tether.responses.v1 import items_pb2, request_pb2
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,6 @@ _HOSTED_CALLS: dict[str, tuple[str, ...]] = {
     "web_search_call": ("action",),
     "file_search_call": ("queries",),
     "code_interpreter_call": ("code", "container_id"),
-    "mcp_call": ("server_label", "arguments"),
     "mcp_list_tools": ("server_label",),
 }
 _BOOKKEEPING = frozenset({"type", "id", "call_id", "status", "name"})
@@ -189,12 +189,6 @@ def _other_as_chat(item: items_pb2.OtherItem, param: str) -> tuple[Call | None, 
     if kind in _HOSTED_CALLS:
         inputs = {k: obj[k] for k in _HOSTED_CALLS[kind] if k in obj}
         name = kind.removesuffix("_call")
-        if kind == "mcp_call":  # the MCP tool's own name; its arguments as JSON, not JSON text
-            name = str(obj.get("name") or name)
-            try:
-                inputs["arguments"] = orjson.loads(obj.get("arguments") or "{}")
-            except (orjson.JSONDecodeError, TypeError):
-                pass
         result = {k: v for k, v in obj.items() if k not in _BOOKKEEPING and k not in inputs}
         if "status" in obj:
             result["status"] = obj["status"]
@@ -208,6 +202,15 @@ def _other_as_chat(item: items_pb2.OtherItem, param: str) -> tuple[Call | None, 
         return None, (str(obj.get("approval_request_id", "")), verdict)
     raise _invalid(f"{param}: an item of type {kind!r} cannot be put into this backend's context", param,
                    errors.UNSUPPORTED)
+
+
+_MCP_ARMS = frozenset({"mcp_list_tools", "mcp_approval_request", "mcp_approval_response"})
+
+
+def _as_other(item: items_pb2.Item) -> items_pb2.OtherItem:
+    """A modelled MCP item as the `OtherItem` (its JSON) that `_other_as_chat` reads."""
+    obj = item_to_json(item)
+    return items_pb2.OtherItem(type=obj["type"], json=orjson.dumps(obj).decode())
 
 
 def _custom_input(item: items_pb2.OtherItem) -> str | None:
@@ -284,6 +287,16 @@ def to_chat_messages(
         elif arm == "function_call_output":
             out = item.function_call_output
             add_output(out.call_id, _tool_output_text(out))
+        elif arm == "mcp_call":  # a call Tether made: the model's call as generated, then its result
+            mc = item.mcp_call
+            add_call(mc.id, mc.name, mc.arguments or "{}")
+            add_output(mc.id, mc.output if mc.HasField("output") else f"error: {mc.error_json or 'no output'}")
+        elif arm in _MCP_ARMS:
+            call, output = _other_as_chat(_as_other(item), param)
+            if call is not None:
+                add_call(*call)
+            if output is not None:
+                add_output(*output)
         elif arm == "other":
             call, output = _other_as_chat(item.other, param)
             if call is not None:

@@ -61,6 +61,14 @@ class ServerEvent(_message.Message):
     STEER_ACCEPTED_FIELD_NUMBER: _builtins.int
     STEER_PENDING_FIELD_NUMBER: _builtins.int
     STEER_FAILED_FIELD_NUMBER: _builtins.int
+    MCP_CALL_ARGUMENTS_DELTA_FIELD_NUMBER: _builtins.int
+    MCP_CALL_ARGUMENTS_DONE_FIELD_NUMBER: _builtins.int
+    MCP_CALL_IN_PROGRESS_FIELD_NUMBER: _builtins.int
+    MCP_CALL_COMPLETED_FIELD_NUMBER: _builtins.int
+    MCP_CALL_FAILED_FIELD_NUMBER: _builtins.int
+    MCP_LIST_TOOLS_IN_PROGRESS_FIELD_NUMBER: _builtins.int
+    MCP_LIST_TOOLS_COMPLETED_FIELD_NUMBER: _builtins.int
+    MCP_LIST_TOOLS_FAILED_FIELD_NUMBER: _builtins.int
     OTHER_FIELD_NUMBER: _builtins.int
     sequence_number: _builtins.int
     """Per-response counter starting at 0 (connection-scoped `error` events carry 0)."""
@@ -127,6 +135,28 @@ class ServerEvent(_message.Message):
     @_builtins.property
     def steer_failed(self) -> Global___SteerFailedEvent: ...
     @_builtins.property
+    def mcp_call_arguments_delta(self) -> Global___FunctionCallArgumentsDeltaEvent:
+        """mcp_call_arguments.delta / .done: the model generating an MCP tool call's arguments."""
+
+    @_builtins.property
+    def mcp_call_arguments_done(self) -> Global___McpCallArgumentsDoneEvent: ...
+    @_builtins.property
+    def mcp_call_in_progress(self) -> Global___McpItemEvent:
+        """mcp_call.in_progress / .completed / .failed: Tether calling the MCP server."""
+
+    @_builtins.property
+    def mcp_call_completed(self) -> Global___McpItemEvent: ...
+    @_builtins.property
+    def mcp_call_failed(self) -> Global___McpItemEvent: ...
+    @_builtins.property
+    def mcp_list_tools_in_progress(self) -> Global___McpItemEvent:
+        """mcp_list_tools.in_progress / .completed / .failed: Tether listing an MCP server's tools."""
+
+    @_builtins.property
+    def mcp_list_tools_completed(self) -> Global___McpItemEvent: ...
+    @_builtins.property
+    def mcp_list_tools_failed(self) -> Global___McpItemEvent: ...
+    @_builtins.property
     def other(self) -> _items_pb2.OtherJson:
         """An event type this schema does not model, kept whole (JSON object text)."""
 
@@ -165,13 +195,21 @@ class ServerEvent(_message.Message):
         steer_accepted: Global___SteerAcceptedEvent | None = ...,
         steer_pending: Global___SteerPendingEvent | None = ...,
         steer_failed: Global___SteerFailedEvent | None = ...,
+        mcp_call_arguments_delta: Global___FunctionCallArgumentsDeltaEvent | None = ...,
+        mcp_call_arguments_done: Global___McpCallArgumentsDoneEvent | None = ...,
+        mcp_call_in_progress: Global___McpItemEvent | None = ...,
+        mcp_call_completed: Global___McpItemEvent | None = ...,
+        mcp_call_failed: Global___McpItemEvent | None = ...,
+        mcp_list_tools_in_progress: Global___McpItemEvent | None = ...,
+        mcp_list_tools_completed: Global___McpItemEvent | None = ...,
+        mcp_list_tools_failed: Global___McpItemEvent | None = ...,
         other: _items_pb2.OtherJson | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "custom_tool_call_input_delta", "custom_tool_call_input_done", "error", "steer_accepted", "steer_pending", "steer_failed", "other"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "custom_tool_call_input_delta", "custom_tool_call_input_done", "error", "steer_accepted", "steer_pending", "steer_failed", "mcp_call_arguments_delta", "mcp_call_arguments_done", "mcp_call_in_progress", "mcp_call_completed", "mcp_call_failed", "mcp_list_tools_in_progress", "mcp_list_tools_completed", "mcp_list_tools_failed", "other"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -383,6 +421,57 @@ class FunctionCallArgumentsDoneEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FunctionCallArgumentsDoneEvent: _TypeAlias = FunctionCallArgumentsDoneEvent  # noqa: Y015
+
+@_typing.final
+class McpCallArgumentsDoneEvent(_message.Message):
+    """mcp_call_arguments.done: the call's whole arguments."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    output_index: _builtins.int
+    arguments: _builtins.str
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        output_index: _builtins.int = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "item_id", b"item_id", "output_index", b"output_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpCallArgumentsDoneEvent: _TypeAlias = McpCallArgumentsDoneEvent  # noqa: Y015
+
+@_typing.final
+class McpItemEvent(_message.Message):
+    """The mcp_call.* and mcp_list_tools.* progress events: which item they are about."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEM_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_INDEX_FIELD_NUMBER: _builtins.int
+    item_id: _builtins.str
+    output_index: _builtins.int
+    def __init__(
+        self,
+        *,
+        item_id: _builtins.str = ...,
+        output_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_id", b"item_id", "output_index", b"output_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpItemEvent: _TypeAlias = McpItemEvent  # noqa: Y015
 
 @_typing.final
 class CustomToolCallInputDeltaEvent(_message.Message):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftether/responses/v1/items.proto\x12\x13tether.responses.v1\"\xbb\x03\n\x04Item\x12/\n\x07message\x18\x01 \x01(\x0b\x32\x1c.tether.responses.v1.MessageH\x00\x12:\n\rfunction_call\x18\x02 \x01(\x0b\x32!.tether.responses.v1.FunctionCallH\x00\x12G\n\x14\x66unction_call_output\x18\x03 \x01(\x0b\x32\'.tether.responses.v1.FunctionCallOutputH\x00\x12\x37\n\treasoning\x18\x04 \x01(\x0b\x32\".tether.responses.v1.ReasoningItemH\x00\x12\x39\n\ncompaction\x18\x05 \x01(\x0b\x32#.tether.responses.v1.CompactionItemH\x00\x12<\n\x0eitem_reference\x18\x06 \x01(\x0b\x32\".tether.responses.v1.ItemReferenceH\x00\x12/\n\x05other\x18\x0f \x01(\x0b\x32\x1e.tether.responses.v1.OtherItemH\x00\x12\x12\n\nextra_json\x18\x10 \x01(\tB\x06\n\x04item\"\xa1\x01\n\x07Message\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x31\n\x07\x63ontent\x18\x04 \x03(\x0b\x32 .tether.responses.v1.ContentPart\x12\x19\n\x0c\x63ontent_text\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05phase\x18\x06 \x01(\tB\x0f\n\r_content_text\"\xe7\x02\n\x0b\x43ontentPart\x12\x34\n\ninput_text\x18\x01 \x01(\x0b\x32\x1e.tether.responses.v1.InputTextH\x00\x12\x36\n\x0boutput_text\x18\x02 \x01(\x0b\x32\x1f.tether.responses.v1.OutputTextH\x00\x12\x36\n\x0binput_image\x18\x03 \x01(\x0b\x32\x1f.tether.responses.v1.InputImageH\x00\x12\x34\n\ninput_file\x18\x04 \x01(\x0b\x32\x1e.tether.responses.v1.InputFileH\x00\x12/\n\x07refusal\x18\x05 \x01(\x0b\x32\x1c.tether.responses.v1.RefusalH\x00\x12/\n\x05other\x18\x0f \x01(\x0b\x32\x1e.tether.responses.v1.OtherJsonH\x00\x12\x12\n\nextra_json\x18\x10 \x01(\tB\x06\n\x04part\"\x19\n\tInputText\x12\x0c\n\x04text\x18\x01 \x01(\t\"K\n\nOutputText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\x02 \x01(\t\x12\x15\n\rlogprobs_json\x18\x03 \x01(\t\"d\n\nInputImage\x12\x16\n\timage_url\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07\x66ile_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\tB\x0c\n\n_image_urlB\n\n\x08_file_id\"\x9b\x01\n\tInputFile\x12\x14\n\x07\x66ile_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x16\n\tfile_data\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08\x66ilename\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x15\n\x08\x66ile_url\x18\x04 \x01(\tH\x03\x88\x01\x01\x42\n\n\x08_file_idB\x0c\n\n_file_dataB\x0b\n\t_filenameB\x0b\n\t_file_url\"\x1a\n\x07Refusal\x12\x0f\n\x07refusal\x18\x01 \x01(\t\"\'\n\tOtherJson\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"\\\n\x0c\x46unctionCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\"y\n\x12\x46unctionCallOutput\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x15\n\x0boutput_text\x18\x03 \x01(\tH\x00\x12\x15\n\x0boutput_json\x18\x04 \x01(\tH\x00\x12\x0e\n\x06status\x18\x05 \x01(\tB\x08\n\x06output\"\x83\x01\n\rReasoningItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x03(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x03(\t\x12\x1e\n\x11\x65ncrypted_content\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06status\x18\x05 \x01(\tB\x14\n\x12_encrypted_content\"K\n\x0e\x43ompactionItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x19\n\x11\x65ncrypted_content\x18\x02 \x01(\t\x12\x12\n\ncreated_by\x18\x03 \x01(\t\"\x1b\n\rItemReference\x12\n\n\x02id\x18\x01 \x01(\t\"\'\n\tOtherItem\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftether/responses/v1/items.proto\x12\x13tether.responses.v1\"\xbe\x05\n\x04Item\x12/\n\x07message\x18\x01 \x01(\x0b\x32\x1c.tether.responses.v1.MessageH\x00\x12:\n\rfunction_call\x18\x02 \x01(\x0b\x32!.tether.responses.v1.FunctionCallH\x00\x12G\n\x14\x66unction_call_output\x18\x03 \x01(\x0b\x32\'.tether.responses.v1.FunctionCallOutputH\x00\x12\x37\n\treasoning\x18\x04 \x01(\x0b\x32\".tether.responses.v1.ReasoningItemH\x00\x12\x39\n\ncompaction\x18\x05 \x01(\x0b\x32#.tether.responses.v1.CompactionItemH\x00\x12<\n\x0eitem_reference\x18\x06 \x01(\x0b\x32\".tether.responses.v1.ItemReferenceH\x00\x12;\n\x0emcp_list_tools\x18\x07 \x01(\x0b\x32!.tether.responses.v1.McpListToolsH\x00\x12\x30\n\x08mcp_call\x18\x08 \x01(\x0b\x32\x1c.tether.responses.v1.McpCallH\x00\x12G\n\x14mcp_approval_request\x18\t \x01(\x0b\x32\'.tether.responses.v1.McpApprovalRequestH\x00\x12I\n\x15mcp_approval_response\x18\n \x01(\x0b\x32(.tether.responses.v1.McpApprovalResponseH\x00\x12/\n\x05other\x18\x0f \x01(\x0b\x32\x1e.tether.responses.v1.OtherItemH\x00\x12\x12\n\nextra_json\x18\x10 \x01(\tB\x06\n\x04item\"\xa1\x01\n\x07Message\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x31\n\x07\x63ontent\x18\x04 \x03(\x0b\x32 .tether.responses.v1.ContentPart\x12\x19\n\x0c\x63ontent_text\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\r\n\x05phase\x18\x06 \x01(\tB\x0f\n\r_content_text\"\xe7\x02\n\x0b\x43ontentPart\x12\x34\n\ninput_text\x18\x01 \x01(\x0b\x32\x1e.tether.responses.v1.InputTextH\x00\x12\x36\n\x0boutput_text\x18\x02 \x01(\x0b\x32\x1f.tether.responses.v1.OutputTextH\x00\x12\x36\n\x0binput_image\x18\x03 \x01(\x0b\x32\x1f.tether.responses.v1.InputImageH\x00\x12\x34\n\ninput_file\x18\x04 \x01(\x0b\x32\x1e.tether.responses.v1.InputFileH\x00\x12/\n\x07refusal\x18\x05 \x01(\x0b\x32\x1c.tether.responses.v1.RefusalH\x00\x12/\n\x05other\x18\x0f \x01(\x0b\x32\x1e.tether.responses.v1.OtherJsonH\x00\x12\x12\n\nextra_json\x18\x10 \x01(\tB\x06\n\x04part\"\x19\n\tInputText\x12\x0c\n\x04text\x18\x01 \x01(\t\"K\n\nOutputText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\x02 \x01(\t\x12\x15\n\rlogprobs_json\x18\x03 \x01(\t\"d\n\nInputImage\x12\x16\n\timage_url\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07\x66ile_id\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\tB\x0c\n\n_image_urlB\n\n\x08_file_id\"\x9b\x01\n\tInputFile\x12\x14\n\x07\x66ile_id\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x16\n\tfile_data\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08\x66ilename\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x15\n\x08\x66ile_url\x18\x04 \x01(\tH\x03\x88\x01\x01\x42\n\n\x08_file_idB\x0c\n\n_file_dataB\x0b\n\t_filenameB\x0b\n\t_file_url\"\x1a\n\x07Refusal\x12\x0f\n\x07refusal\x18\x01 \x01(\t\"\'\n\tOtherJson\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"\\\n\x0c\x46unctionCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\x12\x0e\n\x06status\x18\x05 \x01(\t\"y\n\x12\x46unctionCallOutput\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x02 \x01(\t\x12\x15\n\x0boutput_text\x18\x03 \x01(\tH\x00\x12\x15\n\x0boutput_json\x18\x04 \x01(\tH\x00\x12\x0e\n\x06status\x18\x05 \x01(\tB\x08\n\x06output\"\x83\x01\n\rReasoningItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x03(\t\x12\x0f\n\x07\x63ontent\x18\x03 \x03(\t\x12\x1e\n\x11\x65ncrypted_content\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06status\x18\x05 \x01(\tB\x14\n\x12_encrypted_content\"K\n\x0e\x43ompactionItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\x19\n\x11\x65ncrypted_content\x18\x02 \x01(\t\x12\x12\n\ncreated_by\x18\x03 \x01(\t\"\x1b\n\rItemReference\x12\n\n\x02id\x18\x01 \x01(\t\"\'\n\tOtherItem\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04json\x18\x02 \x01(\t\"\x7f\n\x0cMcpListTools\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cserver_label\x18\x02 \x01(\t\x12/\n\x05tools\x18\x03 \x03(\x0b\x32 .tether.responses.v1.McpToolInfo\x12\x12\n\x05\x65rror\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_error\"\x8e\x01\n\x0bMcpToolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x0b\x64\x65scription\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\x04 \x01(\t\x12\x12\n\nextra_json\x18\x10 \x01(\tB\x0e\n\x0c_description\"\xca\x01\n\x07McpCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cserver_label\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\x12\x13\n\x06output\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x12\n\nerror_json\x18\x06 \x01(\t\x12\x0e\n\x06status\x18\x07 \x01(\t\x12 \n\x13\x61pproval_request_id\x18\x08 \x01(\tH\x01\x88\x01\x01\x42\t\n\x07_outputB\x16\n\x14_approval_request_id\"W\n\x12McpApprovalRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0cserver_label\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"o\n\x13McpApprovalResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1b\n\x13\x61pproval_request_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61pprove\x18\x03 \x01(\x08\x12\x13\n\x06reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\t\n\x07_reasonb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,33 +32,43 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tether.responses.v1.items_p
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ITEM']._serialized_start=57
-  _globals['_ITEM']._serialized_end=500
-  _globals['_MESSAGE']._serialized_start=503
-  _globals['_MESSAGE']._serialized_end=664
-  _globals['_CONTENTPART']._serialized_start=667
-  _globals['_CONTENTPART']._serialized_end=1026
-  _globals['_INPUTTEXT']._serialized_start=1028
-  _globals['_INPUTTEXT']._serialized_end=1053
-  _globals['_OUTPUTTEXT']._serialized_start=1055
-  _globals['_OUTPUTTEXT']._serialized_end=1130
-  _globals['_INPUTIMAGE']._serialized_start=1132
-  _globals['_INPUTIMAGE']._serialized_end=1232
-  _globals['_INPUTFILE']._serialized_start=1235
-  _globals['_INPUTFILE']._serialized_end=1390
-  _globals['_REFUSAL']._serialized_start=1392
-  _globals['_REFUSAL']._serialized_end=1418
-  _globals['_OTHERJSON']._serialized_start=1420
-  _globals['_OTHERJSON']._serialized_end=1459
-  _globals['_FUNCTIONCALL']._serialized_start=1461
-  _globals['_FUNCTIONCALL']._serialized_end=1553
-  _globals['_FUNCTIONCALLOUTPUT']._serialized_start=1555
-  _globals['_FUNCTIONCALLOUTPUT']._serialized_end=1676
-  _globals['_REASONINGITEM']._serialized_start=1679
-  _globals['_REASONINGITEM']._serialized_end=1810
-  _globals['_COMPACTIONITEM']._serialized_start=1812
-  _globals['_COMPACTIONITEM']._serialized_end=1887
-  _globals['_ITEMREFERENCE']._serialized_start=1889
-  _globals['_ITEMREFERENCE']._serialized_end=1916
-  _globals['_OTHERITEM']._serialized_start=1918
-  _globals['_OTHERITEM']._serialized_end=1957
+  _globals['_ITEM']._serialized_end=759
+  _globals['_MESSAGE']._serialized_start=762
+  _globals['_MESSAGE']._serialized_end=923
+  _globals['_CONTENTPART']._serialized_start=926
+  _globals['_CONTENTPART']._serialized_end=1285
+  _globals['_INPUTTEXT']._serialized_start=1287
+  _globals['_INPUTTEXT']._serialized_end=1312
+  _globals['_OUTPUTTEXT']._serialized_start=1314
+  _globals['_OUTPUTTEXT']._serialized_end=1389
+  _globals['_INPUTIMAGE']._serialized_start=1391
+  _globals['_INPUTIMAGE']._serialized_end=1491
+  _globals['_INPUTFILE']._serialized_start=1494
+  _globals['_INPUTFILE']._serialized_end=1649
+  _globals['_REFUSAL']._serialized_start=1651
+  _globals['_REFUSAL']._serialized_end=1677
+  _globals['_OTHERJSON']._serialized_start=1679
+  _globals['_OTHERJSON']._serialized_end=1718
+  _globals['_FUNCTIONCALL']._serialized_start=1720
+  _globals['_FUNCTIONCALL']._serialized_end=1812
+  _globals['_FUNCTIONCALLOUTPUT']._serialized_start=1814
+  _globals['_FUNCTIONCALLOUTPUT']._serialized_end=1935
+  _globals['_REASONINGITEM']._serialized_start=1938
+  _globals['_REASONINGITEM']._serialized_end=2069
+  _globals['_COMPACTIONITEM']._serialized_start=2071
+  _globals['_COMPACTIONITEM']._serialized_end=2146
+  _globals['_ITEMREFERENCE']._serialized_start=2148
+  _globals['_ITEMREFERENCE']._serialized_end=2175
+  _globals['_OTHERITEM']._serialized_start=2177
+  _globals['_OTHERITEM']._serialized_end=2216
+  _globals['_MCPLISTTOOLS']._serialized_start=2218
+  _globals['_MCPLISTTOOLS']._serialized_end=2345
+  _globals['_MCPTOOLINFO']._serialized_start=2348
+  _globals['_MCPTOOLINFO']._serialized_end=2490
+  _globals['_MCPCALL']._serialized_start=2493
+  _globals['_MCPCALL']._serialized_end=2695
+  _globals['_MCPAPPROVALREQUEST']._serialized_start=2697
+  _globals['_MCPAPPROVALREQUEST']._serialized_end=2784
+  _globals['_MCPAPPROVALRESPONSE']._serialized_start=2786
+  _globals['_MCPAPPROVALRESPONSE']._serialized_end=2897
 # @@protoc_insertion_point(module_scope)

@@ -38,6 +38,10 @@ class Item(_message.Message):
     REASONING_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
     ITEM_REFERENCE_FIELD_NUMBER: _builtins.int
+    MCP_LIST_TOOLS_FIELD_NUMBER: _builtins.int
+    MCP_CALL_FIELD_NUMBER: _builtins.int
+    MCP_APPROVAL_REQUEST_FIELD_NUMBER: _builtins.int
+    MCP_APPROVAL_RESPONSE_FIELD_NUMBER: _builtins.int
     OTHER_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
     extra_json: _builtins.str
@@ -55,6 +59,14 @@ class Item(_message.Message):
     @_builtins.property
     def item_reference(self) -> Global___ItemReference: ...
     @_builtins.property
+    def mcp_list_tools(self) -> Global___McpListTools: ...
+    @_builtins.property
+    def mcp_call(self) -> Global___McpCall: ...
+    @_builtins.property
+    def mcp_approval_request(self) -> Global___McpApprovalRequest: ...
+    @_builtins.property
+    def mcp_approval_response(self) -> Global___McpApprovalResponse: ...
+    @_builtins.property
     def other(self) -> Global___OtherItem:
         """Any item type this schema does not model (web_search_call, custom tool calls, ...)."""
 
@@ -67,14 +79,18 @@ class Item(_message.Message):
         reasoning: Global___ReasoningItem | None = ...,
         compaction: Global___CompactionItem | None = ...,
         item_reference: Global___ItemReference | None = ...,
+        mcp_list_tools: Global___McpListTools | None = ...,
+        mcp_call: Global___McpCall | None = ...,
+        mcp_approval_request: Global___McpApprovalRequest | None = ...,
+        mcp_approval_response: Global___McpApprovalResponse | None = ...,
         other: Global___OtherItem | None = ...,
         extra_json: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "extra_json", b"extra_json", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "extra_json", b"extra_json", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["message", "function_call", "function_call_output", "reasoning", "compaction", "item_reference", "other"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["message", "function_call", "function_call_output", "reasoning", "compaction", "item_reference", "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "other"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
@@ -531,3 +547,198 @@ class OtherItem(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OtherItem: _TypeAlias = OtherItem  # noqa: Y015
+
+@_typing.final
+class McpListTools(_message.Message):
+    """`{"type":"mcp_list_tools"}`: the tools an MCP server (a `tools` entry of type `mcp`) offered."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SERVER_LABEL_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    server_label: _builtins.str
+    error: _builtins.str
+    """Why listing failed (the server was unreachable, refused, timed out); absent when it worked."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___McpToolInfo]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        server_label: _builtins.str = ...,
+        tools: _abc.Iterable[Global___McpToolInfo] | None = ...,
+        error: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "error", b"error", "id", b"id", "server_label", b"server_label", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+
+Global___McpListTools: _TypeAlias = McpListTools  # noqa: Y015
+
+@_typing.final
+class McpToolInfo(_message.Message):
+    """One tool an MCP server offers: `{"name","description","input_schema","annotations"}`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _builtins.int
+    ANNOTATIONS_JSON_FIELD_NUMBER: _builtins.int
+    EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    description: _builtins.str
+    input_schema_json: _builtins.str
+    """The JSON Schema of the tool's arguments, as JSON object text."""
+    annotations_json: _builtins.str
+    """The server's annotations (`readOnlyHint`, ...), JSON object text; empty when none."""
+    extra_json: _builtins.str
+    """Unknown fields of the tool object (JSON object text)."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str | None = ...,
+        input_schema_json: _builtins.str = ...,
+        annotations_json: _builtins.str = ...,
+        extra_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_description", b"_description", "description", b"description"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_description", b"_description", "annotations_json", b"annotations_json", "description", b"description", "extra_json", b"extra_json", "input_schema_json", b"input_schema_json", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__description: _TypeAlias = _typing.Literal["description"]  # noqa: Y015
+    _WhichOneofArgType__description: _TypeAlias = _typing.Literal["_description", b"_description"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__description) -> _WhichOneofReturnType__description | None: ...
+
+Global___McpToolInfo: _TypeAlias = McpToolInfo  # noqa: Y015
+
+@_typing.final
+class McpCall(_message.Message):
+    """`{"type":"mcp_call"}`: a call of an MCP tool that the server ran (Tether called the MCP server)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SERVER_LABEL_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    ERROR_JSON_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    server_label: _builtins.str
+    name: _builtins.str
+    """The MCP tool's name."""
+    arguments: _builtins.str
+    """The arguments as a JSON string, exactly as generated."""
+    output: _builtins.str
+    """The tool's result text (absent until it ran, or when it failed)."""
+    error_json: _builtins.str
+    """Why the call failed, JSON object text (empty when it did not): `{"type":
+    "mcp_tool_execution_error","content":...}` (the tool reported an error),
+    `{"type":"mcp_protocol_error","code","message"}` (the MCP exchange failed, timed out or
+    went past a cap) or `{"type":"http_error","code","message"}` (the server answered HTTP code).
+    """
+    status: _builtins.str
+    """in_progress | completed | incomplete | calling | failed"""
+    approval_request_id: _builtins.str
+    """The `mcp_approval_request` this call was approved through, when one was needed."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        server_label: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+        output: _builtins.str | None = ...,
+        error_json: _builtins.str = ...,
+        status: _builtins.str = ...,
+        approval_request_id: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_approval_request_id", b"_approval_request_id", "_output", b"_output", "approval_request_id", b"approval_request_id", "output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_approval_request_id", b"_approval_request_id", "_output", b"_output", "approval_request_id", b"approval_request_id", "arguments", b"arguments", "error_json", b"error_json", "id", b"id", "name", b"name", "output", b"output", "server_label", b"server_label", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__approval_request_id: _TypeAlias = _typing.Literal["approval_request_id"]  # noqa: Y015
+    _WhichOneofArgType__approval_request_id: _TypeAlias = _typing.Literal["_approval_request_id", b"_approval_request_id"]  # noqa: Y015
+    _WhichOneofReturnType__output: _TypeAlias = _typing.Literal["output"]  # noqa: Y015
+    _WhichOneofArgType__output: _TypeAlias = _typing.Literal["_output", b"_output"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__approval_request_id) -> _WhichOneofReturnType__approval_request_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output) -> _WhichOneofReturnType__output | None: ...
+
+Global___McpCall: _TypeAlias = McpCall  # noqa: Y015
+
+@_typing.final
+class McpApprovalRequest(_message.Message):
+    """`{"type":"mcp_approval_request"}`: the model wants to call an MCP tool that needs the client's
+    approval; the response ends here and an `mcp_approval_response` in the next create answers it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    SERVER_LABEL_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    server_label: _builtins.str
+    name: _builtins.str
+    arguments: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        server_label: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name", "server_label", b"server_label"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpApprovalRequest: _TypeAlias = McpApprovalRequest  # noqa: Y015
+
+@_typing.final
+class McpApprovalResponse(_message.Message):
+    """`{"type":"mcp_approval_response"}`: the client's verdict on an `mcp_approval_request`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    APPROVE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    approval_request_id: _builtins.str
+    approve: _builtins.bool
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        approval_request_id: _builtins.str = ...,
+        approve: _builtins.bool = ...,
+        reason: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_reason", b"_reason", "reason", b"reason"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reason", b"_reason", "approval_request_id", b"approval_request_id", "approve", b"approve", "id", b"id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__reason: _TypeAlias = _typing.Literal["reason"]  # noqa: Y015
+    _WhichOneofArgType__reason: _TypeAlias = _typing.Literal["_reason", b"_reason"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reason) -> _WhichOneofReturnType__reason | None: ...
+
+Global___McpApprovalResponse: _TypeAlias = McpApprovalResponse  # noqa: Y015

@@ -266,27 +266,33 @@ class Tool(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FUNCTION_FIELD_NUMBER: _builtins.int
+    MCP_FIELD_NUMBER: _builtins.int
     OTHER_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
     extra_json: _builtins.str
     @_builtins.property
     def function(self) -> Global___FunctionTool: ...
     @_builtins.property
+    def mcp(self) -> Global___McpTool:
+        """A remote MCP server whose tools Tether lists and calls inside the turn."""
+
+    @_builtins.property
     def other(self) -> _items_pb2.OtherJson:
-        """Any tool type this schema does not model (`namespace`, `web_search`, `mcp`, ...), kept whole."""
+        """Any tool type this schema does not model (`namespace`, `web_search`, ...), kept whole."""
 
     def __init__(
         self,
         *,
         function: Global___FunctionTool | None = ...,
+        mcp: Global___McpTool | None = ...,
         other: _items_pb2.OtherJson | None = ...,
         extra_json: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "other", b"other", "tool", b"tool"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "mcp", b"mcp", "other", b"other", "tool", b"tool"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra_json", b"extra_json", "function", b"function", "other", b"other", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra_json", b"extra_json", "function", b"function", "mcp", b"mcp", "other", b"other", "tool", b"tool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_tool: _TypeAlias = _typing.Literal["function", "other"]  # noqa: Y015
+    _WhichOneofReturnType_tool: _TypeAlias = _typing.Literal["function", "mcp", "other"]  # noqa: Y015
     _WhichOneofArgType_tool: _TypeAlias = _typing.Literal["tool", b"tool"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_tool) -> _WhichOneofReturnType_tool | None: ...
 
@@ -329,6 +335,181 @@ class FunctionTool(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__strict) -> _WhichOneofReturnType__strict | None: ...
 
 Global___FunctionTool: _TypeAlias = FunctionTool  # noqa: Y015
+
+@_typing.final
+class McpTool(_message.Message):
+    """`{"type":"mcp","server_label":...,"server_url":...}`: a remote MCP server (docs/mcp.md).
+    `headers` and `authorization` are credentials: they are used for the calls and never stored,
+    logged, traced or echoed (the Response's `tools` carry neither).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HeadersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SERVER_LABEL_FIELD_NUMBER: _builtins.int
+    SERVER_URL_FIELD_NUMBER: _builtins.int
+    SERVER_DESCRIPTION_FIELD_NUMBER: _builtins.int
+    HEADERS_FIELD_NUMBER: _builtins.int
+    AUTHORIZATION_FIELD_NUMBER: _builtins.int
+    ALLOWED_NAMES_FIELD_NUMBER: _builtins.int
+    ALLOWED_FILTER_FIELD_NUMBER: _builtins.int
+    APPROVAL_MODE_FIELD_NUMBER: _builtins.int
+    APPROVAL_FILTER_FIELD_NUMBER: _builtins.int
+    CONNECTOR_ID_FIELD_NUMBER: _builtins.int
+    server_label: _builtins.str
+    server_url: _builtins.str
+    server_description: _builtins.str
+    authorization: _builtins.str
+    """An OAuth access token, sent as `Authorization: Bearer <token>`."""
+    approval_mode: _builtins.str
+    connector_id: _builtins.str
+    """A connector (OpenAI-hosted service); Tether refuses it (it runs remote servers only)."""
+    @_builtins.property
+    def headers(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def allowed_names(self) -> Global___McpToolNames: ...
+    @_builtins.property
+    def allowed_filter(self) -> Global___McpToolFilter: ...
+    @_builtins.property
+    def approval_filter(self) -> Global___McpApprovalFilter: ...
+    def __init__(
+        self,
+        *,
+        server_label: _builtins.str = ...,
+        server_url: _builtins.str | None = ...,
+        server_description: _builtins.str | None = ...,
+        headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        authorization: _builtins.str | None = ...,
+        allowed_names: Global___McpToolNames | None = ...,
+        allowed_filter: Global___McpToolFilter | None = ...,
+        approval_mode: _builtins.str = ...,
+        approval_filter: Global___McpApprovalFilter | None = ...,
+        connector_id: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_authorization", b"_authorization", "_connector_id", b"_connector_id", "_server_description", b"_server_description", "_server_url", b"_server_url", "allowed", b"allowed", "allowed_filter", b"allowed_filter", "allowed_names", b"allowed_names", "approval", b"approval", "approval_filter", b"approval_filter", "approval_mode", b"approval_mode", "authorization", b"authorization", "connector_id", b"connector_id", "server_description", b"server_description", "server_url", b"server_url"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_authorization", b"_authorization", "_connector_id", b"_connector_id", "_server_description", b"_server_description", "_server_url", b"_server_url", "allowed", b"allowed", "allowed_filter", b"allowed_filter", "allowed_names", b"allowed_names", "approval", b"approval", "approval_filter", b"approval_filter", "approval_mode", b"approval_mode", "authorization", b"authorization", "connector_id", b"connector_id", "headers", b"headers", "server_description", b"server_description", "server_label", b"server_label", "server_url", b"server_url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__authorization: _TypeAlias = _typing.Literal["authorization"]  # noqa: Y015
+    _WhichOneofArgType__authorization: _TypeAlias = _typing.Literal["_authorization", b"_authorization"]  # noqa: Y015
+    _WhichOneofReturnType__connector_id: _TypeAlias = _typing.Literal["connector_id"]  # noqa: Y015
+    _WhichOneofArgType__connector_id: _TypeAlias = _typing.Literal["_connector_id", b"_connector_id"]  # noqa: Y015
+    _WhichOneofReturnType__server_description: _TypeAlias = _typing.Literal["server_description"]  # noqa: Y015
+    _WhichOneofArgType__server_description: _TypeAlias = _typing.Literal["_server_description", b"_server_description"]  # noqa: Y015
+    _WhichOneofReturnType__server_url: _TypeAlias = _typing.Literal["server_url"]  # noqa: Y015
+    _WhichOneofArgType__server_url: _TypeAlias = _typing.Literal["_server_url", b"_server_url"]  # noqa: Y015
+    _WhichOneofReturnType_allowed: _TypeAlias = _typing.Literal["allowed_names", "allowed_filter"]  # noqa: Y015
+    _WhichOneofArgType_allowed: _TypeAlias = _typing.Literal["allowed", b"allowed"]  # noqa: Y015
+    _WhichOneofReturnType_approval: _TypeAlias = _typing.Literal["approval_mode", "approval_filter"]  # noqa: Y015
+    _WhichOneofArgType_approval: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__authorization) -> _WhichOneofReturnType__authorization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__connector_id) -> _WhichOneofReturnType__connector_id | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__server_description) -> _WhichOneofReturnType__server_description | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__server_url) -> _WhichOneofReturnType__server_url | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_allowed) -> _WhichOneofReturnType_allowed | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_approval) -> _WhichOneofReturnType_approval | None: ...
+
+Global___McpTool: _TypeAlias = McpTool  # noqa: Y015
+
+@_typing.final
+class McpToolNames(_message.Message):
+    """`allowed_tools` as a list of names."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpToolNames: _TypeAlias = McpToolNames  # noqa: Y015
+
+@_typing.final
+class McpToolFilter(_message.Message):
+    """`{"tool_names":[...],"read_only":bool}`: which tools a rule covers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_NAMES_FIELD_NUMBER: _builtins.int
+    READ_ONLY_FIELD_NUMBER: _builtins.int
+    read_only: _builtins.bool
+    @_builtins.property
+    def tool_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        tool_names: _abc.Iterable[_builtins.str] | None = ...,
+        read_only: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_read_only", b"_read_only", "read_only", b"read_only"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_read_only", b"_read_only", "read_only", b"read_only", "tool_names", b"tool_names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__read_only: _TypeAlias = _typing.Literal["read_only"]  # noqa: Y015
+    _WhichOneofArgType__read_only: _TypeAlias = _typing.Literal["_read_only", b"_read_only"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__read_only) -> _WhichOneofReturnType__read_only | None: ...
+
+Global___McpToolFilter: _TypeAlias = McpToolFilter  # noqa: Y015
+
+@_typing.final
+class McpApprovalFilter(_message.Message):
+    """`require_approval` as `{"always": filter, "never": filter}`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALWAYS_FIELD_NUMBER: _builtins.int
+    NEVER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def always(self) -> Global___McpToolFilter: ...
+    @_builtins.property
+    def never(self) -> Global___McpToolFilter: ...
+    def __init__(
+        self,
+        *,
+        always: Global___McpToolFilter | None = ...,
+        never: Global___McpToolFilter | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["always", b"always", "never", b"never"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["always", b"always", "never", b"never"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___McpApprovalFilter: _TypeAlias = McpApprovalFilter  # noqa: Y015
 
 @_typing.final
 class ToolChoice(_message.Message):

@@ -1,0 +1,424 @@
+"""The hosted `mcp` tool inside a turn: list the servers' tools, let the model call them, run the
+calls, and call the model again, all within one response (docs/mcp.md).
+
+A create whose `tools` hold `{"type": "mcp", ...}` entries gets an `McpLoop` (`McpLoop.of`); the
+turn hands its backend steps to `McpLoop.steps`:
+
+1. approvals: each `mcp_approval_response` in the new input that approves a request of the
+   history runs that call now (an `mcp_call` item with `approval_request_id`); a denial is left for
+   the model to read;
+2. listing: a server whose `mcp_list_tools` item is in the history is not listed again (the
+   model gets the tools that item names); any other is listed through the connection's session
+   (`tether.mcp.sessions`: one initialised session per server for the connection's life, whose
+   list is reused without asking the server again) and gets an `mcp_list_tools` item, with `error`
+   set when listing failed (the response goes on without that server's tools);
+3. model calls: the MCP tools go to the backend as function tools (routed back by name:
+   `OutputBuilder.mcp_routes`). Each MCP call the model makes is run and its `mcp_call` item gets
+   `output` or `error` (a failing, hanging or oversized server fails that call only), then the
+   model is called again, until it answers, calls a client tool, asks for an approval
+   (`require_approval`), or `max_tool_calls` is reached. Past `[mcp] max_calls_per_response` the
+   MCP tools are withdrawn and the model answers with what it has.
+
+Usage sums every model call of the response. `headers` and `authorization` reach the HTTP client
+only; the Response's `tools` carry neither (`redacted_tools`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from tether import errors, ids, render
+from tether.backends.base import Finish, Usage
+from tether.config import McpConfig
+from tether.core.accounting import output_tokens
+from tether.core.builder import McpRoute, OutputBuilder
+from tether.errors import TetherError
+from tether.protocol.calls import call_of
+from tether.responses.v1 import items_pb2, request_pb2
+
+# The turn and its Prepared are passed in (tether.core.turn imports this module, not the reverse).
+Turn = Any
+Prepared = Any
+
+_APPROVAL_MODES = ("always", "never")
+_MCP_TOOL_KEYS = frozenset({"type"})  # keys of the tool object the codec leaves in extra_json that are fine
+
+
+# -- validation (before response.created) ------------------------------------------------------------
+
+
+def mcp_tools(params: request_pb2.ResponseCreateParams) -> list[tuple[int, request_pb2.McpTool]]:
+    return [(i, t.mcp) for i, t in enumerate(params.tools) if t.WhichOneof("tool") == "mcp"]
+
+
+def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> list[tuple[int, request_pb2.McpTool]]:
+    """The create's MCP tools, each checked; a 400 naming the field that is not acceptable."""
+    from tether.mcp.policy import McpPolicy  # the URL policy needs no SDK
+
+    servers = mcp_tools(params)
+    if not servers:
+        return servers
+    if len(servers) > config.max_servers_per_request:
+        raise TetherError(errors.INVALID_REQUEST, f"At most {config.max_servers_per_request} mcp tools are allowed "
+                          "([mcp] max_servers_per_request).", param="tools")  # fmt: skip
+    policy = McpPolicy(config)
+    labels: set[str] = set()
+    for i, tool in servers:
+        where = f"tools[{i}]"
+        extra = params.tools[i].extra_json
+        for key in sorted(orjson.loads(extra)) if extra else ():
+            if key not in _MCP_TOOL_KEYS:
+                raise TetherError(errors.UNSUPPORTED_PARAMETER,
+                                  f"'{where}.{key}' is not supported on an mcp tool by this server.",
+                                  param=f"{where}.{key}")  # fmt: skip
+        if tool.HasField("connector_id"):
+            raise TetherError(errors.UNSUPPORTED_PARAMETER, "Connectors are not supported: name a remote MCP "
+                              "server with server_url.", param=f"{where}.connector_id")  # fmt: skip
+        if not tool.server_label or not all(c.isalnum() or c in "_-" for c in tool.server_label):
+            raise TetherError(errors.INVALID_REQUEST, f"'{where}.server_label' must be a non-empty name of letters, "
+                              "digits, '_' and '-'.", param=f"{where}.server_label")  # fmt: skip
+        if tool.server_label in labels:
+            raise TetherError(errors.INVALID_REQUEST, f"Duplicate server_label {tool.server_label!r}.",
+                              param=f"{where}.server_label")  # fmt: skip
+        labels.add(tool.server_label)
+        if not tool.server_url:
+            raise TetherError(errors.MISSING_REQUIRED_PARAMETER, f"'{where}.server_url' is required.",
+                              param=f"{where}.server_url")  # fmt: skip
+        policy.check_url(tool.server_url, f"{where}.server_url")
+        if tool.WhichOneof("approval") == "approval_mode" and tool.approval_mode not in _APPROVAL_MODES:
+            raise TetherError(errors.INVALID_REQUEST, f"'{where}.require_approval' must be always, never or a "
+                              "filter object.", param=f"{where}.require_approval")  # fmt: skip
+    choice = _choice_object(params)
+    if choice is not None and choice.get("type") == "mcp" and choice.get("server_label") not in labels:
+        raise TetherError(errors.INVALID_REQUEST, "tool_choice names an MCP server_label that is not in 'tools'.",
+                          param="tool_choice")  # fmt: skip
+    return servers
+
+
+def check_approval_responses(items: Sequence[items_pb2.Item], history: Iterable[items_pb2.Item]) -> None:
+    """Each `mcp_approval_response` answers an `mcp_approval_request` of the history or the input."""
+    answers = [(i, item.mcp_approval_response) for i, item in enumerate(items)
+               if item.WhichOneof("item") == "mcp_approval_response"]  # fmt: skip
+    if not answers:
+        return
+    requests = {it.mcp_approval_request.id for it in (*history, *items)
+                if it.WhichOneof("item") == "mcp_approval_request"}  # fmt: skip
+    for i, answer in answers:
+        if answer.approval_request_id not in requests:
+            raise TetherError(errors.INVALID_ITEM, f"No mcp_approval_request with id {answer.approval_request_id!r} "
+                              "in this conversation.", param=f"input[{i}].approval_request_id")  # fmt: skip
+
+
+def redacted_tools(tools: Iterable[request_pb2.Tool]) -> list[request_pb2.Tool]:
+    """The tools as a Response echoes (and the store keeps) them: MCP credentials removed."""
+    out = []
+    for tool in tools:
+        if tool.WhichOneof("tool") == "mcp" and (tool.mcp.headers or tool.mcp.HasField("authorization")):
+            copy = request_pb2.Tool()
+            copy.CopyFrom(tool)
+            tool = copy
+            tool.mcp.headers.clear()
+            tool.mcp.ClearField("authorization")
+        out.append(tool)
+    return out
+
+
+def _choice_object(params: request_pb2.ResponseCreateParams) -> dict | None:
+    if params.tool_choice.WhichOneof("choice") != "other_json":
+        return None
+    try:
+        choice = orjson.loads(params.tool_choice.other_json)
+    except orjson.JSONDecodeError:
+        return None
+    return choice if isinstance(choice, dict) else None
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+
+def _matches(rule: request_pb2.McpToolFilter, name: str, read_only: bool) -> bool:
+    if not rule.tool_names and not rule.HasField("read_only"):
+        return False
+    if rule.tool_names and name not in rule.tool_names:
+        return False
+    return not rule.HasField("read_only") or rule.read_only == read_only
+
+
+def allowed(tool: request_pb2.McpTool, name: str, read_only: bool) -> bool:
+    arm = tool.WhichOneof("allowed")
+    if arm == "allowed_names":
+        return name in tool.allowed_names.names
+    if arm == "allowed_filter":
+        return _matches(tool.allowed_filter, name, read_only)
+    return True
+
+
+def needs_approval(tool: request_pb2.McpTool, name: str, read_only: bool) -> bool:
+    """`require_approval`: unset or "always" asks (OpenAI's default); a filter object asks unless
+    `never` covers the tool (and asks when `always` does, or neither)."""
+    arm = tool.WhichOneof("approval")
+    if arm == "approval_mode":
+        return tool.approval_mode != "never"
+    if arm == "approval_filter":
+        f = tool.approval_filter
+        if f.HasField("always") and _matches(f.always, name, read_only):
+            return True
+        return not (f.HasField("never") and _matches(f.never, name, read_only))
+    return True
+
+
+@dataclass
+class _Server:
+    index: int  # tools[i]
+    tool: request_pb2.McpTool
+    tools: list[items_pb2.McpToolInfo] = field(default_factory=list)
+
+
+def _read_only(info: items_pb2.McpToolInfo) -> bool:
+    try:
+        return bool(info.annotations_json and orjson.loads(info.annotations_json).get("readOnlyHint"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+
+
+class McpLoop:
+    """The MCP side of one turn (see the module docstring)."""
+
+    def __init__(self, servers: list[tuple[int, request_pb2.McpTool]], config: McpConfig) -> None:
+        self.servers = {tool.server_label: _Server(i, tool) for i, tool in servers}
+        self.config = config
+        self.calls = 0  # MCP calls run in this response
+
+    @classmethod
+    def of(cls, params: request_pb2.ResponseCreateParams, config: McpConfig) -> McpLoop | None:
+        servers = validate(params, config)
+        return cls(servers, config) if servers else None
+
+    # -- what the backend sees --------------------------------------------------------------------
+
+    def backend_tools(self, tools: Sequence[request_pb2.Tool], *, with_mcp: bool) -> list[request_pb2.Tool]:
+        """The create's own tools (without the mcp entries) plus each listed MCP tool as a function."""
+        out = [t for t in tools if t.WhichOneof("tool") != "mcp"]
+        if with_mcp:
+            taken = {t.function.name for t in out if t.WhichOneof("tool") == "function"}
+            for name, (_, info) in self._by_name(taken).items():
+                fn = request_pb2.Tool()
+                fn.function.name = name
+                if info.HasField("description"):
+                    fn.function.description = info.description
+                fn.function.parameters_json = info.input_schema_json or '{"type":"object","properties":{}}'
+                out.append(fn)
+        return out
+
+    def _by_name(self, taken: set[str] | None = None) -> dict[str, tuple[_Server, items_pb2.McpToolInfo]]:
+        """MCP tool name -> (its server, its listing); the first server wins a name (and a
+        function tool of the create wins over every server)."""
+        out: dict[str, tuple[_Server, items_pb2.McpToolInfo]] = {}
+        for server in self.servers.values():
+            for info in server.tools:
+                if info.name not in out and info.name not in (taken or ()):
+                    out[info.name] = (server, info)
+        return out
+
+    def routes(self) -> dict[str, McpRoute]:
+        return {name: McpRoute(server.tool.server_label, needs_approval(server.tool, name, _read_only(info)))
+                for name, (server, info) in self._by_name().items()}  # fmt: skip
+
+    def tool_choice(self, choice: request_pb2.ToolChoice | None, first: bool) -> request_pb2.ToolChoice | None:
+        """`tool_choice` for a model call: an `mcp` choice becomes the named tool (or any of the
+        server's tools) on the first call; after it, a forced choice is `auto` (else the model
+        would call tools for ever)."""
+        if choice is None:
+            return None
+        obj = None
+        if choice.WhichOneof("choice") == "other_json":
+            try:
+                obj = orjson.loads(choice.other_json)
+            except orjson.JSONDecodeError:
+                obj = None
+        if not first:
+            if choice.WhichOneof("choice") == "mode" and choice.mode == "none":
+                return choice
+            return request_pb2.ToolChoice(mode="auto")
+        if not isinstance(obj, dict) or obj.get("type") != "mcp":
+            return choice
+        server = self.servers.get(str(obj.get("server_label")))
+        names = [info.name for info in server.tools] if server else []
+        if isinstance(obj.get("name"), str) and obj["name"] in names:
+            return request_pb2.ToolChoice(function_name=obj["name"])
+        if not names:
+            return request_pb2.ToolChoice(mode="auto")
+        allowed_tools = {"type": "allowed_tools", "mode": "required",
+                         "tools": [{"type": "function", "name": n} for n in names]}  # fmt: skip
+        return request_pb2.ToolChoice(other_json=orjson.dumps(allowed_tools).decode())
+
+    # -- the steps ----------------------------------------------------------------------------------
+
+    async def steps(self, turn: Turn, prepared: Prepared, builder: OutputBuilder) -> Finish:
+        history = prepared.node.items()
+        new_items = [seg.item for seg in prepared.new_segments]
+        input_tokens = prepared.input_tokens
+        await self._run_approved(turn, builder, new_items, history)
+        await self._list(turn, builder, history)
+        sums = [0, 0, 0]  # input, output, reasoning tokens of every model call
+        first = True
+        steps = 0
+        while True:
+            steps += 1
+            before = len(builder.output)
+            with_mcp = self.calls < self.config.max_calls_per_response
+            builder.mcp_routes = self.routes() if with_mcp else {}
+            context = [*history, *builder.output]
+            estimate = input_tokens + sum(len(render.encode(render.render_item(i))) for i in builder.output)
+            request = turn._backend_request(prepared.route, context, estimate)
+            request.tools = self.backend_tools(turn.params.tools, with_mcp=with_mcp)
+            request.tool_choice = self.tool_choice(request.tool_choice, first)
+            request.mcp_tools = frozenset(builder.mcp_routes)
+            await turn._stream_step(builder, prepared.route.backend, request)
+            await turn._emit_all(builder.close_all("completed"))
+            finish = builder.finish or Finish()
+            produced = builder.output[before:]
+            _add_usage(sums, finish.usage, estimate, produced)
+            waiting = builder.take_mcp_calls()
+            for index, item in waiting:
+                await self._run(turn, builder, index, item)
+            client_calls = any(call_of(it) is not None for it in produced)  # the client runs these
+            first = False
+            if (not waiting or builder.approvals_requested or client_calls or builder.capped
+                    or finish.reason != "tool_calls"):  # fmt: skip
+                if builder.approvals_requested:
+                    turn.services.telemetry.mcp_approval("requested")
+                if steps == 1:
+                    return finish
+                reason = "stop" if finish.reason == "tool_calls" and not client_calls else finish.reason
+                usage = Usage(input_tokens=sums[0], output_tokens=sums[1], reasoning_tokens=sums[2])
+                return Finish(reason=reason, usage=usage, timing=finish.timing, replica=finish.replica)
+
+    async def _list(self, turn: Turn, builder: OutputBuilder, history: Sequence[items_pb2.Item]) -> None:
+        listed = {it.mcp_list_tools.server_label: it.mcp_list_tools for it in history
+                  if it.WhichOneof("item") == "mcp_list_tools" and not it.mcp_list_tools.HasField("error")}  # fmt: skip
+        for label, server in self.servers.items():
+            if label in listed:  # OpenAI's rule: the history's listing stands
+                server.tools = [t for t in listed[label].tools if allowed(server.tool, t.name, _read_only(t))]
+                continue
+            await self._list_one(turn, builder, server)
+
+    async def _list_one(self, turn: Turn, builder: OutputBuilder, server: _Server) -> None:
+        from tether.mcp.client import McpFailure
+
+        item = items_pb2.Item()
+        lt = item.mcp_list_tools
+        lt.id, lt.server_label = ids.new_id("mcpl"), server.tool.server_label
+        index, events = builder.open_mcp_item(item)
+        progress = turn._event()
+        progress.mcp_list_tools_in_progress.item_id, progress.mcp_list_tools_in_progress.output_index = lt.id, index
+        await turn._emit_all([*events, progress])
+        started = time.perf_counter()
+        outcome = "listed"
+        try:
+            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
+                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
+            if session.tools is not None:
+                outcome = "reused"
+                tools = session.tools
+            else:
+                tools = await session.list_tools()
+            for t in tools:
+                if not allowed(server.tool, t.name, t.read_only):
+                    continue
+                info = lt.tools.add(name=t.name, input_schema_json=orjson.dumps(t.input_schema).decode())
+                if t.description is not None:
+                    info.description = t.description
+                if t.annotations:
+                    info.annotations_json = orjson.dumps(t.annotations).decode()
+            server.tools = list(lt.tools)
+        except McpFailure as exc:
+            outcome = "failed"
+            del lt.tools[:]
+            lt.error = exc.message
+        turn.clock.add("mcp", time.perf_counter() - started)
+        turn.services.telemetry.mcp_listing(lt.server_label, outcome, time.perf_counter() - started)
+        done = turn._event()
+        arm = done.mcp_list_tools_failed if outcome == "failed" else done.mcp_list_tools_completed
+        arm.item_id, arm.output_index = lt.id, index
+        await turn._emit_all([done, builder.add_done(index, item)])
+
+    async def _run_approved(self, turn: Turn, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
+                            history: Sequence[items_pb2.Item]) -> None:  # fmt: skip
+        answers = [it.mcp_approval_response for it in new_items if it.WhichOneof("item") == "mcp_approval_response"]
+        if not answers:
+            return
+        requests = {it.mcp_approval_request.id: it.mcp_approval_request for it in history
+                    if it.WhichOneof("item") == "mcp_approval_request"}  # fmt: skip
+        ran = {it.mcp_call.approval_request_id for it in history if it.WhichOneof("item") == "mcp_call"}
+        for answer in answers:
+            turn.services.telemetry.mcp_approval("approved" if answer.approve else "denied")
+            request = requests.get(answer.approval_request_id)
+            if not answer.approve or request is None or request.id in ran:
+                continue
+            ran.add(request.id)
+            item = items_pb2.Item()
+            mc = item.mcp_call
+            mc.id, mc.server_label, mc.name, mc.arguments = ids.new_id("mcp"), request.server_label, request.name, request.arguments
+            mc.status, mc.approval_request_id = "in_progress", request.id
+            index, events = builder.open_mcp_item(item)
+            await turn._emit_all(events)
+            await self._run(turn, builder, index, item)
+
+    async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
+        """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
+        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, protocol_error
+
+        mc = item.mcp_call
+        progress = turn._event()
+        progress.mcp_call_in_progress.item_id, progress.mcp_call_in_progress.output_index = mc.id, index
+        await turn._emit_all([progress])
+        started = time.perf_counter()
+        outcome = "ok"
+        server = self.servers.get(mc.server_label)
+        try:
+            if self.calls >= self.config.max_calls_per_response:
+                raise protocol_error(TOO_LARGE, f"this response already made {self.calls} MCP calls "
+                                     "(mcp.max_calls_per_response)")  # fmt: skip
+            if server is None:
+                raise protocol_error(-32602, f"the MCP server {mc.server_label!r} is not in this create's tools")
+            self.calls += 1
+            try:
+                arguments = orjson.loads(mc.arguments or "{}")
+            except orjson.JSONDecodeError:
+                raise protocol_error(-32602, "the model's arguments are not valid JSON") from None
+            if not isinstance(arguments, dict):
+                raise protocol_error(-32602, "the model's arguments are not a JSON object")
+            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
+                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
+            result = await session.call_tool(mc.name, arguments)
+            if result.error is not None:
+                outcome = "tool_error"
+                mc.error_json = orjson.dumps(result.error).decode()
+            else:
+                mc.output = result.output or ""
+        except McpFailure as exc:
+            code = exc.error.get("code")
+            outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", -32002: "refused"}.get(code, "failed")  # type: ignore[arg-type]
+            mc.error_json = orjson.dumps(exc.error).decode()
+        mc.status = "completed" if outcome == "ok" else "failed"
+        turn.clock.add("mcp", time.perf_counter() - started)
+        turn.services.telemetry.mcp_call(mc.server_label, outcome, time.perf_counter() - started)
+        await turn._emit_all(builder.settle_mcp_call(index, item))
+
+
+def _add_usage(sums: list[int], reported: Usage | None, estimate: int, produced: list[items_pb2.Item]) -> None:
+    """Add one model call's usage to [input, output, reasoning]: what the backend reported, else
+    Tether's count."""
+    up = reported or Usage()
+    counted, counted_reasoning = (0, 0)
+    if up.output_tokens is None or up.reasoning_tokens is None:
+        counted, counted_reasoning = output_tokens(produced)
+    sums[0] += up.input_tokens if up.input_tokens is not None else estimate
+    sums[1] += up.output_tokens if up.output_tokens is not None else counted
+    sums[2] += up.reasoning_tokens if up.reasoning_tokens is not None else counted_reasoning
