@@ -141,20 +141,23 @@ async def test_websocket_and_grpc_create_with_conversation(stack: Stack, grpc_po
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_store_false_keeps_the_turn_in_the_conversation_but_not_the_response(stack: Stack) -> None:
-    """OpenAI's documented behaviour: `conversation` appends the turn's items whatever `store`
-    says; `store: false` keeps the response object itself out of the store."""
+async def test_store_false_with_a_conversation_keeps_nothing(stack: Stack) -> None:
+    """`store: false` keeps nothing: the conversation is the turn's context (the model sees it) but
+    gains no items, and the response itself is not stored. Before, every store appended the turn."""
     async with stack.client() as client:
-        conv = await client.conversations.create()
+        conv = await client.conversations.create(items=[{"type": "message", "role": "user", "content": "earlier"}])
         first = await client.responses.create(model="sim-model", input="private", conversation=conv.id, store=False)
-        assert first.store is False
+        assert first.store is False and first.status == "completed"
         items = [i async for i in client.conversations.items.list(conv.id, order="asc")]
-        assert [i.role for i in items] == ["user", "assistant"] and items[1].id == first.output[0].id
+        assert [(i.role, i.content[0].text) for i in items] == [("user", "earlier")]
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(first.id)
         with pytest.raises(openai.BadRequestError) as info:
             await client.responses.create(model="sim-model", input="x", previous_response_id=first.id)
         assert info.value.body["code"] == "previous_response_not_found"
+        kept = await client.responses.create(model="sim-model", input="kept", conversation=conv.id)
+        items = [i async for i in client.conversations.items.list(conv.id, order="asc")]
+        assert [i.role for i in items] == ["user", "user", "assistant"] and items[2].id == kept.output[0].id
 
 
 async def test_a_warm_up_adds_nothing_so_the_real_turn_sends_its_input_once(stack: Stack) -> None:

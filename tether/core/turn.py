@@ -638,10 +638,11 @@ class Turn:
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
             st.usage_sources.update(usage.sources)
-        if self.params.conversation and status in ("completed", "incomplete") and not warm_up_only(self.params):
+        if (self.params.conversation and status in ("completed", "incomplete") and prepared.response.store
+                and not warm_up_only(self.params)):  # fmt: skip
             # A warm-up generated nothing and leaves the conversation as it was: the real turn
             # that follows sends the same input with `conversation` and appends it once.
-            # `store` does not gate this: the conversation keeps its turns whatever `store` says.
+            # `store: false` keeps nothing: the conversation is read, not written.
             with clock.stage("finalize"):  # before the terminal event: the next create reads them
                 added = [seg.item for seg in prepared.new_segments]
                 await services.conversations.append(tenant, self.params.conversation, [*added, *output])

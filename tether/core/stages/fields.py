@@ -63,11 +63,11 @@ CREATE_FIELDS: dict[str, Field] = {
                    "the model's context or refused with a 400 naming `input[i]` (see the items table)."),
     "instructions": Field(B, "System prompt of this turn (not inherited from the previous response)."),
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
-    "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output (also with "
-                          "`store: false`, as OpenAI documents; not for a `generate: false` warm-up); exclusive "
+    "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output (not with "
+                          "`store: false`, which keeps nothing, nor for a `generate: false` warm-up); exclusive "
                           "with `previous_response_id`."),
-    "store": Field(H, "false: the response lives in connection memory only (a `conversation` still keeps the "
-                   "turn's items, see Conversations); true: written to the store."),
+    "store": Field(H, "false: nothing is kept (the response lives in connection memory only and a `conversation` "
+                   "is read, not written); true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
     "tools": Field(B, "Function and custom (freeform) tools go to the backend (custom tools natively on "
                    "`openai`, else as an emulating function taking `{\"input\"}`; see Custom tools); hosted "
