@@ -62,6 +62,10 @@ _TOP_KEYS = {"name", "description", "instructions", "tools", "user_prompt", "fin
 
 # --- speed profiles -----------------------------------------------------------------------------
 
+MIN_TOKENS_PER_S = 1.0  # a 1,000-token answer takes at most ~17 minutes
+MAX_TOKENS_PER_S = 1e9
+MAX_TTFT_MS = 600_000.0
+
 
 @dataclass(frozen=True)
 class SpeedProfile:
@@ -81,7 +85,10 @@ class SpeedProfile:
 
     @classmethod
     def parse(cls, spec: str, *, ttft: tuple[float, float] = (200.0, 500.0), ttft_ctx_tokens: int = 64_000) -> SpeedProfile:
-        """"1000" (tokens/s, default TTFT range) or "1000@200:500" (tokens/s @ TTFT min:max ms)."""
+        """"1000" (tokens/s, default TTFT range) or "1000@200:500" (tokens/s @ TTFT min:max ms).
+        ValueError unless `MIN_TOKENS_PER_S` <= tokens/s <= `MAX_TOKENS_PER_S` and
+        0 <= min <= max <= `MAX_TTFT_MS` (so `inf`, `nan` and `1e-300` are refused: a speed
+        that is no number, or a turn that would never end)."""
         rate, _, ttft_spec = spec.partition("@")
         lo, hi = ttft
         if ttft_spec:
@@ -89,6 +96,10 @@ class SpeedProfile:
             lo = float(a)
             hi = float(b) if b else lo
         tps = float(rate)
+        if not MIN_TOKENS_PER_S <= tps <= MAX_TOKENS_PER_S:  # also false for nan
+            raise ValueError(f"tokens/s must be between {MIN_TOKENS_PER_S:g} and {MAX_TOKENS_PER_S:g}, got {rate!r}")
+        if not 0 <= lo <= hi <= MAX_TTFT_MS:
+            raise ValueError(f"TTFT must be 0 <= min <= max <= {MAX_TTFT_MS:g} ms, got {lo:g}:{hi:g}")
         name = f"{tps:g}tps" + (f"@{lo:g}-{hi:g}ms" if (lo, hi) != ttft else "")
         return cls(name=name, tokens_per_s=tps, ttft_min_ms=lo, ttft_max_ms=hi, ttft_ctx_tokens=ttft_ctx_tokens)
 

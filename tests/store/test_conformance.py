@@ -9,6 +9,8 @@ import random
 
 import pytest
 
+from tether.config import Limits
+from tether.core.conversations import Conversations
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 from tether.store._common import MissingItemError
 from tether.store.base import Hydrated, KeyedItem, ResponseRecord, UsageRecord
@@ -604,7 +606,7 @@ async def test_conversation_lifecycle(store):
     assert await store.append_conversation_items(T1, "conv_1", [msg("msg_a"), call("fc_b")])
     assert await store.append_conversation_items(T1, "conv_1", [msg("msg_c", "assistant")])
     # Replacing the row (metadata update) keeps the items.
-    await store.put_conversation(T1, conversation("conv_1", k="w"))
+    assert await store.update_conversation(T1, conversation("conv_1", k="w"))
     got = await store.get_conversation(T1, "conv_1")
     assert got == conversation("conv_1", k="w")
     items = await store.conversation_items(T1, "conv_1")
@@ -622,6 +624,32 @@ async def test_conversation_lifecycle(store):
     # A new conversation with the same id starts empty.
     await store.put_conversation(T1, conversation("conv_1"))
     assert await store.conversation_items(T1, "conv_1") == []
+
+
+async def test_an_update_never_brings_a_deleted_conversation_back(store):
+    assert not await store.update_conversation(T1, conversation("conv_gone", k="v"))
+    assert await store.get_conversation(T1, "conv_gone") is None
+    await store.put_conversation(T1, conversation("conv_gone"))
+    assert await store.delete_conversation(T1, "conv_gone")
+    assert not await store.update_conversation(T1, conversation("conv_gone", k="v"))
+    assert await store.get_conversation(T1, "conv_gone") is None
+    assert await store.conversation_items(T1, "conv_gone") is None
+    assert not await store.update_conversation(T2, conversation("conv_gone"))
+
+
+async def test_a_metadata_update_racing_a_delete_leaves_it_deleted(store):
+    """`POST /v1/conversations/{id}` and `DELETE` at once: whichever order they run in, a delete
+    that succeeded leaves no conversation (before, the update's write re-created it)."""
+    conversations = Conversations(store, Limits())
+    for n in range(20):
+        cid = f"conv_race_{n}"
+        await store.put_conversation(T1, conversation(cid))
+        update = service_pb2.UpdateConversationRequest(conversation_id=cid, metadata={"k": "v"})
+        _, deleted = await asyncio.gather(
+            conversations.UpdateConversation(T1, update), store.delete_conversation(T1, cid), return_exceptions=True
+        )
+        assert deleted is True
+        assert await store.get_conversation(T1, cid) is None, f"round {n}: the deleted conversation came back"
 
 
 async def test_conversations_are_tenant_scoped(store):

@@ -57,6 +57,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import math
 import os
 import tomllib
 from collections.abc import AsyncIterator, Sequence
@@ -210,7 +211,7 @@ def _parse_step(raw: Any, where: str) -> ScriptStep:
     if err is not None and not (isinstance(err, dict) and "message" in err):
         raise ValueError(f"{where}: error must be an object with a 'message'")
     try:
-        return ScriptStep(
+        step = ScriptStep(
             text=raw.get("text"),
             text_tokens=int(raw.get("text_tokens", 0)),
             reasoning=raw.get("reasoning"),
@@ -225,6 +226,11 @@ def _parse_step(raw: Any, where: str) -> ScriptStep:
         )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from exc
+    for key in ("ttft_ms", "tokens_per_s"):
+        value = getattr(step, key)
+        if value is not None and not 0 <= value < math.inf:  # nan fails too
+            raise ValueError(f"{where}: {key} must be a finite number >= 0, got {raw[key]!r}")
+    return step
 
 
 def parse_script(data: Any, source: str = "<script>") -> Script:
@@ -282,9 +288,9 @@ def lab_script(model: str) -> Script:
         raise BackendError(errors.MODEL_NOT_FOUND, f"The model '{model}' names no lab workload; known: {known}.")
     try:
         profile = workloads.SpeedProfile.parse(speed or "1000")
-    except ValueError:
+    except ValueError as exc:
         raise BackendError(
-            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max]."
+            errors.INVALID_REQUEST, f"Invalid speed in model '{model}': use tokens/s[@ttft_min:ttft_max] ({exc})."
         ) from None
     script = parse_script(workloads.load(name).simulated_script(profile), model)
     if len(_LAB_SCRIPTS) < 64:

@@ -7,14 +7,17 @@ engine all share it.
 
 A create with `conversation` (validated exclusive with `previous_response_id`) reads the
 conversation's items once (`context`) and uses them as the chain it continues; when the turn ends
-(completed or incomplete) its new input and its output are appended (`append`) before the
-terminal event goes out, so the client's next create sees them on any transport or replica.
+(completed or incomplete) with `store: true` its new input and its output are appended (`append`)
+before the terminal event goes out (`store: false` keeps nothing), so the client's next create sees them on any transport or replica.
 Every call is tenant-scoped: another tenant's conversation ids behave like ids that do not exist.
 
 A conversation is bounded (`max_conversation_items`, `max_conversation_bytes`): adding items past
 either, or a create whose new input would pass them, is 400 `conversation_too_large` (a turn's
 output is still appended, so the conversation may end one output past the bound; the next create
 on it is refused).
+
+Item ids are unique within a conversation (`check_new_ids`): a client-chosen id it already holds
+is a 400, on items/create, on create and on a turn's input.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class Conversations:
         calls = frozenset(call.call_id for call in map(call_of, before) if call is not None)
         validate.validate_items(items, calls, self.limits, param="items")
         self.check_size(before, items, param="items")
+        check_new_ids(items, before, param="items")
         return [output_item(item) for item in items]
 
     async def _get(self, tenant: str, conversation_id: str) -> service_pb2.Conversation:
@@ -155,7 +159,8 @@ class Conversations:
         conversation = await self._get(tenant, request.conversation_id)
         conversation.metadata.clear()
         conversation.metadata.update(request.metadata)
-        await self.store.put_conversation(tenant, conversation)
+        if not await self.store.update_conversation(tenant, conversation):  # deleted meanwhile: stays deleted
+            raise not_found(request.conversation_id)
         return service_pb2.UpdateConversationResponse(conversation=conversation)
 
     async def DeleteConversation(self, tenant: str, request: service_pb2.DeleteConversationRequest):
@@ -194,6 +199,26 @@ class Conversations:
         if not await self.store.delete_conversation_item(tenant, request.conversation_id, request.item_id):
             raise _item_not_found(request.item_id)
         return service_pb2.DeleteConversationItemResponse(conversation=conversation)
+
+
+def check_new_ids(items: Sequence[items_pb2.Item], before: Sequence[items_pb2.Item], *, param: str) -> None:
+    """Item ids a client chose must be new to the conversation (`before`) and to the request: a
+    list pages by item id (`after`) and deletes by item id, so two items with one id would be
+    deleted together and make a paginating client (the openai SDK's auto-pagination) loop.
+    400 `invalid_item` naming `param[i].id`, as OpenAI refuses a duplicate item."""
+    seen = {item_api_id(item) for item in before}
+    for i, item in enumerate(items):
+        item_id = item_api_id(item)
+        if not item_id:
+            continue
+        if item_id in seen:
+            raise TetherError(
+                errors.INVALID_ITEM,
+                f"Duplicate item found with id '{item_id}': {param}[{i}] has the id of an item the conversation "
+                "already holds or this request sent before it; item ids are unique within a conversation.",
+                param=f"{param}[{i}].id",
+            )
+        seen.add(item_id)
 
 
 def output_item(item: items_pb2.Item) -> items_pb2.Item:

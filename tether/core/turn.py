@@ -39,6 +39,7 @@ from tether.core.accounting import OutputCap, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
+from tether.core.conversations import check_new_ids
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.lane import Lane
 from tether.core.mcp import McpLoop, check_approval_responses, redacted_tools
@@ -237,6 +238,8 @@ class Turn:
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
             if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
                 check_approval_responses(new_items, parent_node.items() if parent_node else ())
+            if self.params.conversation:  # they join the conversation: their ids must be new to it
+                check_new_ids(new_items, parent_node.items() if parent_node else (), param="input")
         return new_items
 
     def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:

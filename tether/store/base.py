@@ -125,7 +125,13 @@ class Store(Protocol):
     # -- conversations -------------------------------------------------------------------
 
     async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
-        """Create the conversation, or replace its row (metadata) keeping its items."""
+        """Create the conversation (a new id; an existing row would be replaced, keeping its items)."""
+        ...
+
+    async def update_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> bool:
+        """Replace the row (metadata) of an existing conversation, keeping its items, in one atomic
+        step; False, and nothing written, when there is none (an update racing a delete never
+        brings the conversation back)."""
         ...
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None: ...

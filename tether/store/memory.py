@@ -168,6 +168,13 @@ class MemoryStore:
             conversation.SerializeToString(), old[1] if old is not None else []
         )
 
+    async def update_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> bool:
+        old = self._conversations.get((tenant, conversation.id))
+        if old is None:
+            return False
+        self._conversations[(tenant, conversation.id)] = (conversation.SerializeToString(), old[1])
+        return True
+
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
         stored = self._conversations.get((tenant, conversation_id))
         return None if stored is None else service_pb2.Conversation.FromString(stored[0])

@@ -433,6 +433,15 @@ class PostgresStore:
             conversation.SerializeToString(),
         )
 
+    async def update_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> bool:
+        found = await self.pool.fetchval(
+            "UPDATE conversations SET conversation = $3 WHERE tenant = $1 AND id = $2 RETURNING 1",
+            tenant,
+            conversation.id,
+            conversation.SerializeToString(),
+        )
+        return found is not None
+
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
         data = await self.pool.fetchval(
             "SELECT conversation FROM conversations WHERE tenant = $1 AND id = $2", tenant, conversation_id

@@ -415,6 +415,10 @@ class RedisStore:
     async def put_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> None:
         await self.client.set(self.conversation_key(tenant, conversation.id), conversation.SerializeToString())
 
+    async def update_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> bool:
+        key = self.conversation_key(tenant, conversation.id)
+        return bool(await self.client.set(key, conversation.SerializeToString(), xx=True))  # only if it exists
+
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
         data = await self.client.get(self.conversation_key(tenant, conversation_id))
         return None if data is None else service_pb2.Conversation.FromString(data)

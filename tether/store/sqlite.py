@@ -433,6 +433,16 @@ class SqliteStore:
 
         await self._run(self._write, upsert)
 
+    async def update_conversation(self, tenant: str, conversation: service_pb2.Conversation) -> bool:
+        def update(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE conversations SET conversation = ? WHERE tenant = ? AND id = ?",
+                (conversation.SerializeToString(), tenant, conversation.id),
+            )
+            return cur.rowcount > 0
+
+        return await self._run(self._write, update)
+
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
         def read() -> service_pb2.Conversation | None:
             row = self._db.execute(
