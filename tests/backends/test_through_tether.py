@@ -215,3 +215,24 @@ async def test_hosted_tool_items_reach_the_upstream_from_input_and_from_the_chai
         bad = await post(s.port, {"model": "gpt-oss-120b", "input": [{"role": "user", "content": "x"}, image]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1]"
     assert len(upstream.chat_requests) == n  # refused before anything went upstream
+
+
+async def test_each_tenant_gets_its_own_cache_salt_and_cache_key_on_vllm():
+    """The turn hands the caller's tenant to the backend: the same prompt and `prompt_cache_key`
+    from two tenants reach vLLM with different `cache_salt`s and keys, so neither can time the
+    other's cached prefix; one tenant's turns share theirs."""
+    with fk.FakeChatServer(api_key=None, strict=False, lifetime_s=60, owned_by="vllm") as vllm:
+        cfg = TetherConfig()
+        cfg.store = "memory://"
+        cfg.backends = {"v": BackendSpec(kind="openai", options={"base_url": vllm.base_url, "dialect": "vllm"})}
+        cfg.models = {"m": Route(backend="v")}
+        body = {"model": "m", "input": "the same long shared prompt", "prompt_cache_key": "k", "store": False}
+        async with served(loopback(cfg), {"sk-a": "a", "sk-b": "b"}) as s:
+            async with httpx.AsyncClient(timeout=30) as c:
+                for key in ("sk-a", "sk-b", "sk-a"):
+                    r = await c.post(f"http://127.0.0.1:{s.port}/v1/responses", json=body,
+                                     headers={"authorization": f"Bearer {key}"})  # fmt: skip
+                    assert r.status_code == 200, r.text
+        sent = [r.body for r in vllm.chat_requests]
+        salts, keys = [b["cache_salt"] for b in sent], [b["prompt_cache_key"] for b in sent]
+        assert salts[0] == salts[2] != salts[1] and keys[0] == keys[2] != keys[1] and "k" not in keys

@@ -16,7 +16,7 @@ from tests.support.configs import instant_config
 from tests.support.stacks import Stack, running_stack
 from tether.auth import Authenticator
 from tether.bridge.origin import OriginPolicy, check_json_body
-from tether.config import ServerConfig
+from tether.config import ServerConfig, TetherConfig, apply_env
 from tether.errors import TetherError
 
 from .helpers import KEY_A, KEY_B, recv_response, send_json
@@ -135,6 +135,11 @@ def test_policy_defaults_by_bind_address_and_wildcards() -> None:
     assert check(listed, "rebind.evil") == "host_not_allowed" and check(listed, "127.0.0.1") == "ok"
     anything = policy(bridge_host="127.0.0.1", allowed_hosts=["*"], allowed_origins=["*"])
     assert check(anything, "x.example", "https://evil.example") == "ok"
+    # From the environment: comma-separated.
+    cfg = TetherConfig()
+    apply_env(cfg, {"TETHER_SERVER__ALLOWED_HOSTS": "a.test,*.b.test", "TETHER_SERVER__ALLOWED_ORIGINS": "https://a.test"})
+    from_env = OriginPolicy.from_config(cfg.server)
+    assert check(from_env, "x.b.test", "https://a.test") == "ok" and check(from_env, "c.test") == "host_not_allowed"
 
 
 async def test_json_endpoints_refuse_other_content_types(stack: Stack) -> None:
