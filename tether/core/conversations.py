@@ -8,7 +8,8 @@ engine all share it.
 A create with `conversation` (validated exclusive with `previous_response_id`) reads the
 conversation's items once (`context`) and uses them as the chain it continues; when the turn ends
 (completed or incomplete) with `store: true` its new input and its output are appended (`append`)
-before the terminal event goes out (`store: false` keeps nothing), so the client's next create sees them on any transport or replica.
+before the terminal event goes out (`store: false` keeps nothing), so the client's next create
+sees them on any transport or replica.
 Every call is tenant-scoped: another tenant's conversation ids behave like ids that do not exist.
 
 A conversation is bounded (`max_conversation_items`, `max_conversation_bytes`): adding items past
