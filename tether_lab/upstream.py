@@ -691,8 +691,8 @@ def run_round(mode: str, target: str, model: str, streams: int, measured_pid: in
 def tether_config(path: Path, upstream_url: str, *, dialect: str = "vllm", extra: dict | None = None) -> None:
     opts = {"kind": "openai", "base_url": upstream_url, "dialect": dialect, "discover_models": False,
             "max_retries": 0, **(extra or {})}
-    lines = ['store = "memory://"', 'log_level = "warning"', 'log_format = "text"', "",
-             "[server]", "grpc_port = 0", "bridge_port = 0", "shutdown_grace_s = 1.0", "",
+    lines = ['store = "memory://"', 'log_level = "warning"', "",
+             "[server]", 'log_format = "text"', "grpc_port = 0", "bridge_port = 0", "shutdown_grace_s = 1.0", "",
              '[backends."up"]'] + [f"{k} = {json.dumps(v)}" for k, v in opts.items()]
     lines += ["", '[models."*"]', 'backend = "up"', ""]
     path.write_text("\n".join(lines))
