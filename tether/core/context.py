@@ -24,6 +24,7 @@ from tether.core.conversations import Conversations
 from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.ratelimit import RateLimiter
+from tether.core.run import Runs
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
@@ -52,6 +53,7 @@ class TurnServices:
     telemetry: Telemetry
     clock: Clock
     coalesce: CoalesceWindow  # the outboxes' window, widened by the streams generating now
+    runs: Runs  # the process's response runs (tether.core.run)
 
     @property
     def limits(self) -> Limits:

@@ -10,8 +10,14 @@ socket. It owns:
 - per-connection memos of the render and route stages (header tokens, model routes);
 - its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
   timeout (the rule: `tether.core.lifetime`, on the injected clock), and its outbox (coalescing,
-  backpressure, sequence numbers).
+  backpressure; each response's run numbers and logs the events as they leave it).
 Request-scoped problems become in-band `error` events; the session stays usable.
+
+When the client goes away (`close`) while stored (store=true) responses are in flight, the
+session detaches instead of cancelling them: it takes no more creates, drops the queued ones,
+cancels the turns of other responses, and keeps draining its outbox into the runs while the
+stored ones finish (or end `cancelled`, per `Limits.on_client_gone`) and are stored; then it
+closes. Their runs stay retrievable and resumable by id (`tether.core.run`).
 
 A session knows neither the engine nor any kind of turn but the one its `TurnStrategy` makes: it
 gets the process-wide `TurnServices`, builds each turn a `TurnContext`, and interrupts a turn
@@ -35,6 +41,7 @@ from tether.core.items import user_message
 from tether.core.lane import Lane
 from tether.core.outbox import Outbox, OutboxClosed, Outgoing
 from tether.core.outcome import Outcome, TurnControl
+from tether.core.run import ResponseRun
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
@@ -115,6 +122,7 @@ class Session:
         self._last_activity = self._created
         self.state = SessionState.OPEN
         self._close_task: asyncio.Future | None = None
+        self._detached = False  # the client is gone; stored responses in flight are finishing
         self._watchdog = asyncio.create_task(self._watch(), name=f"tether-watch-{self.id}")
 
     # -- transport-facing API (SessionHandle) -----------------------------------------------------
@@ -150,15 +158,53 @@ class Session:
             yield batch
 
     async def close(self) -> None:
-        """The client went away: cancel everything and free the connection's state.
+        """The client went away: cancel everything and free the connection's state, except the
+        turns of stored responses in flight: those the session detaches (module docstring) and
+        closes when they end, without the caller waiting.
 
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
         if self._close_task is None:
             if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return
+            if self.state is SessionState.OPEN and self._detach():
+                self._close_task = asyncio.ensure_future(self._close_detached())
+                return
             self._close_task = asyncio.ensure_future(self._close())
+        if self._detached:
+            return
         await asyncio.shield(self._close_task)
+
+    def _detach(self) -> bool:
+        """Keep the turns of stored responses in flight past the client (finishing, or
+        cancelled per `on_client_gone`); cancel the rest. False: there are none."""
+        kept = [t for t in self._turns.values() if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]
+        if not kept:
+            return False
+        self._detached = True
+        self.state = next_state(self.state, SessionState.DRAINING)
+        keep = {t.control.task for t in kept}
+        for lane in self._lanes.values():
+            lane.queue.clear()
+            if lane.worker is not None and lane.worker not in keep:
+                lane.worker.cancel()
+        if self.limits.on_client_gone == "cancel":
+            for turn in kept:
+                turn.control.interrupt(Outcome.CANCELLED)
+        self.services.runs.counts["detached"] += len(kept)
+        return True
+
+    async def _close_detached(self) -> None:
+        """Drain the outbox into the runs (nobody reads it now) until the kept turns end; close."""
+        drain = asyncio.create_task(self._discard_events(), name=f"tether-detached-{self.id}")
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker]
+        await asyncio.gather(*workers, return_exceptions=True)
+        await self._close()
+        await drain
+
+    async def _discard_events(self) -> None:
+        async for _ in self.events():
+            pass
 
     async def _close(self) -> None:
         self.state = next_state(self.state, SessionState.CLOSED)
@@ -168,6 +214,8 @@ class Session:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.outbox.close()
+        while await self.outbox.get_batch():  # what no one will send still counts in its run's log
+            pass
         self.cache.clear()
         self._on_closed(self)
 
@@ -182,7 +230,13 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "") -> None:
+    async def start(self, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
+        """Queue a create whose run a background create reserved (its id and time stand)."""
+        self._last_activity = self.clock.monotonic()
+        await self._enqueue(params, "", run)
+
+    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "",
+                       run: ResponseRun | None = None) -> None:  # fmt: skip
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
@@ -218,16 +272,18 @@ class Session:
                 event_id=event_id,
             )
             return
-        lane.queue.append((params, event_id))
+        lane.queue.append((params, event_id, run))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
         while lane.queue:
-            params, event_id = lane.queue.popleft()
+            params, event_id, preset = lane.queue.popleft()
             async with self._active:
                 turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
+                turn.response_run = preset
+                crash: TetherError | None = None
                 try:
                     with self.services.telemetry.turn_span(turn):
                         await turn.run()
@@ -241,12 +297,14 @@ class Session:
                     return
                 except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
                     log.exception("turn crashed")
-                    await self.emit_error(
-                        TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
-                        stream_id=turn.stream_id,
-                    )
+                    crash = TetherError(errors.SERVER_ERROR, "The server had an error processing the request.")
+                    await self.emit_error(crash, stream_id=turn.stream_id)
                 finally:
                     self._turns.pop(turn.response_id, None)
+                    if turn.response_run is not None:  # ended here when no terminal event did (cancelled, refused, crashed)
+                        turn.response_run.close(turn.refusal or crash)
+                if self._detached:
+                    return
                 await self._after_turn(turn, self._steers.pop(turn.response_id, []))
             self._last_activity = self.clock.monotonic()
 
@@ -286,7 +344,7 @@ class Session:
         successor.previous_response_id = turn.response_id
         for _, items in steers:
             successor.input.extend(items)
-        turn.lane.queue.appendleft((successor, ""))
+        turn.lane.queue.appendleft((successor, "", None))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
@@ -411,7 +469,15 @@ class Session:
 
     async def end(self, reason: TetherError, *, grace: float) -> None:
         """End the connection on the server's initiative (lifetime, idle, shutdown): stop taking
-        creates, let active turns finish within `grace`, send `reason` as the last event."""
+        creates, let active turns finish within `grace`, send `reason` as the last event. A
+        detached session (its client gone) gives its turns `grace`, then cuts them."""
+        if self._detached and self._close_task is not None:
+            done, _ = await asyncio.wait({self._close_task}, timeout=grace)
+            if not done:
+                for turn in list(self._turns.values()):
+                    turn.control.interrupt(Outcome.CUT, reason)
+                await asyncio.wait({self._close_task}, timeout=1.0)
+            return
         if self.state is not SessionState.OPEN:
             return
         self.state = next_state(self.state, SessionState.DRAINING)
