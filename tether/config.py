@@ -225,6 +225,8 @@ def validate(cfg: TetherConfig) -> None:
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
+    if limits.on_client_gone not in ("finish", "cancel"):
+        raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:
