@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -210,3 +211,23 @@ async def test_resume_of_an_unknown_or_unretained_response(make_stack: Any) -> N
         last = stack.engine.runs.get("a", done.id).next_seq - 1
         tail = [ev async for ev in await client.responses.retrieve(done.id, stream=True, starting_after=last - 2)]
         assert [ev.sequence_number for ev in tail] == [last - 1, last]
+
+
+async def test_runs_are_counted_in_the_metrics(make_stack: Any) -> None:
+    async with make_stack(backend={"tokens_per_s": 100, "output_tokens": 5000}, max_background_running=1) as stack:
+        async with stack.client() as client:
+            first = await client.responses.create(model="sim-model", input="one", background=True)
+            await client.responses.create(model="sim-model", input="two", background=True)
+            await wait_for(lambda: stack.engine.runs.get("a", first.id).next_seq > 2)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as h:
+                text = (await h.get("/metrics")).text
+            assert 'tether_background_runs{state="queued"} 1.0' in text
+            assert 'tether_background_runs{state="running"} 1.0' in text
+            await client.responses.cancel(first.id)
+            async for _ in await client.responses.retrieve(first.id, stream=True):
+                pass
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}") as h:
+                text = (await h.get("/metrics")).text
+            for line in ('tether_runs_total{event="background"} 2.0', 'tether_runs_total{event="cancelled"} 1.0',
+                         'tether_runs_total{event="resumed"} 1.0'):  # fmt: skip
+                assert line in text, line

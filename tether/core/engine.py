@@ -77,6 +77,7 @@ class Engine:
             background_per_tenant=limits.max_background_per_key,
             background_per_process=limits.max_background_per_process,
             clock=clock.monotonic,
+            on_event=telemetry.run_event,
         )
         self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
         self._background_tasks: set[asyncio.Task] = set()
@@ -298,7 +299,7 @@ class Engine:
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
-        self.runs.counts["background"] += 1
+        self.runs.count("background")
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
@@ -340,7 +341,7 @@ class Engine:
             if run.state is not RunState.CANCELLED:
                 raise _not_cancellable(run.snapshot())
             return run.snapshot()
-        self.runs.counts["cancelled"] += 1
+        self.runs.count("cancelled")
         if run.control is None:  # queued: it never starts
             run.close(None)
         else:
@@ -369,7 +370,7 @@ class Engine:
         except ReplayGap as exc:
             raise TetherError(errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
                               param="starting_after") from None  # fmt: skip
-        self.runs.counts["resumed"] += 1
+        self.runs.count("resumed")
         return _follow(run.follow(after), response_id)
 
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:

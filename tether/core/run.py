@@ -247,7 +247,8 @@ class Runs:
 
     def __init__(self, *, max_events: int, max_bytes: int, retention_s: float, max_finished: int,
                  background_per_tenant: int, background_per_process: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 on_event: Callable[[str], None] = lambda kind: None) -> None:  # fmt: skip
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.retention_s = retention_s
@@ -259,7 +260,12 @@ class Runs:
         self._finished: OrderedDict[tuple[str, str], ResponseRun] = OrderedDict()
         self._background: Counter[str] = Counter()  # tenant -> background runs not finished
         self.background_total = 0
-        self.counts: Counter[str] = Counter()  # started, resumed, cancelled, detached, ...
+        self.counts: Counter[str] = Counter()  # background, resumed, cancelled, detached
+        self._on_event = on_event  # the telemetry's `run_event`
+
+    def count(self, kind: str) -> None:
+        self.counts[kind] += 1
+        self._on_event(kind)
 
     def __len__(self) -> int:
         return len(self._live)

@@ -191,7 +191,8 @@ class Session:
         if self.limits.on_client_gone == "cancel":
             for turn in kept:
                 turn.control.interrupt(Outcome.CANCELLED)
-        self.services.runs.counts["detached"] += len(kept)
+        for _ in kept:
+            self.services.runs.count("detached")
         return True
 
     async def _close_detached(self) -> None:
