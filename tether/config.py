@@ -67,6 +67,26 @@ class Limits:
     coalesce_batches_per_s: float = 4000.0
     coalesce_max_ms: float = 32.0  # ... and never wider than this (nor than coalesce_ms, if wider)
     max_coalesced_bytes: int = 64 * 1024
+    # Response runs (tether/core/run.py; docs/background.md). A stored response's events are
+    # kept in a replay log, for `GET /v1/responses/{id}?stream=true&starting_after=N`: at most
+    # this many events and bytes per response (the oldest go first) ...
+    replay_max_events: int = 20_000
+    replay_max_bytes: int = 8 * 1024 * 1024
+    # ... and, once it has ended, for this long, the newest `replay_max_finished_runs` of them.
+    replay_retention_s: float = 600.0
+    replay_max_finished_runs: int = 1000
+    # What a stored (store=true) response in flight does when its client goes away (WebSocket,
+    # SSE or gRPC): "finish" (it runs to its end and is stored) or "cancel" (it ends `cancelled`
+    # at once and is stored with the output so far). Either way `GET /v1/responses/{id}` answers.
+    on_client_gone: str = "finish"
+    # A create whose previous_response_id names a stored response still in flight (on another
+    # connection) waits this long for it to end before `previous_response_not_found`.
+    continuation_wait_s: float = 30.0
+    # Background responses (`background: true` over HTTP): queued or running at once, per API key
+    # and per process (past either: 429), and how many run at once (the rest wait `queued`).
+    max_background_per_key: int = 64
+    max_background_per_process: int = 1024
+    max_background_running: int = 64
     # Per API key.
     max_connections_per_key: int = 1000
     requests_per_minute: int = 0  # 0 = unlimited
@@ -288,6 +308,8 @@ def validate(cfg: TetherConfig) -> None:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:
         raise ValueError("limits.max_turn_s must be > 0")
+    if limits.on_client_gone not in ("finish", "cancel"):
+        raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

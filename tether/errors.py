@@ -63,6 +63,8 @@ INVALID_ITEM = "invalid_item"
 UNKNOWN_CALL_ID = "unknown_call_id"
 PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
 RESPONSE_NOT_FOUND = "response_not_found"
+PREVIOUS_RESPONSE_IN_PROGRESS = "previous_response_in_progress"
+REPLAY_UNAVAILABLE = "replay_unavailable"
 CONVERSATION_NOT_FOUND = "conversation_not_found"
 ITEM_NOT_FOUND = "item_not_found"
 BACKGROUND_NOT_SUPPORTED = "background_not_supported"
@@ -145,9 +147,11 @@ CATALOGUE: dict[str, ErrorKind] = {
     UNKNOWN_CALL_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a tool output answers no open call"),
     PREVIOUS_RESPONSE_NOT_FOUND: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "previous_response_id is neither cached nor stored"),
     RESPONSE_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "retrieve, delete or cancel of an unknown response id"),
+    PREVIOUS_RESPONSE_IN_PROGRESS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "previous_response_id names a response still in flight past continuation_wait_s"),
+    REPLAY_UNAVAILABLE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "stream=true retrieve of a response whose events are not retained"),
     CONVERSATION_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation id"),
     ITEM_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation item id"),
-    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "background = true"),
+    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "background = true on a WebSocket or gRPC session"),
     INVALID_STREAM_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a stream_id outside 1-256 of [A-Za-z0-9_.-]"),
     STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _RATE_LIMITED, "a connection's named stream_ids past max_lanes"),
     CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _SERVER_SIDE, "the connection reached connection_lifetime_s"),

@@ -55,6 +55,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         for name, spec in config.backends.items()
     }
     engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock)
+    telemetry.watch_background(engine.runs.background_counts)
     render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
     for name, backend in backends.items():
         added = engine.router.add_discovered(name, list(await backend.discover()))

@@ -145,14 +145,19 @@ async def test_retrieve_delete_and_input_items(client: AsyncOpenAI, stack: Any) 
 
     got = await client.responses.retrieve(created.id)
     assert got.id == created.id and got.output_text == created.output_text
-    # `stream` / `include` / `starting_after` are accepted and ignored (always JSON).
+    # `include` is accepted and ignored; `stream=true` replays the events after `starting_after`.
     async with http(stack) as h:
+        r = await h.get(f"/v1/responses/{created.id}", headers=AUTH, params={"include[]": "reasoning.encrypted_content"})
+        assert r.status_code == 200 and r.json()["id"] == created.id
         r = await h.get(
             f"/v1/responses/{created.id}",
             headers=AUTH,
             params={"stream": "true", "include[]": "reasoning.encrypted_content", "starting_after": "3"},
         )
-        assert r.status_code == 200 and r.json()["id"] == created.id
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[0]["sequence_number"] == 4 and events[-1]["type"] == "response.completed"
+        assert [e["sequence_number"] for e in events] == list(range(4, 4 + len(events)))
 
     page = await client.responses.input_items.list(created.id, order="asc")
     assert [text_of(item) for item in page.data] == ["message 0", "message 1", "message 2"]
@@ -251,9 +256,10 @@ async def test_unexpected_errors_do_not_leak(stack: Any, monkeypatch: pytest.Mon
     assert "secret" not in r.text and "Traceback" not in r.text
 
 
-async def test_client_disconnect_cancels_a_streamed_create(make_stack: Any) -> None:
+async def test_client_disconnect_cancels_a_streamed_create_that_is_not_stored(make_stack: Any) -> None:
+    # (A stored one runs on: tests/bridge/test_background.py.)
     async with make_stack(backend={"tokens_per_s": 200, "output_tokens": 5000}) as stack, http(stack) as h:
-        body = {"model": "sim-model", "input": "long story", "stream": True}
+        body = {"model": "sim-model", "input": "long story", "stream": True, "store": False}
         async with h.stream("POST", "/v1/responses", headers=AUTH, json=body) as r:
             async for line in r.aiter_lines():
                 if line.startswith("event: response.output_text.delta"):

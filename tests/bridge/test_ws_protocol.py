@@ -257,9 +257,11 @@ async def test_bridge_stop_drains_then_closes_with_1001(authenticator: Any) -> N
 
 
 async def test_client_disconnect_frees_the_session(make_stack: Any) -> None:
+    # A response that is not stored is cancelled with its client (a stored one runs on:
+    # tests/bridge/test_background.py).
     async with make_stack(backend={"tokens_per_s": 200, "output_tokens": 5000}) as stack:
         async with stack.ws() as conn:
-            await send_json(conn, CREATE)
+            await send_json(conn, {**CREATE, "store": False})
             assert (await recv_json(conn))["type"] == "response.created"
             await wait_for(lambda: len(stack.engine.sessions) == 1)
         # Gone mid-generation: the session is closed (its generation cancelled, its state freed).

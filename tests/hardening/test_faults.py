@@ -183,19 +183,21 @@ def _no_tether_tasks() -> bool:
 async def test_client_vanishing_mid_stream_cancels_upstream_and_frees_everything(
     fake: FakeChatServer,
 ) -> None:
+    # Responses that are not stored (store=false) go with their client; a stored one runs on or is
+    # cancelled per `on_client_gone` (below, and tests/bridge/test_background.py).
     async with full_stack(upstream_config(fake)) as stack:
         engine = stack.engine
         # WebSocket: the TCP connection is dropped (no close frame) after the first delta.
         fake.push(slow(count=500, interval=0.02))
         conn = await connect(stack.ws_url, additional_headers={"Authorization": f"Bearer {KEY_A}"})
-        await send_json(conn, {**CREATE, "store": True})
+        await send_json(conn, {**CREATE, "store": False})
         await recv_until(conn, lambda e: e["type"] == "response.output_text.delta")
         conn.transport.abort()
         assert await fake.disconnected(within=10, count=1)
         # HTTP SSE: the client closes the stream after the first delta.
         fake.push(slow(count=500, interval=0.02))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}", timeout=10) as h:
-            body = {"model": "m", "input": "x", "stream": True, "store": True}
+            body = {"model": "m", "input": "x", "stream": True, "store": False}
             async with h.stream(
                 "POST", "/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY_A}"}
             ) as r:
@@ -207,7 +209,7 @@ async def test_client_vanishing_mid_stream_cancels_upstream_and_frees_everything
         fake.push(slow(count=500, interval=0.02))
         async with stack.channel() as channel:
             session = RawSession(channel, api_key=KEY_A)
-            await session.create(model="m", input="x", store=True)
+            await session.create(model="m", input="x", store=False)
             while (await session.next_event()).WhichOneof("event") != "output_text_delta":
                 pass
             session.call.cancel()
@@ -225,6 +227,31 @@ async def test_client_vanishing_mid_stream_cancels_upstream_and_frees_everything
         for transport in ("websocket", "http", "grpc"):
             assert metric(engine, "tether_turns_total", transport=transport, outcome="client_gone") == 1, transport
         assert metric(engine, "tether_errors_total", code="client_gone") == 3
+
+
+async def test_a_stored_response_whose_client_vanished_is_cancelled_upstream_and_stored(
+    fake: FakeChatServer,
+) -> None:
+    """`on_client_gone = "cancel"`: the upstream call is closed at once, as for a response that is
+    not stored, and the response is stored `cancelled` with what was generated."""
+    config = upstream_config(fake)
+    config.limits.on_client_gone = "cancel"
+    async with full_stack(config) as stack:
+        engine = stack.engine
+        fake.push(slow(count=500, interval=0.02))
+        conn = await connect(stack.ws_url, additional_headers={"Authorization": f"Bearer {KEY_A}"})
+        await send_json(conn, {**CREATE, "store": True})
+        created = await recv_until(conn, lambda e: e["type"] == "response.created")
+        await recv_until(conn, lambda e: e["type"] == "response.output_text.delta")
+        conn.transport.abort()
+        assert await fake.disconnected(within=10, count=1)
+        await wait_for(lambda: not engine.sessions, 10)
+        await engine.post.flush()
+        response_id = created[-1]["response"]["id"]
+        stored = await engine.store.get_response("a", response_id)
+        assert stored is not None and stored.status == "cancelled" and stored.output
+        assert engine.cache_budget.used == 0
+        await wait_for(_no_tether_tasks, 10)
 
 
 def _server_socket(stack: Any, client_port: int) -> Any:

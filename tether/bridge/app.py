@@ -47,6 +47,7 @@ _ROUTES: list[tuple[tuple[str, ...], dict[str, str], bool]] = [
     (("v1", "responses", "compact"), {"POST": "compact"}, True),
     (("v1", "responses", "{id}"), {"GET": "retrieve", "DELETE": "delete"}, True),
     (("v1", "responses", "{id}", "input_items"), {"GET": "input_items"}, True),
+    (("v1", "responses", "{id}", "cancel"), {"POST": "cancel"}, True),
     (("v1", "models"), {"GET": "models"}, True),
     (("v1", "conversations"), {"POST": "create_conversation"}, True),
     (

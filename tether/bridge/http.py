@@ -11,10 +11,16 @@ sent, so it still becomes a proper HTTP status. Errors answered here are counted
 (`BridgeContext.count_error`). A client that disconnects cancels its create (the generator is closed, which cancels the
 generation in the core).
 
+Background mode and runs (docs/background.md): a create with `background: true` returns its
+Response `queued` at once (or, with `stream: true`, streams its events as they come);
+`GET /v1/responses/{id}?stream=true&starting_after=N` streams a stored response's events numbered
+above N (all of them without N) and then the live ones until its terminal event;
+`POST /v1/responses/{id}/cancel` cancels one in flight. An API without runs (a bridge forwarding
+to a remote engine) answers these with 501 `not_implemented`.
+
 Query parameters OpenAI defines but Tether does not implement are accepted and ignored:
-`GET /v1/responses/{id}` ignores `stream`, `starting_after`, `include`/`include[]` and
-`include_obfuscation` (it always returns the stored Response as JSON); `input_items` and
-`conversations/{id}/items` ignore `include` (items are always returned whole).
+`GET /v1/responses/{id}` ignores `include`/`include[]` and `include_obfuscation`; `input_items`
+and `conversations/{id}/items` ignore `include` (items are always returned whole).
 
 `/v1/conversations` handlers only translate: the conversation RPCs (`ResponsesAPI.conversation_call`,
 by RPC name) do the work, so the gRPC service answers the same.
@@ -37,6 +43,7 @@ from tether.core.outbox import Outgoing
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
+    NOT_IMPLEMENTED,
     REQUEST_TIMEOUT,
     SERVER_ERROR,
     UPGRADE_REQUIRED,
@@ -143,11 +150,25 @@ class HttpHandlers:
         body = await self._json_body(req)
         return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
 
+    def _runs_api(self, what: str) -> Any:
+        method = getattr(self.ctx.api, what, None)
+        if method is None:
+            raise TetherError(NOT_IMPLEMENTED, "Background mode, resumable streams and cancel are served by an "
+                              "engine in this process; this bridge forwards to a remote one.")  # fmt: skip
+        return method
+
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
         params = await self._params(req)
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
+        if params.HasField("background") and params.background:
+            response = await self._runs_api("create_background")(req.tenant, params)
+            if stream:
+                await self._follow(req, response.id, -1)
+            else:
+                await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(response)))
+            return
         events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
@@ -169,12 +190,17 @@ class HttpHandlers:
         first: events_pb2.ServerEvent | None,
         events: AsyncIterator[events_pb2.ServerEvent],
         watch: _DisconnectWatch,
+        *,
+        started: bool = True,
     ) -> None:
+        """`first` (the create's first event, already read) and the rest of `events` as SSE;
+        `started=False`: no event was read yet (a run followed by id)."""
         send = req.send
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         try:
             if first is not None:
                 await send({"type": "http.response.body", "body": sse_frame(first), "more_body": True})
+            if first is not None or not started:
                 async for ev in events:
                     await send({"type": "http.response.body", "body": sse_frame(ev), "more_body": True})
         except asyncio.CancelledError:
@@ -197,9 +223,28 @@ class HttpHandlers:
         self.ctx.count_error(err)
         await send_error(req.send, err, [(b"upgrade", b"websocket"), (b"connection", b"Upgrade")])
 
-    # GET /v1/responses/{id}
+    # GET /v1/responses/{id}[?stream=true&starting_after=N]
     async def retrieve(self, req: HttpRequest) -> None:
+        q = req.query()
+        if q.get("stream", "").lower() == "true":
+            after = _int_param(q, "starting_after") if q.get("starting_after", "") != "" else -1
+            await self._follow(req, req.path_params["id"], after)
+            return
         resp = await self.ctx.api.get_response(req.tenant, req.path_params["id"])
+        await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(resp)))
+
+    async def _follow(self, req: HttpRequest, response_id: str, after: int) -> None:
+        """SSE: a run's events numbered above `after`, then the live ones until its end."""
+        events = self._runs_api("follow_response")(req.tenant, response_id, after)
+        async with _cancel_on_disconnect(req.receive) as watch:
+            try:
+                await self._stream_sse(req, None, events, watch, started=False)
+            finally:
+                await _aclose(events)
+
+    # POST /v1/responses/{id}/cancel
+    async def cancel(self, req: HttpRequest) -> None:
+        resp = await self._runs_api("cancel_response")(req.tenant, req.path_params["id"])
         await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(resp)))
 
     # DELETE /v1/responses/{id}

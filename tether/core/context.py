@@ -25,6 +25,7 @@ from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
+from tether.core.run import Runs
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
@@ -69,6 +70,7 @@ class TurnServices:
     clock: Clock
     coalesce: CoalesceWindow  # the outboxes' window, widened by the streams generating now
     queued: QueuedBytes  # bytes of creates pending per key and per process
+    runs: Runs  # the process's response runs (tether.core.run)
 
     @property
     def limits(self) -> Limits:

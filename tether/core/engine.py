@@ -27,15 +27,17 @@ from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
+from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
+from tether.core.run import ReplayGap, Runs, RunState
 from tether.core.session import Session
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.telemetry import Telemetry
-from tether.core.turn import STANDARD_TURNS, TurnStrategy
+from tether.core.turn import STANDARD_TURNS, TurnStrategy, response_skeleton
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
@@ -67,6 +69,19 @@ class Engine:
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
+        limits = config.limits
+        self.runs = Runs(
+            max_events=limits.replay_max_events,
+            max_bytes=limits.replay_max_bytes,
+            retention_s=limits.replay_retention_s,
+            max_finished=limits.replay_max_finished_runs,
+            background_per_tenant=limits.max_background_per_key,
+            background_per_process=limits.max_background_per_process,
+            clock=clock.monotonic,
+            on_event=telemetry.run_event,
+        )
+        self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
+        self._background_tasks: set[asyncio.Task] = set()
         self.services = TurnServices(
             config=config,
             router=self.router,
@@ -82,6 +97,7 @@ class Engine:
             clock=clock,
             coalesce=CoalesceWindow.from_limits(config.limits),
             queued=QueuedBytes(config.limits),
+            runs=self.runs,
         )
         self.sessions: set[Session] = set()
         self._per_tenant: Counter[str] = Counter()
@@ -95,7 +111,10 @@ class Engine:
         """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
         self._stopping = True
         reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
+        for task in list(self._background_tasks):  # queued ones; the running ones end with their sessions
+            task.cancel()
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
+        await asyncio.gather(*self._background_tasks, return_exceptions=True)
         await self.post.flush()
 
     async def aclose(self) -> None:
@@ -152,7 +171,22 @@ class Engine:
         return len(findings)
 
     async def hydrate(self, tenant: str, response_id: str, lane: str = "") -> CachedResponse | None:
-        """Load a stored response as connection state: one store read, then one tokenisation."""
+        """Load a stored response as connection state: one store read, then one tokenisation.
+        A response still in flight (on another connection, or in the background) is waited for,
+        at most `continuation_wait_s`."""
+        run = self.runs.in_flight(tenant, response_id)
+        if run is not None:
+            wait_s = self.config.limits.continuation_wait_s
+            try:
+                async with asyncio.timeout(wait_s):
+                    await run.wait_settled()
+            except TimeoutError:
+                raise TetherError(
+                    errors.PREVIOUS_RESPONSE_IN_PROGRESS,
+                    f"Previous response '{response_id}' is still in progress after {wait_s:g} s; "
+                    "continue it once it has ended.",
+                    param="previous_response_id",
+                ) from None
         await self.post.wait_durable(tenant, response_id)
         hydrated = await self.store.load_context(tenant, response_id)
         self.telemetry.hydration(hydrated is not None)
@@ -270,13 +304,117 @@ class Engine:
             await session.close()  # otherwise the caller went away: cancel the generation
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        """The stored response; one in flight (or whose store write has not landed yet, or a
+        background one that failed before it started) as its run has it."""
+        run = self.runs.get(tenant, response_id)
+        if run is not None and not run.state.final:
+            return run.snapshot()
         await self.post.wait_durable(tenant, response_id)
         response = await self.store.get_response(tenant, response_id)
         if response is None:
+            if run is not None:
+                return run.snapshot()
             raise _not_found(response_id)
         return response
 
+    # -- runs: background mode, resume, cancel -------------------------------------------------
+
+    async def create_background(self, tenant: str, params: request_pb2.ResponseCreateParams) -> response_pb2.Response:
+        """`background: true`: check the request, reserve its run and return it `queued`; a task
+        runs it (at most `max_background_running` at once) in a session of its own."""
+        if self._stopping:
+            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
+        if params.HasField("store") and not params.store:
+            raise TetherError(
+                errors.INVALID_REQUEST,
+                "Background mode requires store=true: a background response is kept to be polled.",
+                param="store",
+            )
+        params.ClearField("background")
+        params.ClearField("stream")
+        params.ClearField("stream_id")
+        validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
+        self.router.resolve(params.model)
+        self.runs.admit_background(tenant)
+        response = response_skeleton(params, self.services.clock.wall())
+        response.status, response.background = "queued", True
+        run = self.runs.reserve(tenant, response)
+        self.runs.count("background")
+        task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
+        self._background_tasks.add(task)
+        task.add_done_callback(self._background_tasks.discard)
+        return run.snapshot()
+
+    async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run) -> None:  # noqa: ANN001
+        try:
+            async with self._background_slots:
+                if run.state.final:  # cancelled while queued
+                    return
+                session = await self.open_session(tenant, transport="background")
+                drain = asyncio.create_task(_discard(session.events()))  # the run logs each batch
+                try:
+                    await session.start(params, run)
+                    await run.wait_settled()
+                    await session.wait_idle()
+                finally:
+                    await session.close()
+                    await drain
+        except asyncio.CancelledError:
+            run.close(TetherError(errors.SERVER_SHUTTING_DOWN, "The server shut down before the response ran."))
+            raise
+        except TetherError as exc:
+            run.close(exc)
+        except Exception:
+            log.exception("background response %s failed", run.id)
+            run.close(TetherError(errors.SERVER_ERROR, "The server had an error processing the request."))
+
+    async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        """Cancel a response in flight (queued or in progress) and return it `cancelled`;
+        again for a cancelled one (idempotent). A response that ended otherwise is a 400."""
+        run = self.runs.get(tenant, response_id)
+        if run is None:
+            response = await self.get_response(tenant, response_id)
+            if response.status != "cancelled":
+                raise _not_cancellable(response)
+            return response
+        if run.state.final:
+            if run.state is not RunState.CANCELLED:
+                raise _not_cancellable(run.snapshot())
+            return run.snapshot()
+        self.runs.count("cancelled")
+        if run.control is None:  # queued: it never starts
+            run.close(None)
+        else:
+            run.control.interrupt(Outcome.CANCELLED)
+            try:
+                async with asyncio.timeout(self.config.limits.continuation_wait_s):
+                    await run.wait_settled()
+            except TimeoutError:
+                pass
+        return run.snapshot()
+
+    def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
+        """The events of a stored response numbered above `after` (all of them for -1), then the
+        live ones until its terminal event. 404 for an unknown id; 400 `replay_unavailable` when
+        its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
+        run = self.runs.get(tenant, response_id)
+        if run is None or run.log is None:
+            raise TetherError(
+                errors.REPLAY_UNAVAILABLE,
+                f"The events of response '{response_id}' are not retained on this server (a stored "
+                "response's events are kept while it runs and for a while after it ends).",
+                param="response_id",
+            )
+        try:
+            run.log.since(after)
+        except ReplayGap as exc:
+            raise TetherError(errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
+                              param="starting_after") from None  # fmt: skip
+        self.runs.count("resumed")
+        return _follow(run.follow(after), response_id)
+
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
+        self.runs.forget(tenant, response_id)
         await self.post.wait_durable(tenant, response_id)
         if not await self.store.delete_response(tenant, response_id):
             raise _not_found(response_id)
@@ -383,6 +521,27 @@ def _kept_tail(context: Sequence[items_pb2.Item]) -> int:
 def _item_id(item: items_pb2.Item) -> str:
     arm = item.WhichOneof("item")
     return getattr(getattr(item, arm), "id", "") if arm else ""
+
+
+async def _follow(events: AsyncIterator[Outgoing], response_id: str) -> AsyncIterator[Outgoing]:
+    try:
+        async for event in events:
+            yield event
+    except ReplayGap as exc:  # a reader that fell behind the log's bound
+        raise TetherError(errors.REPLAY_UNAVAILABLE, f"Stream of response '{response_id}' fell behind: {exc}.") from None
+
+
+async def _discard(events: AsyncIterator) -> None:
+    async for _ in events:
+        pass
+
+
+def _not_cancellable(response: response_pb2.Response) -> TetherError:
+    return TetherError(
+        errors.INVALID_REQUEST,
+        f"Cannot cancel response '{response.id}': it has already ended (status '{response.status}').",
+        param="response_id",
+    )
 
 
 def _not_found(response_id: str) -> TetherError:

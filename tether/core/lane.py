@@ -6,14 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from tether.core.run import ResponseRun
 from tether.responses.v1 import items_pb2, request_pb2
+
+# A queued create: its params, the client's event id, the bytes charged to its connection's pending
+# bytes (tether.core.queued) and the run a background create reserved.
+Queued = tuple[request_pb2.ResponseCreateParams, str, int, ResponseRun | None]
 
 
 class Lane:
     def __init__(self, name: str) -> None:
         self.name = name
-        # (create, event_id, bytes charged to the connection's pending bytes: tether.core.queued)
-        self.queue: deque[tuple[request_pb2.ResponseCreateParams, str, int]] = deque()
+        self.queue: deque[Queued] = deque()
         self.worker: asyncio.Task | None = None
         self.last_response_id = ""
         # Steers accepted for a response that stopped for tool output: merged into the next

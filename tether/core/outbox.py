@@ -37,7 +37,8 @@ import orjson
 
 from tether.config import Limits
 from tether.core.clock import SYSTEM_CLOCK, Clock
-from tether.protocol.wire import DELTA_ARMS, TERMINAL_ARMS
+from tether.core.run import ResponseRun
+from tether.protocol.wire import DELTA_ARMS
 from tether.responses.v1 import events_pb2
 
 
@@ -197,7 +198,7 @@ class Outbox:
         self._space.set()
         self._closed = False
         self._last_flush = 0.0
-        self._seq: dict[str, int] = {}
+        self._runs: dict[str, ResponseRun] = {}  # response id -> its run (numbers and logs its events)
         self.events_in = 0  # put() calls: what producers queued, before merging
         self.events_out = 0
         self.batches_out = 0
@@ -230,6 +231,10 @@ class Outbox:
         else:
             self._queue.append(delta)
         self._ready.set()
+
+    def bind(self, run: ResponseRun) -> None:
+        """Number (and log) the events of `run.id` that leave this outbox through `run`."""
+        self._runs[run.id] = run
 
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
         """Queue a last event past the bound (connection-fatal errors) so close never blocks."""
@@ -269,16 +274,16 @@ class Outbox:
                 finally:
                     timer.cancel()
         batch: list[Outgoing] = []
-        queue, seqs = self._queue, self._seq
+        queue, runs = self._queue, self._runs
         while queue:
             entry = queue.popleft()
             rid = entry.response_id
             if rid:  # request- or connection-scoped errors keep their sequence number (0)
-                entry.sequence_number = seq = seqs.get(rid, 0)
-                if type(entry) is not Delta and entry.WhichOneof("event") in TERMINAL_ARMS:  # type: ignore[union-attr]
-                    seqs.pop(rid, None)
-                else:
-                    seqs[rid] = seq + 1
+                run = runs.get(rid)
+                if run is None:  # events of a response no run was bound for: numbered all the same
+                    run = runs[rid] = ResponseRun(rid)
+                if run.stamp(entry, None if type(entry) is Delta else entry.WhichOneof("event")):  # type: ignore[union-attr]
+                    del runs[rid]
             if type(entry) is Delta and not lazy_deltas:
                 entry = entry.to_event()
             batch.append(entry)

@@ -11,8 +11,14 @@ socket. It owns:
 - per-connection memos of the render and route stages (header tokens, model routes);
 - its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
   timeout (the rule: `tether.core.lifetime`, on the injected clock), and its outbox (coalescing,
-  backpressure, sequence numbers).
+  backpressure; each response's run numbers and logs the events as they leave it).
 Request-scoped problems become in-band `error` events; the session stays usable.
+
+When the client goes away (`close`) while stored (store=true) responses are in flight, the
+session detaches instead of cancelling them: it takes no more creates, drops the queued ones,
+cancels the turns of other responses, and keeps draining its outbox into the runs while the
+stored ones finish (or end `cancelled`, per `Limits.on_client_gone`) and are stored; then it
+closes. Their runs stay retrievable and resumable by id (`tether.core.run`).
 
 A session knows neither the engine nor any kind of turn but the one its `TurnStrategy` makes: it
 gets the process-wide `TurnServices`, builds each turn a `TurnContext`, and interrupts a turn
@@ -36,6 +42,7 @@ from tether.core.items import user_message
 from tether.core.lane import Lane
 from tether.core.outbox import Outbox, OutboxClosed, Outgoing
 from tether.core.outcome import Outcome, TurnControl
+from tether.core.run import ResponseRun
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
@@ -120,6 +127,7 @@ class Session:
         self._last_activity = self._created
         self.state = SessionState.OPEN
         self._close_task: asyncio.Future | None = None
+        self._detached = False  # the client is gone; stored responses in flight are finishing
         self._watchdog = asyncio.create_task(self._watch(), name=f"tether-watch-{self.id}")
 
     # -- transport-facing API (SessionHandle) -----------------------------------------------------
@@ -155,15 +163,54 @@ class Session:
             yield batch
 
     async def close(self) -> None:
-        """The client went away: cancel everything and free the connection's state.
+        """The client went away: cancel everything and free the connection's state, except the
+        turns of stored responses in flight: those the session detaches (module docstring) and
+        closes when they end, without the caller waiting.
 
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
         if self._close_task is None:
             if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return
+            if self.state is SessionState.OPEN and self._detach():
+                self._close_task = asyncio.ensure_future(self._close_detached())
+                return
             self._close_task = asyncio.ensure_future(self._close())
+        if self._detached:
+            return
         await asyncio.shield(self._close_task)
+
+    def _detach(self) -> bool:
+        """Keep the turns of stored responses in flight past the client (finishing, or
+        cancelled per `on_client_gone`); cancel the rest. False: there are none."""
+        kept = [t for t in self._turns.values() if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]
+        if not kept:
+            return False
+        self._detached = True
+        self.state = next_state(self.state, SessionState.DRAINING)
+        keep = {t.control.task for t in kept}
+        for lane in self._lanes.values():
+            self._drop_queued(lane)
+            if lane.worker is not None and lane.worker not in keep:
+                lane.worker.cancel()
+        if self.limits.on_client_gone == "cancel":
+            for turn in kept:
+                turn.control.interrupt(Outcome.CANCELLED)
+        for _ in kept:
+            self.services.runs.count("detached")
+        return True
+
+    async def _close_detached(self) -> None:
+        """Drain the outbox into the runs (nobody reads it now) until the kept turns end; close."""
+        drain = asyncio.create_task(self._discard_events(), name=f"tether-detached-{self.id}")
+        workers = [lane.worker for lane in self._lanes.values() if lane.worker]
+        await asyncio.gather(*workers, return_exceptions=True)
+        await self._close()
+        await drain
+
+    async def _discard_events(self) -> None:
+        async for _ in self.events():
+            pass
 
     async def _close(self) -> None:
         self.state = next_state(self.state, SessionState.CLOSED)
@@ -176,6 +223,8 @@ class Session:
             self._drop_queued(lane)
         await self.context.mcp.aclose()
         self.outbox.close()
+        while await self.outbox.get_batch():  # what no one will send still counts in its run's log
+            pass
         self.cache.clear()
         self._on_closed(self)
 
@@ -190,7 +239,13 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "") -> None:
+    async def start(self, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
+        """Queue a create whose run a background create reserved (its id and time stand)."""
+        self._last_activity = self.clock.monotonic()
+        await self._enqueue(params, "", run)
+
+    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "",
+                       run: ResponseRun | None = None) -> None:  # fmt: skip
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
@@ -233,16 +288,16 @@ class Session:
             await self.emit_error(exc, stream_id=stream_id, event_id=event_id)
             return
         self.queued_bytes += nbytes
-        lane.queue.append((params, event_id, nbytes))
+        lane.queue.append((params, event_id, nbytes, run))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
         while lane.queue:
-            params, event_id, nbytes = lane.queue.popleft()
+            params, event_id, nbytes, preset = lane.queue.popleft()
             try:
-                if not await self._run_one(lane, task, params, event_id):
+                if not await self._run_one(lane, task, params, event_id, preset):
                     return
             finally:
                 self._release(nbytes)
@@ -259,11 +314,14 @@ class Session:
         self.services.queued.release(self.tenant, nbytes)
 
     async def _run_one(self, lane: Lane, task: asyncio.Task, params: request_pb2.ResponseCreateParams,
-                       event_id: str) -> bool:  # fmt: skip
-        """One create of `lane`: wait for an active slot, run its turn, then queue what its
-        accepted steers continue with. False: the connection is gone (the lane stops)."""
+                       event_id: str, preset: ResponseRun | None) -> bool:  # fmt: skip
+        """One create of `lane`: wait for an active slot, run its turn (in the run a background
+        create reserved, if any), then queue what its accepted steers continue with. False: the
+        connection is gone, or its client is and the lane's later creates are not run."""
         async with self._active:
             turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
+            turn.response_run = preset
+            crash: TetherError | None = None
             try:
                 with self.services.telemetry.turn_span(turn):
                     await turn.run()
@@ -277,12 +335,14 @@ class Session:
                 return False
             except Exception:  # noqa: BLE001 - a bug in one turn must not kill the session
                 log.exception("turn crashed")
-                await self.emit_error(
-                    TetherError(errors.SERVER_ERROR, "The server had an error processing the request."),
-                    stream_id=turn.stream_id,
-                )
+                crash = TetherError(errors.SERVER_ERROR, "The server had an error processing the request.")
+                await self.emit_error(crash, stream_id=turn.stream_id)
             finally:
                 self._turns.pop(turn.response_id, None)
+                if turn.response_run is not None:  # ended here when no terminal event did (cancelled, refused, crashed)
+                    turn.response_run.close(turn.refusal or crash)
+            if self._detached:
+                return False
             await self._after_turn(turn, self._steers.pop(turn.response_id, []))
         return True
 
@@ -325,7 +385,7 @@ class Session:
         nbytes = successor.ByteSize()
         self.services.queued.charge(self.tenant, nbytes)  # the server's own create: not refused
         self.queued_bytes += nbytes
-        turn.lane.queue.appendleft((successor, "", nbytes))
+        turn.lane.queue.appendleft((successor, "", nbytes, None))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 
@@ -450,7 +510,15 @@ class Session:
 
     async def end(self, reason: TetherError, *, grace: float) -> None:
         """End the connection on the server's initiative (lifetime, idle, shutdown): stop taking
-        creates, let active turns finish within `grace`, send `reason` as the last event."""
+        creates, let active turns finish within `grace`, send `reason` as the last event. A
+        detached session (its client gone) gives its turns `grace`, then cuts them."""
+        if self._detached and self._close_task is not None:
+            done, _ = await asyncio.wait({self._close_task}, timeout=grace)
+            if not done:
+                for turn in list(self._turns.values()):
+                    turn.control.interrupt(Outcome.CUT, reason)
+                await asyncio.wait({self._close_task}, timeout=1.0)
+            return
         if self.state is not SessionState.OPEN:
             return
         self.state = next_state(self.state, SessionState.DRAINING)

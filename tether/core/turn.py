@@ -46,6 +46,7 @@ from tether.core.mcp import McpLoop, check_approval_responses, redacted_tools
 from tether.core.outbox import Delta
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.postinference import PostJob
+from tether.core.run import ResponseRun
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved
 from tether.core.timing import StageClock
@@ -158,6 +159,10 @@ class Turn:
         self.deadline = 0.0  # loop time by which the generation must end (`limits.max_turn_s`)
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
         self.mcp: McpLoop | None = None  # the create names remote MCP servers (tether.core.mcp)
+        # The response's run: set once it is created (or before, by a background create that
+        # reserved it); `refusal`: the request error that ended the turn before it was created.
+        self.response_run: ResponseRun | None = None
+        self.refusal: TetherError | None = None
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -183,11 +188,17 @@ class Turn:
         try:
             prepared = await self._prepare()
         except TetherError as exc:
+            self.refusal = exc
             self._evict_parent_after_error()
             self.services.telemetry.turn_refused(exc.code)
             await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
             return
         self.response_id = prepared.response.id
+        run = self.response_run = self.services.runs.open(self.ctx.tenant, prepared.response, self.control,
+                                                          self.response_run)  # fmt: skip
+        if run.state.final:  # a background run cancelled before it started: nothing is created
+            return
+        self.ctx.outbox.bind(run)
         self.ctx.register(self)
         with self.services.telemetry.active_turn():
             try:
@@ -340,46 +351,10 @@ class Turn:
         return items
 
     def _response_skeleton(self) -> response_pb2.Response:
-        p = self.params
-        r = response_pb2.Response(
-            id=ids.response_id(),
-            created_at=int(self.services.clock.wall()),
-            status="in_progress",
-            model=p.model,
-            previous_response_id=p.previous_response_id,
-            store=p.store if p.HasField("store") else True,
-            parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
-            temperature=p.temperature if p.HasField("temperature") else 1.0,
-            top_p=p.top_p if p.HasField("top_p") else 1.0,
-            truncation=p.truncation or "disabled",
-            user=p.user,
-            prompt_cache_key=p.prompt_cache_key,
-            safety_identifier=p.safety_identifier,
-            service_tier=p.service_tier or "default",
-        )
-        if p.HasField("instructions"):
-            r.instructions = p.instructions
-        if p.HasField("max_output_tokens"):
-            r.max_output_tokens = p.max_output_tokens
-        if p.HasField("max_tool_calls"):
-            r.max_tool_calls = p.max_tool_calls
-        if p.conversation:
-            r.conversation.id = p.conversation
-        if p.HasField("prompt"):
-            r.prompt.CopyFrom(p.prompt)
-        r.top_logprobs = p.top_logprobs
-        r.tools.extend(redacted_tools(p.tools) if self.mcp else p.tools)  # MCP credentials are never echoed
-        if p.HasField("tool_choice"):
-            r.tool_choice.CopyFrom(p.tool_choice)
-        else:
-            r.tool_choice.mode = "auto"
-        if p.HasField("text"):
-            r.text.CopyFrom(p.text)
-        else:
-            r.text.format.type = "text"
-        if p.HasField("reasoning"):
-            r.reasoning.CopyFrom(p.reasoning)
-        r.metadata.update(p.metadata)
+        r = response_skeleton(self.params, self.services.clock.wall())
+        run = self.response_run
+        if run is not None and run.response is not None:  # reserved by a background create
+            r.id, r.created_at, r.background = run.id, run.response.created_at, run.background
         return r
 
     # -- generation -------------------------------------------------------------------------------
@@ -651,6 +626,8 @@ class Turn:
                 await services.conversations.append(tenant, self.params.conversation, [*added, *output])
         parents = self.ctx.parents
         finishing = parents.begin_finishing(r.id)
+        if self.response_run is not None:
+            self.response_run.terminal_produced = True
         services.telemetry.response_finished(r)
         try:
             if r.store and services.config.store_durability == "before_terminal":
@@ -764,6 +741,50 @@ class StandardTurns:
 
 
 STANDARD_TURNS = StandardTurns()
+
+
+def response_skeleton(p: request_pb2.ResponseCreateParams, now: float) -> response_pb2.Response:
+    """The Response a create starts as (`in_progress`, a new id, created `now`)."""
+    r = response_pb2.Response(
+        id=ids.response_id(),
+        created_at=int(now),
+        status="in_progress",
+        model=p.model,
+        previous_response_id=p.previous_response_id,
+        store=p.store if p.HasField("store") else True,
+        parallel_tool_calls=p.parallel_tool_calls if p.HasField("parallel_tool_calls") else True,
+        temperature=p.temperature if p.HasField("temperature") else 1.0,
+        top_p=p.top_p if p.HasField("top_p") else 1.0,
+        truncation=p.truncation or "disabled",
+        user=p.user,
+        prompt_cache_key=p.prompt_cache_key,
+        safety_identifier=p.safety_identifier,
+        service_tier=p.service_tier or "default",
+    )
+    if p.HasField("instructions"):
+        r.instructions = p.instructions
+    if p.HasField("max_output_tokens"):
+        r.max_output_tokens = p.max_output_tokens
+    if p.HasField("max_tool_calls"):
+        r.max_tool_calls = p.max_tool_calls
+    if p.conversation:
+        r.conversation.id = p.conversation
+    if p.HasField("prompt"):
+        r.prompt.CopyFrom(p.prompt)
+    r.top_logprobs = p.top_logprobs
+    r.tools.extend(redacted_tools(p.tools))  # MCP credentials are never echoed nor stored
+    if p.HasField("tool_choice"):
+        r.tool_choice.CopyFrom(p.tool_choice)
+    else:
+        r.tool_choice.mode = "auto"
+    if p.HasField("text"):
+        r.text.CopyFrom(p.text)
+    else:
+        r.text.format.type = "text"
+    if p.HasField("reasoning"):
+        r.reasoning.CopyFrom(p.reasoning)
+    r.metadata.update(p.metadata)
+    return r
 
 
 def warm_up_only(params: request_pb2.ResponseCreateParams) -> bool:

@@ -143,6 +143,13 @@ class Metrics:
                                      ["event"], registry=r)  # fmt: skip
         for event in ("requested", "approved", "denied"):
             self.mcp_approvals.labels(event)
+        self.runs = Counter(
+            "tether_runs", "Response runs by event: background (created), resumed (stream retrieves), "
+            "cancelled (cancels of runs in flight), detached (a client went away, its stored response ran on)",
+            ["event"], registry=r,
+        )
+        self.background_runs = Gauge("tether_background_runs", "Background responses now, by state (queued, running)",
+                                     ["state"], registry=r)  # fmt: skip
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
         _event_loop_info(r)
@@ -155,9 +162,21 @@ class Metrics:
             self.hydrations.labels(result)
         for reason in ("retried", "repaired", "permanent"):
             self.post_failures.labels(reason)
+        for event in ("background", "resumed", "cancelled", "detached"):
+            self.runs.labels(event)
+        for state in ("queued", "running"):
+            self.background_runs.labels(state)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def watch_background(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Read `tether_background_runs` at each scrape from `counts()`: (queued, running)."""
+        self.background_runs.labels("queued").set_function(lambda: counts()[0])
+        self.background_runs.labels("running").set_function(lambda: counts()[1])
+
+    def run_event(self, kind: str) -> None:
+        self.runs.labels(kind).inc()
 
     # -- hooks called by the core -----------------------------------------------------------------
 

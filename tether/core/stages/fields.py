@@ -95,7 +95,10 @@ CREATE_FIELDS: dict[str, Field] = {
     "truncation": Field(H, "`disabled` (default): over the window is 400 `context_length_exceeded`; "
                         "`auto` drops the oldest whole items (never the last) until it fits."),
     "service_tier": Field(E, "Tether has one tier; the requested value is validated and echoed."),
-    "background": Field(H, "false only; true is 400 `background_not_supported` (no polling store)."),
+    "background": Field(H, "HTTP: true returns the Response `queued` at once and runs it; poll, stream "
+                        "(`?stream=true&starting_after=N`) or cancel it by id (docs/background.md). Needs "
+                        "store=true (400 naming `store`); bounded per key and per process (429). On a "
+                        "WebSocket or gRPC session true is 400 `background_not_supported`."),
     "stream_options": Field(A, "`include_obfuscation`: Tether never pads deltas, so there is nothing to turn off."),
     "prompt_cache_options": Field(A, "Tether's prefix cache is per connection and automatic; `prewarm: true` makes the "
                                   "create a warm-up (`generate: false`)."),
@@ -111,7 +114,7 @@ CREATE_FIELDS: dict[str, Field] = {
                           "the include value does). Sent as Chat Completions' `logprobs`/`top_logprobs`; a 400 on dialects "
                           "without them (ollama, lmstudio). Echoed."),
     "access_programs": Field(R, "OpenAI account programs do not apply to a self-hosted server."),
-    "background_options": Field(R, "Background execution is not supported."),
+    "background_options": Field(R, "No background options exist in Tether; `background: true` takes none."),
     "image": Field(R, "Request-level image options are not supported."),
     "moderation": Field(R, "Moderation runs are not supported; see `[safety]`."),
     # Tether extensions and transport envelopes.

@@ -1,0 +1,205 @@
+"""The response run without sockets: its state machine, sequence numbers, the bounded replay log,
+subscribers reading `after=n`, and the registry's retention and background bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from tether import errors
+from tether.core.outbox import CoalesceWindow, Delta, Outbox
+from tether.core.run import FINAL, ReplayGap, ReplayLog, ResponseRun, Runs, RunState, next_run_state
+from tether.errors import TetherError
+from tether.responses.v1 import events_pb2, response_pb2
+
+
+def _event(arm: str, status: str = "in_progress", rid: str = "resp_1") -> events_pb2.ServerEvent:
+    ev = events_pb2.ServerEvent(response_id=rid)
+    r = getattr(ev, arm).response
+    r.id, r.status = rid, status
+    return ev
+
+
+def _delta(text: str, rid: str = "resp_1") -> Delta:
+    d = Delta("output_text_delta", "msg_1", 0, text)
+    d.response_id = rid
+    return d
+
+
+def _runs(**kw: object) -> Runs:
+    args = dict(max_events=100, max_bytes=1 << 20, retention_s=60.0, max_finished=10, background_per_tenant=2,
+                background_per_process=3)  # fmt: skip
+    args.update(kw)
+    return Runs(**args)  # type: ignore[arg-type]
+
+
+# -- the state machine --------------------------------------------------------------------------
+
+
+def test_every_transition_of_the_table() -> None:
+    allowed = {
+        (RunState.QUEUED, RunState.IN_PROGRESS), (RunState.QUEUED, RunState.FAILED),
+        (RunState.QUEUED, RunState.CANCELLED),
+        *((RunState.IN_PROGRESS, final) for final in FINAL),
+    }  # fmt: skip
+    for current, wanted in itertools.product(RunState, RunState):
+        got = next_run_state(current, wanted)
+        assert got is (wanted if (current, wanted) in allowed else current), (current, wanted)
+
+
+def test_final_states_never_move_and_queued_cannot_complete_without_running() -> None:
+    for final in FINAL:
+        assert all(next_run_state(final, wanted) is final for wanted in RunState)
+    assert next_run_state(RunState.QUEUED, RunState.COMPLETED) is RunState.QUEUED
+    assert next_run_state(RunState.IN_PROGRESS, RunState.QUEUED) is RunState.IN_PROGRESS
+
+
+def test_events_drive_the_state_and_number_contiguously() -> None:
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20), state=RunState.QUEUED)
+    entries = [_event("created"), _event("in_progress"), _delta("a"), _delta("b"), _event("completed", "completed")]
+    ended = [run.stamp(e, None if isinstance(e, Delta) else e.WhichOneof("event")) for e in entries]
+    assert ended == [False, False, False, False, True]
+    assert [e.sequence_number for e in entries] == [0, 1, 2, 3, 4]
+    assert run.state is RunState.COMPLETED and run.response.status == "completed"
+
+
+def test_a_cancelled_response_ends_the_run_cancelled() -> None:
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    run.stamp(_event("incomplete", "cancelled"), "incomplete")
+    assert run.state is RunState.CANCELLED
+
+
+async def test_close_ends_a_run_without_terminal_event_with_one() -> None:
+    failed = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20), response=response_pb2.Response(id="resp_1", status="queued"),
+                         state=RunState.QUEUED)  # fmt: skip
+    failed.close(TetherError(errors.MODEL_NOT_FOUND, "no such model"))
+    assert failed.state is RunState.FAILED and failed.settled
+    (last,) = failed.log.since(-1)
+    assert last.WhichOneof("event") == "failed" and last.failed.response.error.code == errors.MODEL_NOT_FOUND
+
+    cancelled = ResponseRun("resp_2", log=ReplayLog(100, 1 << 20), state=RunState.QUEUED)
+    cancelled.close(None)
+    assert cancelled.state is RunState.CANCELLED and cancelled.snapshot().status == "cancelled"
+
+
+async def test_close_after_a_produced_terminal_event_only_settles() -> None:
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.terminal_produced = True  # queued in an outbox, not numbered yet
+    run.close(None)
+    assert run.state is RunState.IN_PROGRESS and run.settled and len(run.log) == 0
+
+
+# -- the replay log -------------------------------------------------------------------------------
+
+
+def test_replay_log_is_bounded_by_events_and_bytes() -> None:
+    log = ReplayLog(max_events=3, max_bytes=1 << 20)
+    run = ResponseRun("resp_1", log=log)
+    for text in "abcde":
+        run.stamp(_delta(text), None)
+    assert len(log) == 3 and log.first_seq == 2
+    assert [e.sequence_number for e in log.since(1)] == [2, 3, 4]
+    assert [e.sequence_number for e in log.since(3)] == [4]
+    assert log.since(4) == []
+    with pytest.raises(ReplayGap):
+        log.since(0)
+
+    by_bytes = ReplayLog(max_events=100, max_bytes=10)
+    run = ResponseRun("resp_2", log=by_bytes)
+    for _ in range(4):
+        run.stamp(_delta("xxxx"), None)  # 4 bytes each: 12 > 10 drops the oldest
+    assert len(by_bytes) == 2 and by_bytes.nbytes == 8 and by_bytes.first_seq == 2
+
+
+async def test_subscribers_replay_after_n_then_follow_live_until_the_end() -> None:
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    run.stamp(_delta("a"), None)
+
+    async def read(after: int) -> list[int]:
+        return [e.sequence_number async for e in run.follow(after)]
+
+    early, late = asyncio.create_task(read(-1)), asyncio.create_task(read(0))
+    await asyncio.sleep(0)
+    run.stamp(_delta("b"), None)
+    await asyncio.sleep(0)
+    run.stamp(_event("completed", "completed"), "completed")
+    assert await early == [0, 1, 2, 3]
+    assert await late == [1, 2, 3]
+    assert await read(3) == []  # caught up with an ended run: nothing more
+
+
+async def test_a_cancelled_subscriber_does_not_stop_the_others() -> None:
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+
+    async def read() -> list[int]:
+        return [e.sequence_number async for e in run.follow(0)]
+
+    gone, stays = asyncio.create_task(read()), asyncio.create_task(read())
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    run.stamp(_event("completed", "completed"), "completed")
+    assert await stays == [1]
+
+
+# -- the outbox numbers through the run -----------------------------------------------------------
+
+
+async def test_the_outbox_numbers_merged_deltas_once_and_logs_what_left() -> None:
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    box.bind(run)
+    await box.put(_event("created"))
+    for text in "abc":
+        await box.put(_delta(text))
+    await box.put(_event("completed", "completed"))
+    batch = await box.get_batch(lazy_deltas=True)
+    assert [e.sequence_number for e in batch] == [0, 1, 2]
+    assert [e.sequence_number for e in run.log.since(-1)] == [0, 1, 2] and run.log.since(0)[0].delta == "abc"
+    assert run.state is RunState.COMPLETED
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+
+def test_only_stored_responses_are_registered_and_logged() -> None:
+    runs = _runs()
+    stored = runs.open("t", response_pb2.Response(id="resp_s", store=True), control=None)
+    unstored = runs.open("t", response_pb2.Response(id="resp_u", store=False), control=None)
+    assert stored.recorded and not unstored.recorded
+    assert runs.get("t", "resp_s") is stored and runs.get("t", "resp_u") is None
+    assert runs.get("other-tenant", "resp_s") is None
+
+
+def test_finished_runs_are_kept_for_the_retention_then_dropped() -> None:
+    now = [0.0]
+    runs = _runs(retention_s=10.0, max_finished=2, clock=lambda: now[0])
+    for i in range(3):
+        run = runs.open("t", response_pb2.Response(id=f"resp_{i}", store=True), control=None)
+        run.stamp(_event("completed", "completed", f"resp_{i}"), "completed")
+    assert runs.get("t", "resp_0") is None  # past max_finished
+    assert runs.get("t", "resp_2") is not None
+    now[0] = 11.0
+    assert runs.get("t", "resp_2") is None  # past the retention
+
+
+def test_background_admission_is_bounded_per_tenant_and_per_process() -> None:
+    runs = _runs(background_per_tenant=2, background_per_process=3)
+    reserved = [runs.reserve("a", response_pb2.Response(id=f"resp_a{i}", status="queued")) for i in range(2)]
+    with pytest.raises(TetherError) as per_key:
+        runs.admit_background("a")
+    assert per_key.value.code == errors.RATE_LIMIT_EXCEEDED and per_key.value.status == 429
+    runs.admit_background("b")  # another key still fits
+    runs.reserve("b", response_pb2.Response(id="resp_b0", status="queued"))
+    with pytest.raises(TetherError) as per_process:
+        runs.admit_background("c")
+    assert "this server" in per_process.value.message
+    assert runs.background_counts() == (3, 0)
+    reserved[0].close(None)  # cancelled while queued: its slot is free again
+    runs.admit_background("a")
+    assert runs.background_counts() == (2, 0)

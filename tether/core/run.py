@@ -1,0 +1,359 @@
+"""A response run: one response's life, owned by the engine rather than by the connection that
+started it.
+
+A `ResponseRun` holds what outlives a connection: the response's state (`RunState`, every way
+between states in one pure function, `next_run_state`), its latest Response object, the turn's
+`TurnControl` (so a cancel can reach it from anywhere), the sequence numbers of its events and a
+bounded replay log of them. Subscribers read the log from any point (`follow(after=n)`: the
+events numbered above n, then the live ones until the terminal event).
+
+Where the numbers come from: an event is numbered when it is committed to the run, i.e. when it
+leaves its connection's outbox as part of a batch (`Outbox.get_batch` calls `stamp`). Deltas the
+outbox merged are one event there, so the live client and anyone replaying the log see the same
+contiguous numbers; a connection whose client went away keeps draining its outbox into its runs
+(`Session` detaches), so the numbering never forks.
+
+`Runs` is the process's registry: runs of stored responses in flight (retrievable, resumable,
+cancellable by id, per tenant), finished ones for `replay_retention_s` (at most
+`replay_max_finished_runs` of them), and the background admission counters. Responses with
+`store=false` get a run too (its numbers) but no log and no registration: nobody can name them
+from elsewhere.
+
+The ways between states (anything else leaves the state as it is):
+  QUEUED      -> IN_PROGRESS | FAILED | CANCELLED
+  IN_PROGRESS -> COMPLETED | INCOMPLETE | FAILED | CANCELLED
+  COMPLETED, INCOMPLETE, FAILED, CANCELLED: final
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from tether import errors
+from tether.errors import TetherError
+from tether.protocol.wire import TERMINAL_ARMS
+from tether.responses.v1 import events_pb2, response_pb2
+
+
+class RunState(enum.Enum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL
+
+
+FINAL = frozenset({RunState.COMPLETED, RunState.INCOMPLETE, RunState.FAILED, RunState.CANCELLED})
+
+_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.IN_PROGRESS, RunState.FAILED, RunState.CANCELLED}),
+    RunState.IN_PROGRESS: FINAL,
+    **{state: frozenset() for state in FINAL},
+}
+
+_STATUS = {state.value: state for state in RunState}
+
+
+def next_run_state(current: RunState, wanted: RunState) -> RunState:
+    """The one transition function of `RunState`: `wanted` where the table allows it, else
+    `current` (a cancel after the end, a second terminal event: nothing changes)."""
+    return wanted if wanted in _TRANSITIONS[current] else current
+
+
+def state_of_status(status: str) -> RunState:
+    """The state a Response's `status` names (an unknown status is a failure)."""
+    return _STATUS.get(status, RunState.FAILED)
+
+
+class ReplayGap(Exception):
+    """The events a subscriber asked for are no longer in the log (it is bounded)."""
+
+
+class ReplayLog:
+    """The events of one run in order, bounded by `max_events` and `max_bytes` (the oldest go
+    first; `first_seq` says where the log starts). Sizes: a delta's text length, an event's
+    serialized size."""
+
+    __slots__ = ("_entries", "max_events", "max_bytes", "nbytes", "first_seq")
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self._entries: deque[tuple[Any, int]] = deque()
+        self.max_events = max(1, max_events)
+        self.max_bytes = max(1, max_bytes)
+        self.nbytes = 0
+        self.first_seq = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def append(self, entry: Any, size: int) -> None:
+        entries = self._entries
+        entries.append((entry, size))
+        self.nbytes += size
+        while len(entries) > 1 and (len(entries) > self.max_events or self.nbytes > self.max_bytes):
+            _, dropped = entries.popleft()
+            self.nbytes -= dropped
+            self.first_seq += 1
+
+    def since(self, after: int) -> list[Any]:
+        """The entries numbered above `after`; ReplayGap when some of them were dropped."""
+        start = after + 1 - self.first_seq
+        if start < 0:
+            raise ReplayGap(f"events {after + 1}..{self.first_seq - 1} are no longer retained")
+        if start >= len(self._entries):
+            return []
+        return [e for e, _ in list(self._entries)[start:]]
+
+
+class ResponseRun:
+    """One response's run (see the module docstring). `control` is the turn's `TurnControl`
+    once a turn runs it (None while queued, or for a run closed before it started)."""
+
+    __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq",
+                 "terminal_produced", "settled", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
+
+    def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
+                 log: ReplayLog | None = None, background: bool = False,
+                 on_final: Callable[[ResponseRun], None] | None = None,
+                 state: RunState = RunState.IN_PROGRESS) -> None:  # fmt: skip
+        self.id = response_id
+        self.tenant = tenant
+        self.state = state
+        self.response = response
+        self.control: Any = None
+        self.background = background
+        self.log = log
+        self.next_seq = 0
+        self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
+        self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
+        self.finished_at = 0.0
+        self._wake: asyncio.Future | None = None
+        self._settled: asyncio.Future | None = None
+        self._on_final = on_final
+
+    @property
+    def recorded(self) -> bool:
+        return self.log is not None
+
+    # -- producing ---------------------------------------------------------------------------
+
+    def stamp(self, entry: Any, arm: str | None) -> bool:
+        """Number `entry` (an event whose oneof arm is `arm`, or a merged delta record when
+        `arm` is None), log it and wake the subscribers. Returns whether it ended the run."""
+        entry.sequence_number = seq = self.next_seq
+        self.next_seq = seq + 1
+        log = self.log
+        ended = False
+        if arm is not None and arm in _RESPONSE_ARMS:
+            response = getattr(entry, arm).response
+            self.response = response
+            ended = arm in _TERMINAL
+            self._move(state_of_status(response.status) if ended else RunState.IN_PROGRESS)
+        if log is not None:
+            log.append(entry, entry.size if arm is None else entry.ByteSize())
+            if self._wake is not None:
+                self._wake.set_result(None)
+                self._wake = None
+        return ended
+
+    def _move(self, wanted: RunState) -> None:
+        before = self.state
+        self.state = next_run_state(before, wanted)
+        if self.state is not before and self.state.final:
+            if self._wake is not None:
+                self._wake.set_result(None)
+                self._wake = None
+            if self._on_final is not None:
+                self._on_final(self)
+
+    def close(self, error: TetherError | None = None) -> None:
+        """The turn is over (or never started). A run whose terminal event was queued is only
+        settled; otherwise it ends here, cancelled (`error` None or `cancelled`) or failed with
+        `error`, and a terminal event says so in its log."""
+        if not self.terminal_produced and not self.state.final:
+            response = response_pb2.Response()
+            if self.response is not None:
+                response.CopyFrom(self.response)
+            response.id = self.id
+            cancelled = error is None or error.code == errors.CANCELLED
+            response.status = "cancelled" if cancelled else "failed"
+            if not cancelled:
+                assert error is not None
+                response.error.code, response.error.message = error.code, error.message
+            ev = events_pb2.ServerEvent(response_id=self.id)
+            arm = "incomplete" if cancelled else "failed"
+            getattr(ev, arm).response.CopyFrom(response)
+            self.stamp(ev, arm)
+        self.settle()
+
+    def settle(self) -> None:
+        """The turn's bookkeeping is done (its store write queued): continuations may read it."""
+        self.settled = True
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    async def wait_settled(self) -> None:
+        if self.settled:
+            return
+        if self._settled is None:
+            self._settled = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._settled)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def snapshot(self) -> response_pb2.Response:
+        """The Response as it stands (status from the state)."""
+        r = response_pb2.Response()
+        if self.response is not None:
+            r.CopyFrom(self.response)
+        r.id = self.id
+        if not self.state.final:
+            r.status = self.state.value
+        return r
+
+    async def follow(self, after: int = -1) -> AsyncIterator[Any]:
+        """The logged events numbered above `after`, then the live ones, until the run has
+        ended and its last event was given. Raises ReplayGap when the log no longer holds them
+        (asked too late, or a subscriber that fell behind the log's bound)."""
+        assert self.log is not None, "a run without a log has nothing to follow"
+        while True:
+            for entry in self.log.since(after):
+                after = entry.sequence_number
+                yield entry
+            if self.state.final and after >= self.next_seq - 1:
+                return
+            if self._wake is None:
+                self._wake = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._wake)
+
+
+_TERMINAL = TERMINAL_ARMS
+_RESPONSE_ARMS = frozenset({"created", "in_progress", "queued", *TERMINAL_ARMS})
+
+
+class Runs:
+    """The process's runs of stored responses by (tenant, id): in flight, and finished ones for
+    `retention_s` (the newest `max_finished`), plus background admission (`admit_background`)."""
+
+    def __init__(self, *, max_events: int, max_bytes: int, retention_s: float, max_finished: int,
+                 background_per_tenant: int, background_per_process: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_event: Callable[[str], None] = lambda kind: None) -> None:  # fmt: skip
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.retention_s = retention_s
+        self.max_finished = max_finished
+        self.background_per_tenant = background_per_tenant
+        self.background_per_process = background_per_process
+        self._clock = clock
+        self._live: dict[tuple[str, str], ResponseRun] = {}
+        self._finished: OrderedDict[tuple[str, str], ResponseRun] = OrderedDict()
+        self._background: Counter[str] = Counter()  # tenant -> background runs not finished
+        self.background_total = 0
+        self.counts: Counter[str] = Counter()  # background, resumed, cancelled, detached
+        self._on_event = on_event  # the telemetry's `run_event`
+
+    def count(self, kind: str) -> None:
+        self.counts[kind] += 1
+        self._on_event(kind)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def open(self, tenant: str, response: response_pb2.Response, control: Any,
+             preset: ResponseRun | None = None) -> ResponseRun:  # fmt: skip
+        """The run of a response a turn just created (`preset`: the run a background create
+        reserved for it). Stored responses are registered and logged; others only numbered."""
+        if preset is not None:
+            run = preset
+            run.response = response
+        elif response.store:
+            run = ResponseRun(response.id, tenant, response=response, log=self._new_log(), on_final=self._final)
+            self._live[(tenant, response.id)] = run
+        else:
+            run = ResponseRun(response.id, tenant, response=response)
+        run.control = control
+        return run
+
+    def reserve(self, tenant: str, response: response_pb2.Response) -> ResponseRun:
+        """A queued background run (its id known before any turn runs it)."""
+        run = ResponseRun(response.id, tenant, response=response, log=self._new_log(), background=True,
+                          on_final=self._final, state=RunState.QUEUED)  # fmt: skip
+        self._live[(tenant, response.id)] = run
+        self._background[tenant] += 1
+        self.background_total += 1
+        return run
+
+    def _new_log(self) -> ReplayLog:
+        return ReplayLog(self.max_events, self.max_bytes)
+
+    def get(self, tenant: str, response_id: str) -> ResponseRun | None:
+        key = (tenant, response_id)
+        run = self._live.get(key)
+        if run is not None:
+            return run
+        self._expire()
+        return self._finished.get(key)
+
+    def forget(self, tenant: str, response_id: str) -> None:
+        """Drop a finished run (its response was deleted); one in flight stays."""
+        self._finished.pop((tenant, response_id), None)
+
+    def in_flight(self, tenant: str, response_id: str) -> ResponseRun | None:
+        """The run of that response while it has not settled (its turn still owns it)."""
+        run = self.get(tenant, response_id)
+        return run if run is not None and not run.settled else None
+
+    def admit_background(self, tenant: str) -> None:
+        """Raise 429 `rate_limit_exceeded` when a new background run would pass a bound."""
+        if self.background_total >= self.background_per_process:
+            raise TetherError(
+                errors.RATE_LIMIT_EXCEEDED,
+                f"Too many background responses queued or running on this server (limit {self.background_per_process}).",
+                retry_after=1.0,
+            )
+        if self._background[tenant] >= self.background_per_tenant:
+            raise TetherError(
+                errors.RATE_LIMIT_EXCEEDED,
+                f"Too many background responses queued or running for this API key (limit {self.background_per_tenant}).",
+                retry_after=1.0,
+            )
+
+    def background_counts(self) -> tuple[int, int]:
+        """(queued, running) background runs."""
+        queued = sum(1 for r in self._live.values() if r.background and r.state is RunState.QUEUED)
+        return queued, self.background_total - queued
+
+    def _final(self, run: ResponseRun) -> None:
+        key = (run.tenant, run.id)
+        if self._live.pop(key, None) is None:
+            return
+        run.finished_at = self._clock()
+        if run.background:
+            self._background[run.tenant] -= 1
+            if self._background[run.tenant] <= 0:
+                del self._background[run.tenant]
+            self.background_total -= 1
+        self._finished[key] = run
+        self._expire()
+
+    def _expire(self) -> None:
+        finished = self._finished
+        while len(finished) > self.max_finished:
+            finished.popitem(last=False)
+        horizon = self._clock() - self.retention_s
+        while finished:
+            key, run = next(iter(finished.items()))
+            if run.finished_at > horizon:
+                break
+            del finished[key]
