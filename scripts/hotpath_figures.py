@@ -1,4 +1,4 @@
-"""Every figure of issue 16 (the hot path) in one go, against its target, for any checkout.
+"""Every figure of the server's hot path in one go, against its target, for any checkout.
 
     python scripts/hotpath_figures.py                       # this checkout (its .venv)
     python scripts/hotpath_figures.py --checkout /tmp/old   # another commit with tether_lab, its .venv
