@@ -139,7 +139,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
     catch_all = engine.router.catch_all
     if catch_all is not None:
-        log.info(
+        log.warning(
             "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
             catch_all,
             config.backends[catch_all].kind,
