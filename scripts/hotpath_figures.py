@@ -1,4 +1,4 @@
-"""Every figure of issue 16 (the hot path) in one go, against its target, for any checkout.
+"""Every figure of the server's hot path in one go, against its target, for any checkout.
 
     python scripts/hotpath_figures.py                       # this checkout (its .venv)
     python scripts/hotpath_figures.py --checkout /tmp/old   # another commit with tether_lab, its .venv
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     tp = throughput(args, out)
     turns, streams = hotpath(args, "turns"), hotpath(args, "streams")
     text = table(b, lg, tp, turns, streams)
-    header = (f"Issue 16 figures: {args.checkout} at {commit}, {dt.datetime.now():%Y-%m-%d %H:%M} "
+    header = (f"Hot-path figures: {args.checkout} at {commit}, {dt.datetime.now():%Y-%m-%d %H:%M} "
               f"({time.monotonic() - started:.0f} s, {os.cpu_count()} CPUs)")  # fmt: skip
     report = "\n".join([header, "", text, "", "Load average (1 / 5 / 15 min):", *(f"- {x}" for x in LOADS)])
     (out / "figures.md").write_text(report + "\n")

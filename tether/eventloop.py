@@ -1,7 +1,7 @@
 """The event loop a Tether process runs on: `server.event_loop` = "asyncio" (the default: the
 standard library's loop), "uvloop", or "auto" (uvloop where it is installed, else asyncio).
 
-Why the choice, and why asyncio by default (issue 16, 2-core VM): on uvloop the server's CPU per
+Why the choice, and why asyncio by default (measured on a 2-core VM): on uvloop the server's CPU per
 streamed token is 10-17% lower (1.16-1.25 -> 1.04 µs in one process; the 100-stream gRPC run's
 server CPU 0.87 -> 0.77 s), but the per-turn server overhead of a cached `bugfix20` turn over real
 sockets was 3-12% higher in each of six back-to-back A/B pairs (gRPC p50 0.95-1.03 vs 1.00-1.16

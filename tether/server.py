@@ -147,7 +147,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
     catch_all = engine.router.catch_all
     if catch_all is not None:
-        log.info(
+        log.warning(
             "model names not routed elsewhere are answered by backend %r (%s) through the '*' route",
             catch_all,
             config.backends[catch_all].kind,
@@ -236,7 +236,7 @@ def freeze_startup_heap() -> int:
     the server is built and listening: the tokenizer's rank tables (loaded by `build_engine`), the
     compiled codecs and protobuf descriptors, the configuration, the modules. A full (gen-2)
     collection then no longer walks them, so its pauses of the event loop are shorter: one took
-    19 ms during a 100-stream run before (issue 16). Collected first, so that startup garbage is
+    19 ms during a 100-stream run before. Collected first, so that startup garbage is
     freed, not frozen for good. Returns how many objects are frozen (the "tether serving" log
     line's `frozen_objects`).
 

@@ -25,20 +25,21 @@ from tether.extras import MissingExtra
 if TYPE_CHECKING:
     from tether.store.base import Store
 
-# What listens where, and what moves it: (what, setting, flag).
-GRPC = ("gRPC", "server.grpc_port", "--grpc-port")
-BRIDGE = ("HTTP/WebSocket", "server.bridge_port", "--port")
-METRICS = ("metrics", "server.metrics_port", None)
+# What listens where, and what moves it: (what, its port setting, the port's flag, its host setting).
+GRPC = ("gRPC", "server.grpc_port", "--grpc-port", "grpc_host")
+BRIDGE = ("HTTP/WebSocket", "server.bridge_port", "--port", "bridge_host")
+METRICS = ("metrics", "server.metrics_port", None, "bridge_host")
+Listener = tuple[str, str, str | None, str]
 
 
 class StartupError(Exception):
     """The server cannot start; the message is the whole explanation (one line)."""
 
 
-def listen_error(listener: tuple[str, str, str | None], host: str, port: int, exc: OSError) -> StartupError:
+def listen_error(listener: Listener, host: str, port: int, exc: OSError) -> StartupError:
     """The one-line explanation of `exc`, raised binding `listener` (GRPC, BRIDGE, METRICS) to
     `host:port`."""
-    what, setting, flag = listener
+    what, setting, flag, host_setting = listener
     change = f"[server] {setting.partition('.')[2]}" + (f" or {flag}" if flag else "")
     if exc.errno == errno.EADDRINUSE:
         return StartupError(
@@ -46,16 +47,17 @@ def listen_error(listener: tuple[str, str, str | None], host: str, port: int, ex
             f"choose another with {change} (0 picks a free port)"
         )
     reason = exc.strerror or str(exc)
-    return StartupError(f"cannot listen for {what} on {host}:{port}: {reason} (set with {change}, and --host)")
+    return StartupError(
+        f"cannot listen for {what} on {host}:{port}: {reason} "
+        f"(the address: --host or [server] {host_setting}; the port: {change})"
+    )
 
 
-def probe_port(listener: tuple[str, str, str | None], host: str, port: int) -> None:
+def probe_port(listener: Listener, host: str, port: int) -> None:
     """Raise `listen_error` when `host:port` cannot be bound right now (a plain bind, without
-    SO_REUSEPORT: a port another server listens on is refused). Port 0 always passes. For
-    listeners whose own library says less than the errno (gRPC's `add_insecure_port` answers
-    only "Failed to bind")."""
-    if not port:
-        return
+    SO_REUSEPORT: a port another server listens on is refused; with port 0, an address that is
+    not this machine's). For listeners whose own library says less than the errno (gRPC's
+    `add_insecure_port` answers only "Failed to bind", after logging its own error)."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as exc:

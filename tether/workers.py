@@ -67,7 +67,7 @@ from typing import Any
 
 from tether import eventloop
 from tether.config import TetherConfig
-from tether.startup import BRIDGE, GRPC, StartupError, listen_error, probe_port
+from tether.startup import BRIDGE, GRPC, Listener, StartupError, listen_error, probe_port
 
 log = logging.getLogger("tether.workers")
 
@@ -103,7 +103,7 @@ def check_config(cfg: TetherConfig) -> None:
 # -- ports -------------------------------------------------------------------------------------------
 
 
-def reserve_port(listener: tuple[str, str, str | None], host: str, port: int) -> socket.socket:
+def reserve_port(listener: Listener, host: str, port: int) -> socket.socket:
     """A bound, non-listening SO_REUSEPORT socket on (host, port) for `listener`
     (`tether.startup.GRPC` or `BRIDGE`): resolves port 0 to a concrete port the workers then
     share, and refuses a fixed port some other server already listens on (`probe_port`)."""

@@ -95,6 +95,11 @@ def test_the_banner_says_where_to_point_each_client_and_where_models_route(tmp_p
         ["tether-lab/<workload>: bugfix20, chat3, long100", "backend sim (simulated), lab rollouts"],
         ["any other name", 'backend sim (simulated), the "*" route'],
     ]
+    # The README shows this banner to newcomers (the default ports); it stays what the server prints.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = readme.split("## Your first request", 1)[1].split("```\n", 2)[1].splitlines()
+    printed = text.replace(f":{port}/", ":8000/").replace(grpc.group(1), "127.0.0.1:50051").splitlines()
+    assert [line.split() for line in shown] == [line.split() for line in printed]
     # stderr is a pipe here: every log line is one JSON object.
     records = [json.loads(line) for line in err.splitlines()]
     assert any(r["msg"].startswith("no API keys configured") and r["level"] == "warning" for r in records)

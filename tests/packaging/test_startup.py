@@ -62,6 +62,12 @@ def test_a_metrics_port_in_use_names_the_setting(tmp_path: Path, taken_port: int
     assert "[server] metrics_port" in line
 
 
+def test_an_address_that_is_not_this_machines_names_the_host_setting(tmp_path: Path) -> None:
+    line = one_line(serve(tmp_path, "--host", "192.0.2.1", "--port", "0", "--grpc-port", "0"))  # TEST-NET-1
+    assert line.startswith("tether: cannot listen for gRPC on 192.0.2.1:0: ")
+    assert "--host or [server] grpc_host" in line
+
+
 def test_a_bad_configuration_key_or_value_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("[server]\nbridge_prot = 8001\n")
     line = one_line(serve(tmp_path, "--config", "bad.toml"))
