@@ -146,3 +146,23 @@ async def test_a_proxy_named_by_the_environment_carries_the_calls(fake_chat_serv
         assert ei.value.code == "backend_error" and len(fake_chat_server.requests) == seen  # direct: refused
     finally:
         await b.aclose()
+
+
+async def test_a_slow_consumer_is_not_an_idle_upstream(fake_chat_server):
+    """The idle timeout counts only while the stream waits for the upstream: a consumer that takes
+    longer than it between runs (a slow client, a full outbox) does not time the stream out."""
+    b = backend(fake_chat_server.base_url, stream_idle_timeout_s=0.3)
+    try:
+        fake_chat_server.push(fk.paced(4, 0.01))
+        got = []
+        async for chunk in b.stream(request("hi")):
+            got.append(chunk)
+            await asyncio.sleep(0.4)
+        assert isinstance(got[-1], Finish) and len(got) == 5
+        fake_chat_server.push(fk.stall(after_chunks=1, seconds=5))
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as ei:
+            await drain(b)
+        assert ei.value.code == "backend_timeout" and 0.25 <= time.monotonic() - t0 < 3
+    finally:
+        await b.aclose()
