@@ -76,7 +76,7 @@ class Pacing:
     `ttft_s`), `burst` chunks back to back every `burst` intervals; `stamp`: each token's text is
     its send time (time.monotonic), else `" w<i>"`."""
 
-    tokens: int = 200
+    tokens: int = 150
     interval_s: float = 0.02
     burst: int = 1
     ttft_s: float = 0.05
@@ -967,7 +967,10 @@ def run(args: argparse.Namespace) -> int:
                         log(notes[-1])
             # warm-up: the first streams import and connect lazily in every process
             run_round("sse", tether.api_url, pacing.model, 2, tether.pid)
-            rows += rounds_against(tag, concurrency, modes, upstream_url=url, tether=tether, model=pacing.model,
+            # The bursty phase compares Tether with the floors only (the other clients' reads are
+            # the same as in the paced phase).
+            phase_modes = modes if pacing.burst == 1 else [m for m in modes if m not in ("direct-httpx", "direct-aiohttp")]
+            rows += rounds_against(tag, concurrency, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
                                    litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
                                    relay=relay)
         finally:
@@ -1048,7 +1051,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tether_lab.upstream", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", nargs="?", choices=("run", "serve", "relay", "client"), default="run")
-    p.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
+    p.add_argument("--tokens", type=int, default=150, help="tokens per stream (default 150)")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20: 50 tok/s)")
     p.add_argument("--burst", type=int,
                    help="run: also a phase with bursts of this many chunks (1: none; default 4); serve: the burst "
