@@ -28,6 +28,9 @@ Parts, each a separate process, so /proc attributes every CPU second:
   offer, as the openai SDK makes it), `sse` (POST /v1/responses, stream: true), `grpc` (the bidi
   Session). A direct reader's own process CPU is the floor: what any program that reads the stream
   pays. Tether's figure is its process CPU over the round / tokens delivered.
+- **a byte relay** (`relay`, `ByteRelay`): the least a proxy process does, every byte it reads
+  from the upstream written on to the client (a read and a write per token, no parsing), read by
+  the `direct` client through it; its process CPU is the floor for anything that forwards.
 - **LiteLLM** where `litellm` is installed (`litellm --model openai/paced --api_base ...`), read
   like Tether over its SSE. It is not a dependency; the run says when it is missing.
 - **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds at
@@ -73,7 +76,7 @@ class Pacing:
     `ttft_s`), `burst` chunks back to back every `burst` intervals; `stamp`: each token's text is
     its send time (time.monotonic), else `" w<i>"`."""
 
-    tokens: int = 200
+    tokens: int = 150
     interval_s: float = 0.02
     burst: int = 1
     ttft_s: float = 0.05
@@ -222,6 +225,40 @@ class PacedUpstream:
         return True
 
 
+class ByteRelay:
+    """The least any proxy does per token: every byte read from one side written to the other, on
+    asyncio, one upstream connection per client connection (no parsing). Its CPU is the floor of
+    a process that reads a stream and sends it on: a read and a write per token."""
+
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
+        self.upstream_port = upstream_port
+        self.host = host
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, port: int = 0) -> ByteRelay:
+        self._server = await asyncio.start_server(self._accept, self.host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
+        for w in (writer, up_writer):
+            w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
 # --- clients: one round of N concurrent streams -------------------------------------------------------
 
 
@@ -346,9 +383,17 @@ async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asynci
         writer.close()
 
 
+async def _warm(client: Any, url: str) -> None:
+    """One request before the clock starts, so the stream finds its connection open (as the other
+    clients do: they connect before they are ready)."""
+    resp = await client.get(url + "/models", headers={"authorization": "Bearer sk-lab"})
+    await resp.aread()
+
+
 async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
     tr = StreamTrace()
     body = _chat_body(model)
+    await _warm(client, url)
     ready.set()
     await go.wait()
     sent = time.monotonic()
@@ -372,6 +417,8 @@ async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event,
 async def _direct_aiohttp(session: Any, url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
     tr = StreamTrace()
     body = _chat_body(model)
+    async with session.get(url + "/models") as warm:
+        await warm.read()
     ready.set()
     await go.wait()
     sent = time.monotonic()
@@ -427,6 +474,7 @@ async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: 
     chat = not event_prefix
     path = "/chat/completions" if chat else "/responses"
     body = _chat_body(model) if chat else orjson.dumps({**_create(model), "stream": True})
+    await _warm(client, url)
     ready.set()
     await go.wait()
     sent = time.monotonic()
@@ -504,7 +552,7 @@ async def _via_grpc(target: str, model: str, ready: asyncio.Event, go: asyncio.E
         await channel.close()
 
 
-MODES = ("direct", "direct-httpx", "direct-aiohttp", "ws", "sse", "grpc", "litellm")
+MODES = ("direct", "direct-httpx", "direct-aiohttp", "relay", "ws", "sse", "grpc", "litellm")
 DIRECT_MODES = ("direct", "direct-httpx", "direct-aiohttp")
 
 
@@ -514,7 +562,7 @@ async def client_round(mode: str, target: str, model: str, streams: int, go: Cal
     ready = [asyncio.Event() for _ in range(streams)]
     start = asyncio.Event()
     closers: list[Callable[[], Any]] = []
-    if mode == "direct":
+    if mode in ("direct", "relay"):  # the relay passes the upstream's bytes on as they are
         coros = [_direct_asyncio(target, model, r, start) for r in ready]
     elif mode in ("direct-httpx", "sse", "litellm"):
         import httpx
@@ -698,20 +746,25 @@ def tether_config(path: Path, upstream_url: str, *, dialect: str = "vllm", extra
     path.write_text("\n".join(lines))
 
 
-def start_upstream(pacing: Pacing, workdir: Path) -> tuple[subprocess.Popen, int]:
+def start_helper(argv: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, int]:
+    """`python -m tether_lab.upstream ARGV` (serve, relay) as a subprocess; its port from READY."""
     from tether_lab.processes import die_with_parent
 
-    cmd = [sys.executable, "-m", "tether_lab.upstream", "serve", "--tokens", str(pacing.tokens),
-           "--interval-ms", str(pacing.interval_s * 1000), "--burst", str(pacing.burst),
-           "--ttft-ms", str(pacing.ttft_s * 1000)] + ([] if pacing.stamp else ["--no-stamp"])
-    log = open(workdir / "upstream.err", "wb")  # noqa: SIM115 - kept for the process's life
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, preexec_fn=die_with_parent)
+    log = open(workdir / f"{name}.err", "wb")  # noqa: SIM115 - kept for the process's life
+    proc = subprocess.Popen([sys.executable, "-m", "tether_lab.upstream", *argv], stdout=subprocess.PIPE,
+                            stderr=log, preexec_fn=die_with_parent)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
     if not line.startswith("READY "):
         proc.kill()
-        raise RuntimeError(f"paced upstream did not start: {line!r}")
+        raise RuntimeError(f"{name} did not start: {line!r}")
     return proc, json.loads(line[6:])["port"]
+
+
+def start_upstream(pacing: Pacing, workdir: Path) -> tuple[subprocess.Popen, int]:
+    return start_helper(["serve", "--tokens", str(pacing.tokens), "--interval-ms", str(pacing.interval_s * 1000),
+                         "--burst", str(pacing.burst), "--ttft-ms", str(pacing.ttft_s * 1000)]
+                        + ([] if pacing.stamp else ["--no-stamp"]), workdir, "upstream")
 
 
 def litellm_available() -> bool:
@@ -753,7 +806,8 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *, upstream_url: str,
                    tether: Any, model: str, litellm_port: int | None, litellm_pid: int | None,
-                   log: Callable[[str], None]) -> list[dict]:
+                   log: Callable[[str], None], relay: tuple[int, int] | None = None) -> list[dict]:
+    """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay."""
     rows = []
     for n in concurrency:
         for mode in modes:
@@ -765,6 +819,10 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                 target, pid = tether.api_url, tether.pid
             elif mode == "grpc":
                 target, pid = tether.grpc_target, tether.pid
+            elif mode == "relay":
+                if relay is None:
+                    continue
+                target, pid = f"http://127.0.0.1:{relay[1]}/v1", relay[0]
             elif mode == "litellm":
                 if litellm_port is None:
                     continue
@@ -796,7 +854,7 @@ def _f(v: float | None, digits: int = 0) -> str:
 
 
 _WHO = {"direct": "reader itself", "direct-httpx": "reader itself", "direct-aiohttp": "reader itself",
-        "ws": "Tether", "sse": "Tether", "grpc": "Tether", "litellm": "LiteLLM"}
+        "relay": "byte relay", "ws": "Tether", "sse": "Tether", "grpc": "Tether", "litellm": "LiteLLM"}
 
 
 def _row_line(r: dict) -> str:
@@ -890,7 +948,12 @@ def run(args: argparse.Namespace) -> int:
         tether = ServerProcess(cfg, out, name="tether", args=[x for s in args.set for x in ("--set", s)]).start()
         litellm = None
         litellm_port = None
+        relay_proc = None
         try:
+            relay = None
+            if "relay" in modes:
+                relay_proc, relay_port = start_helper(["relay", "--port", "0", "--to", str(port)], out, "relay")
+                relay = (relay_proc.pid, relay_port)
             if "litellm" in modes:
                 if not litellm_available():
                     if not notes:
@@ -904,10 +967,15 @@ def run(args: argparse.Namespace) -> int:
                         log(notes[-1])
             # warm-up: the first streams import and connect lazily in every process
             run_round("sse", tether.api_url, pacing.model, 2, tether.pid)
-            rows += rounds_against(tag, concurrency, modes, upstream_url=url, tether=tether, model=pacing.model,
-                                   litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log)
+            # The bursty phase compares Tether with the floors only (the other clients' reads are
+            # the same as in the paced phase).
+            phase_modes = modes if pacing.burst == 1 else [m for m in modes if m not in ("direct-httpx", "direct-aiohttp")]
+            rows += rounds_against(tag, concurrency, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
+                                   litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
+                                   relay=relay)
         finally:
             tether.stop()
+            _stop(relay_proc)
             _stop(litellm)
             _stop(upstream)
     if args.llama:
@@ -948,6 +1016,20 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _relay(args: argparse.Namespace) -> int:
+    async def main() -> None:
+        relay = await ByteRelay(args.to).start(args.port)
+        print("READY " + json.dumps({"port": relay.port}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    eventloop.run(main())
+    return 0
+
+
 def _client(args: argparse.Namespace) -> int:
     async def main() -> dict:
         loop = asyncio.get_running_loop()
@@ -968,21 +1050,22 @@ def _client(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tether_lab.upstream", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", nargs="?", choices=("run", "serve", "client"), default="run")
-    p.add_argument("--tokens", type=int, default=200, help="tokens per stream (default 200)")
+    p.add_argument("what", nargs="?", choices=("run", "serve", "relay", "client"), default="run")
+    p.add_argument("--tokens", type=int, default=150, help="tokens per stream (default 150)")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20: 50 tok/s)")
     p.add_argument("--burst", type=int,
                    help="run: also a phase with bursts of this many chunks (1: none; default 4); serve: the burst "
                         "(default 1)")
     p.add_argument("--ttft-ms", type=float, default=50.0, help="time to the first token (default 50)")
     p.add_argument("--streams", default="1,10,100", help="run: concurrent streams per round (default 1,10,100)")
-    p.add_argument("--modes", default="direct,direct-httpx,ws,sse,grpc,litellm",
+    p.add_argument("--modes", default="direct,relay,direct-httpx,ws,sse,grpc,litellm",
                    help=f"run: paths to measure, of {', '.join(MODES)} (direct is always run)")
     p.add_argument("--llama", action="store_true", help="run: also the llama-cpp-python phase (real-model extra)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run: a Tether setting (repeatable)")
     p.add_argument("--out", type=Path, help="run: results folder (default bench-results/upstream-<time>)")
     p.add_argument("--port", type=int, default=0, help="serve: the port (0: any free one)")
     p.add_argument("--no-stamp", action="store_true", help="serve: tokens ' w<i>' instead of send-time stamps")
+    p.add_argument("--to", type=int, help="relay: the upstream's port (127.0.0.1)")
     p.add_argument("--mode", choices=MODES, help="client: the path")
     p.add_argument("--target", help="client: URL or host:port")
     p.add_argument("--model", default="paced", help="client: the model name")
@@ -999,6 +1082,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.what == "client":
         return _client(args)
+    if args.what == "relay":
+        return _relay(args)
     return run(args)
 
 

@@ -119,3 +119,50 @@ def test_pool_options_are_checked():
         backend("http://127.0.0.1:9/v1", max_connections=0)
     with pytest.raises(ValueError, match="max_keepalive_connections"):  # gone: keepalive_timeout_s
         backend("http://127.0.0.1:9/v1", max_keepalive_connections=5)
+
+
+async def test_a_proxy_named_by_the_environment_carries_the_calls(fake_chat_server, monkeypatch):
+    """HTTP_PROXY is honoured (read once, when the backend is made), NO_PROXY exempts a host."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{fake_chat_server.port}")
+    b = backend("http://upstream.invalid/v1")  # only the proxy can reach it
+    try:
+        with pytest.raises(BackendError):
+            await drain(b)  # the fake answers the proxy-form request with 404: it got the call
+        assert fake_chat_server.requests[-1].path == "http://upstream.invalid/v1/chat/completions"
+    finally:
+        await b.aclose()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen = len(fake_chat_server.requests)
+    b = backend(f"http://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(BackendError) as ei:
+            await drain(b)
+        assert ei.value.code == "backend_error" and len(fake_chat_server.requests) == seen  # direct: refused
+    finally:
+        await b.aclose()
+
+
+async def test_a_slow_consumer_is_not_an_idle_upstream(fake_chat_server):
+    """The idle timeout counts only while the stream waits for the upstream: a consumer that takes
+    longer than it between runs (a slow client, a full outbox) does not time the stream out."""
+    b = backend(fake_chat_server.base_url, stream_idle_timeout_s=0.3)
+    try:
+        fake_chat_server.push(fk.paced(4, 0.01))
+        got = []
+        async for chunk in b.stream(request("hi")):
+            got.append(chunk)
+            await asyncio.sleep(0.4)
+        assert isinstance(got[-1], Finish) and len(got) == 5
+        fake_chat_server.push(fk.stall(after_chunks=1, seconds=5))
+        t0 = time.monotonic()
+        with pytest.raises(BackendError) as ei:
+            await drain(b)
+        assert ei.value.code == "backend_timeout" and 0.25 <= time.monotonic() - t0 < 3
+    finally:
+        await b.aclose()

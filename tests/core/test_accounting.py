@@ -70,3 +70,22 @@ def test_usage_past_the_cap_is_billed_the_cap():
     u = account(Usage(10, 0, 156_601, 100_000), input_tokens=9, cached_tokens=0, output=[])
     assert capped(u, 50) == TurnUsage(10, 0, 50, 50, u.sources)
     assert capped(u, 200_000) is u
+
+
+def test_reported_output_without_its_reasoning_part_counts_only_the_reasoning_items(monkeypatch):
+    """vLLM reports completion_tokens but no reasoning details: the reasoning part is counted from
+    the reasoning items alone, and an answer without any is not tokenised at all."""
+    from tests.fakes.items import reasoning
+    from tether import render
+
+    encoded: list[str] = []
+    real = render.encode
+    monkeypatch.setattr(render, "encode", lambda text: encoded.append(text) or real(text))
+    answer = [assistant("a long answer " * 50)]
+    u = account(Usage(10, None, 150), input_tokens=9, cached_tokens=0, output=answer)
+    assert (u.output_tokens, u.reasoning_tokens) == (150, 0) and u.sources["reasoning"] == "tether"
+    assert encoded == []
+    thought = reasoning("think it through")
+    u = account(Usage(10, None, 150), input_tokens=9, cached_tokens=0, output=[thought, *answer])
+    assert u.output_tokens == 150 and u.reasoning_tokens == len(real("think it through"))
+    assert encoded == ["think it through"]

@@ -86,14 +86,14 @@ def test_lab_module_smoke(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "tether_lab.upstream", "--streams", "2", "--tokens", "8", "--interval-ms", "5",
-         "--ttft-ms", "5", "--burst", "1", "--modes", "direct,direct-httpx,ws,sse,grpc,litellm", "--out", str(out)],
+         "--ttft-ms", "5", "--burst", "1", "--modes", "direct,relay,direct-httpx,ws,sse,grpc,litellm", "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "upstream.json").read_text())
     modes = {r["mode"]: r for r in data["rows"]}
-    assert {"direct", "direct-httpx", "ws", "sse", "grpc"} <= set(modes)
-    for mode in ("direct", "direct-httpx", "ws", "sse", "grpc"):
+    assert {"direct", "relay", "direct-httpx", "ws", "sse", "grpc"} <= set(modes)
+    for mode in ("direct", "relay", "direct-httpx", "ws", "sse", "grpc"):
         r = modes[mode]
         assert r["ok"] == 2 and r["tokens"] == 16, r
         assert r["cpu_us_per_token"] is not None and r["lag_p50_ms"] is not None
@@ -110,6 +110,22 @@ def test_pacing_refuses_nonsense() -> None:
         except ValueError:
             continue
         raise AssertionError(f"accepted {bad}")
+
+
+async def test_the_byte_relay_passes_the_stream_through_unchanged() -> None:
+    server = await upstream.PacedUpstream(upstream.Pacing(tokens=12, interval_s=0.001, burst=4)).start()
+    relay = await upstream.ByteRelay(server.port).start()
+    try:
+
+        async def go() -> None:
+            return None
+
+        raw = await upstream.client_round("relay", f"http://127.0.0.1:{relay.port}/v1", "paced", 2, go)
+    finally:
+        await relay.stop()
+        await server.stop()
+    row = upstream.summarize(raw, None)
+    assert row["ok"] == 2 and row["tokens"] == 24 and server.streams_done == 2
 
 
 async def test_client_round_reports_a_failing_stream() -> None:
