@@ -120,7 +120,7 @@ class ResponseRun:
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
     __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq",
-                 "terminal_produced", "settled", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
+                 "terminal_produced", "settled", "sink", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
                  log: ReplayLog | None = None, background: bool = False,
@@ -136,6 +136,7 @@ class ResponseRun:
         self.next_seq = 0
         self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
+        self.sink: Any = None  # the outbox its events leave through (`Outbox.bind`)
         self.finished_at = 0.0
         self._wake: asyncio.Future | None = None
         self._settled: asyncio.Future | None = None
@@ -178,9 +179,10 @@ class ResponseRun:
 
     def close(self, error: TetherError | None = None) -> None:
         """The turn is over (or never started). A run whose terminal event was queued is only
-        settled; otherwise it ends here, cancelled (`error` None or `cancelled`) or failed with
-        `error`, and a terminal event says so in its log."""
-        if not self.terminal_produced and not self.state.final:
+        settled; a logged one that has none ends here, cancelled (`error` None or `cancelled`)
+        or failed with `error`, with a terminal event that says so: queued behind its other
+        events in the outbox it is bound to while that is open, else logged at once."""
+        if not self.terminal_produced and not self.state.final and self.log is not None:
             response = response_pb2.Response()
             if self.response is not None:
                 response.CopyFrom(self.response)
@@ -193,7 +195,12 @@ class ResponseRun:
             ev = events_pb2.ServerEvent(response_id=self.id)
             arm = "incomplete" if cancelled else "failed"
             getattr(ev, arm).response.CopyFrom(response)
-            self.stamp(ev, arm)
+            self.terminal_produced = True
+            sink = self.sink
+            if sink is not None and not sink.closed:
+                sink.put_nowait_final(ev)
+            else:
+                self.stamp(ev, arm)
         self.settle()
 
     def settle(self) -> None:
