@@ -155,6 +155,17 @@ async def test_a_websocket_client_that_goes_away_mid_turn_loses_nothing(make_sta
         assert stack.engine.runs.counts["detached"] == 1
 
 
+async def test_shutdown_cuts_a_detached_response_which_is_still_stored(make_stack: Any) -> None:
+    async with make_stack(backend={"tokens_per_s": 100, "output_tokens": 5000}) as stack, stack.client() as client:
+        response_id, _ = await _drop_ws_mid_turn(stack)
+        await stack.engine.shutdown(grace=0)
+        await stack.engine.post.flush()
+        stored = await stack.engine.store.get_response("a", response_id)
+        assert stored.status == "failed" and stored.error.code == "server_shutting_down" and stored.output
+        events = [ev async for ev in await client.responses.retrieve(response_id, stream=True)]
+        assert events[-1].type == "response.failed"
+
+
 async def test_on_client_gone_cancel_stores_the_output_so_far(make_stack: Any) -> None:
     async with make_stack(backend=SLOW, on_client_gone="cancel") as stack, stack.client() as client:
         response_id, _ = await _drop_ws_mid_turn(stack)

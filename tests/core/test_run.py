@@ -216,3 +216,16 @@ async def test_close_queues_its_terminal_event_behind_the_events_still_in_the_ou
     batch = await box.get_batch(lazy_deltas=True)
     assert [e.sequence_number for e in batch] == [0, 1, 2] and batch[-1].incomplete.response.status == "cancelled"
     assert run.state is RunState.CANCELLED and run.settled
+
+
+def test_finished_runs_are_bounded_by_their_bytes_per_process() -> None:
+    runs = _runs(finished_bytes=100, max_finished=100)
+    for i in range(3):
+        run = runs.open("t", response_pb2.Response(id=f"resp_{i}", store=True), control=None)
+        run.stamp(_delta("x" * 45, f"resp_{i}"), None)  # 45 bytes of log each
+        run.stamp(_event("completed", "completed", f"resp_{i}"), "completed")
+    kept = [i for i in range(3) if runs.get("t", f"resp_{i}") is not None]
+    assert kept == [2]  # ~65 bytes each: two would pass 100; the oldest went first
+    assert runs.get("t", "resp_2") is not None
+    runs.forget("t", "resp_2")  # a deleted response's log goes at once
+    assert runs.get("t", "resp_2") is None

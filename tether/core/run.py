@@ -15,7 +15,8 @@ contiguous numbers; a connection whose client went away keeps draining its outbo
 
 `Runs` is the process's registry: runs of stored responses in flight (retrievable, resumable,
 cancellable by id, per tenant), finished ones for `replay_retention_s` (at most
-`replay_max_finished_runs` of them), and the background admission counters. Responses with
+`replay_max_finished_runs` of them, their logs at most `replay_bytes_per_process` together), and
+the background admission counters. Responses with
 `store=false` get a run too (its numbers) but no log and no registration: nobody can name them
 from elsewhere.
 
@@ -154,17 +155,17 @@ class ResponseRun:
         entry.sequence_number = seq = self.next_seq
         self.next_seq = seq + 1
         log = self.log
+        if log is not None:
+            log.append(entry, entry.size if arm is None else entry.ByteSize())
         ended = False
         if arm is not None and arm in _RESPONSE_ARMS:
             response = getattr(entry, arm).response
             self.response = response
             ended = arm in _TERMINAL
             self._move(state_of_status(response.status) if ended else RunState.IN_PROGRESS)
-        if log is not None:
-            log.append(entry, entry.size if arm is None else entry.ByteSize())
-            if self._wake is not None:
-                self._wake.set_result(None)
-                self._wake = None
+        if self._wake is not None:
+            self._wake.set_result(None)
+            self._wake = None
         return ended
 
     def _move(self, wanted: RunState) -> None:
@@ -253,13 +254,15 @@ class Runs:
     `retention_s` (the newest `max_finished`), plus background admission (`admit_background`)."""
 
     def __init__(self, *, max_events: int, max_bytes: int, retention_s: float, max_finished: int,
-                 background_per_tenant: int, background_per_process: int,
+                 finished_bytes: int = 1 << 62, background_per_tenant: int, background_per_process: int,
                  clock: Callable[[], float] = time.monotonic,
                  on_event: Callable[[str], None] = lambda kind: None) -> None:  # fmt: skip
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.retention_s = retention_s
         self.max_finished = max_finished
+        self.finished_bytes = finished_bytes  # the finished runs' logs together, per process
+        self._finished_nbytes = 0
         self.background_per_tenant = background_per_tenant
         self.background_per_process = background_per_process
         self._clock = clock
@@ -314,7 +317,8 @@ class Runs:
 
     def forget(self, tenant: str, response_id: str) -> None:
         """Drop a finished run (its response was deleted); one in flight stays."""
-        self._finished.pop((tenant, response_id), None)
+        if (tenant, response_id) in self._finished:
+            self._drop((tenant, response_id))
 
     def in_flight(self, tenant: str, response_id: str) -> ResponseRun | None:
         """The run of that response while it has not settled (its turn still owns it)."""
@@ -326,13 +330,15 @@ class Runs:
         if self.background_total >= self.background_per_process:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
-                f"Too many background responses queued or running on this server (limit {self.background_per_process}).",
+                "Too many background responses queued or running on this server "
+                f"(limit {self.background_per_process}).",
                 retry_after=1.0,
             )
         if self._background[tenant] >= self.background_per_tenant:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
-                f"Too many background responses queued or running for this API key (limit {self.background_per_tenant}).",
+                "Too many background responses queued or running for this API key "
+                f"(limit {self.background_per_tenant}).",
                 retry_after=1.0,
             )
 
@@ -352,15 +358,20 @@ class Runs:
                 del self._background[run.tenant]
             self.background_total -= 1
         self._finished[key] = run
+        self._finished_nbytes += run.log.nbytes if run.log is not None else 0
         self._expire()
 
     def _expire(self) -> None:
+        """Drop finished runs, oldest first: past the count, the bytes or the retention."""
         finished = self._finished
-        while len(finished) > self.max_finished:
-            finished.popitem(last=False)
         horizon = self._clock() - self.retention_s
         while finished:
             key, run = next(iter(finished.items()))
-            if run.finished_at > horizon:
+            if (len(finished) <= self.max_finished and self._finished_nbytes <= self.finished_bytes
+                    and run.finished_at > horizon):  # fmt: skip
                 break
-            del finished[key]
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        run = self._finished.pop(key)
+        self._finished_nbytes -= run.log.nbytes if run.log is not None else 0

@@ -178,7 +178,8 @@ class Session:
     def _detach(self) -> bool:
         """Keep the turns of stored responses in flight past the client (finishing, or
         cancelled per `on_client_gone`); cancel the rest. False: there are none."""
-        kept = [t for t in self._turns.values() if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]
+        kept = [t for t in self._turns.values()
+                if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]  # fmt: skip
         if not kept:
             return False
         self._detached = True
@@ -302,7 +303,7 @@ class Session:
                     await self.emit_error(crash, stream_id=turn.stream_id)
                 finally:
                     self._turns.pop(turn.response_id, None)
-                    if turn.response_run is not None:  # ended here when no terminal event did (cancelled, refused, crashed)
+                    if turn.response_run is not None:  # ends here if no terminal event did (cancelled, refused, crashed)
                         turn.response_run.close(turn.refusal or crash)
                 if self._detached:
                     return
