@@ -71,10 +71,12 @@ class Limits:
     # kept in a replay log, for `GET /v1/responses/{id}?stream=true&starting_after=N`: at most
     # this many events and bytes per response (the oldest go first) ...
     replay_max_events: int = 20_000
-    replay_max_bytes: int = 8 * 1024 * 1024
-    # ... and, once it has ended, for this long, the newest `replay_max_finished_runs` of them.
+    replay_max_bytes: int = 4 * 1024 * 1024
+    # ... and, once it has ended, for this long: the newest `replay_max_finished_runs` of them,
+    # their logs at most `replay_bytes_per_process` together.
     replay_retention_s: float = 600.0
     replay_max_finished_runs: int = 1000
+    replay_bytes_per_process: int = 256 * 1024 * 1024
     # What a stored (store=true) response in flight does when its client goes away (WebSocket,
     # SSE or gRPC): "finish" (it runs to its end and is stored) or "cancel" (it ends `cancelled`
     # at once and is stored with the output so far). Either way `GET /v1/responses/{id}` answers.

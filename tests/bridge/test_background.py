@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import httpx
 import openai
 import pytest
 
-from .helpers import check_sse_events, recv_json, send_json, wait_for
+from tests.support.grpc_client import RawSession
+
+from .helpers import KEY_A, check_sse_events, recv_json, send_json, wait_for
 
 SLOW = {"tokens_per_s": 400, "output_tokens": 400}  # ~1 s of generation
 FINAL = ("completed", "failed", "incomplete", "cancelled")
@@ -152,6 +155,17 @@ async def test_a_websocket_client_that_goes_away_mid_turn_loses_nothing(make_sta
         assert stack.engine.runs.counts["detached"] == 1
 
 
+async def test_shutdown_cuts_a_detached_response_which_is_still_stored(make_stack: Any) -> None:
+    async with make_stack(backend={"tokens_per_s": 100, "output_tokens": 5000}) as stack, stack.client() as client:
+        response_id, _ = await _drop_ws_mid_turn(stack)
+        await stack.engine.shutdown(grace=0)
+        await stack.engine.post.flush()
+        stored = await stack.engine.store.get_response("a", response_id)
+        assert stored.status == "failed" and stored.error.code == "server_shutting_down" and stored.output
+        events = [ev async for ev in await client.responses.retrieve(response_id, stream=True)]
+        assert events[-1].type == "response.failed"
+
+
 async def test_on_client_gone_cancel_stores_the_output_so_far(make_stack: Any) -> None:
     async with make_stack(backend=SLOW, on_client_gone="cancel") as stack, stack.client() as client:
         response_id, _ = await _drop_ws_mid_turn(stack)
@@ -177,6 +191,23 @@ async def test_an_sse_client_that_goes_away_mid_turn_loses_nothing(make_stack: A
         assert (await poll(client, response_id)).status == "completed"
         whole = [ev async for ev in await client.responses.retrieve(response_id, stream=True)]
         check_sse_events(ev.model_dump() for ev in whole)  # strict SDK parse and the sequence oracle
+
+
+async def test_a_grpc_session_that_goes_away_mid_turn_loses_nothing(make_stack: Any) -> None:
+    async with make_stack(backend=SLOW) as stack, stack.client() as client:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as channel:
+            session = RawSession(channel, KEY_A)
+            await session.create(model="sim-model", input="long", store=True)
+            response_id, seen = "", -1
+            while seen < 6:
+                ev = await session.next_event()
+                if ev.WhichOneof("event") == "created":
+                    response_id = ev.created.response.id
+                seen = ev.sequence_number
+            session.call.cancel()
+        rest = [ev async for ev in await client.responses.retrieve(response_id, stream=True, starting_after=seen)]
+        assert rest[0].sequence_number == seen + 1 and rest[-1].type == "response.completed"
+        assert (await poll(client, response_id)).status == "completed"
 
 
 async def test_a_continuation_waits_for_its_parent_in_flight_on_another_connection(make_stack: Any) -> None:

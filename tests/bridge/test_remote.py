@@ -312,3 +312,25 @@ async def test_one_upstream_key_refuses_several_local_tenants_unless_told(caplog
     assert "2 local tenants" in capsys.readouterr().err
     assert cli.main(["bridge", "--upstream", target, "--merge-local-tenants"]) == 2
     assert "only means something with --upstream-api-key" in capsys.readouterr().err
+
+
+async def test_background_resume_and_cancel_over_grpc(remote: Any) -> None:
+    """The forwarding bridge passes background creates, stream retrieves and cancels on over gRPC
+    (`CreateBackgroundResponse`, `StreamResponse`, `CancelResponse`); refusals keep their codes."""
+    async with remote.client(remote.key) as client:
+        created = await client.responses.create(model="sim-model", input="hello", background=True)
+        assert created.status in ("queued", "in_progress") and created.background
+        events = [ev async for ev in await client.responses.retrieve(created.id, stream=True)]
+        assert events[-1].type == "response.completed"
+        assert [ev.sequence_number for ev in events] == list(range(len(events)))
+        tail = [ev async for ev in await client.responses.retrieve(created.id, stream=True, starting_after=1)]
+        assert [ev.sequence_number for ev in tail] == list(range(2, len(events)))
+        with pytest.raises(openai.BadRequestError) as ended:
+            await client.responses.cancel(created.id)
+        assert "already ended" in ended.value.message
+        with pytest.raises(openai.BadRequestError) as unknown:
+            await client.responses.retrieve("resp_unknown", stream=True)
+        assert unknown.value.code == "replay_unavailable"
+        with pytest.raises(openai.BadRequestError) as no_store:
+            await client.responses.create(model="sim-model", input="x", background=True, store=False)
+        assert no_store.value.body["param"] == "store"

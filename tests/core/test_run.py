@@ -203,3 +203,29 @@ def test_background_admission_is_bounded_per_tenant_and_per_process() -> None:
     reserved[0].close(None)  # cancelled while queued: its slot is free again
     runs.admit_background("a")
     assert runs.background_counts() == (2, 0)
+
+
+async def test_close_queues_its_terminal_event_behind_the_events_still_in_the_outbox() -> None:
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    box.bind(run)
+    await box.put(_event("created"))
+    await box.put(_delta("a"))
+    run.close(None)  # the turn was cancelled before its own terminal event
+    assert run.state is RunState.IN_PROGRESS  # not yet: its earlier events have not left
+    batch = await box.get_batch(lazy_deltas=True)
+    assert [e.sequence_number for e in batch] == [0, 1, 2] and batch[-1].incomplete.response.status == "cancelled"
+    assert run.state is RunState.CANCELLED and run.settled
+
+
+def test_finished_runs_are_bounded_by_their_bytes_per_process() -> None:
+    runs = _runs(finished_bytes=100, max_finished=100)
+    for i in range(3):
+        run = runs.open("t", response_pb2.Response(id=f"resp_{i}", store=True), control=None)
+        run.stamp(_delta("x" * 45, f"resp_{i}"), None)  # 45 bytes of log each
+        run.stamp(_event("completed", "completed", f"resp_{i}"), "completed")
+    kept = [i for i in range(3) if runs.get("t", f"resp_{i}") is not None]
+    assert kept == [2]  # ~65 bytes each: two would pass 100; the oldest went first
+    assert runs.get("t", "resp_2") is not None
+    runs.forget("t", "resp_2")  # a deleted response's log goes at once
+    assert runs.get("t", "resp_2") is None

@@ -324,6 +324,7 @@ async def test_grpc_turn_past_its_deadline_is_counted() -> None:
             call = stub.Session(metadata=(("authorization", f"Bearer {KEY_A}"),), timeout=1.0)
             request = service_pb2.SessionRequest()
             request.create.model, request.create.input_text = "sim-model", "x"
+            request.create.store = False  # a stored response would run on (docs/background.md)
             await call.write(request)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 async for _ in call:

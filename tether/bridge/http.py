@@ -15,8 +15,8 @@ Background mode and runs (docs/background.md): a create with `background: true` 
 Response `queued` at once (or, with `stream: true`, streams its events as they come);
 `GET /v1/responses/{id}?stream=true&starting_after=N` streams a stored response's events numbered
 above N (all of them without N) and then the live ones until its terminal event;
-`POST /v1/responses/{id}/cancel` cancels one in flight. An API without runs (a bridge forwarding
-to a remote engine) answers these with 501 `not_implemented`.
+`POST /v1/responses/{id}/cancel` cancels one in flight. A bridge forwarding to a remote engine
+passes all three on over gRPC.
 
 Query parameters OpenAI defines but Tether does not implement are accepted and ignored:
 `GET /v1/responses/{id}` ignores `include`/`include[]` and `include_obfuscation`; `input_items`
@@ -43,7 +43,6 @@ from tether.core.outbox import Outgoing
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
-    NOT_IMPLEMENTED,
     REQUEST_TIMEOUT,
     SERVER_ERROR,
     UPGRADE_REQUIRED,
@@ -150,20 +149,13 @@ class HttpHandlers:
         body = await self._json_body(req)
         return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
 
-    def _runs_api(self, what: str) -> Any:
-        method = getattr(self.ctx.api, what, None)
-        if method is None:
-            raise TetherError(NOT_IMPLEMENTED, "Background mode, resumable streams and cancel are served by an "
-                              "engine in this process; this bridge forwards to a remote one.")  # fmt: skip
-        return method
-
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
         params = await self._params(req)
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
         if params.HasField("background") and params.background:
-            response = await self._runs_api("create_background")(req.tenant, params)
+            response = await self.ctx.api.create_background(req.tenant, params)
             if stream:
                 await self._follow(req, response.id, -1)
             else:
@@ -235,7 +227,7 @@ class HttpHandlers:
 
     async def _follow(self, req: HttpRequest, response_id: str, after: int) -> None:
         """SSE: a run's events numbered above `after`, then the live ones until its end."""
-        events = self._runs_api("follow_response")(req.tenant, response_id, after)
+        events = await self.ctx.api.follow_response(req.tenant, response_id, after)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 await self._stream_sse(req, None, events, watch, started=False)
@@ -244,7 +236,7 @@ class HttpHandlers:
 
     # POST /v1/responses/{id}/cancel
     async def cancel(self, req: HttpRequest) -> None:
-        resp = await self._runs_api("cancel_response")(req.tenant, req.path_params["id"])
+        resp = await self.ctx.api.cancel_response(req.tenant, req.path_params["id"])
         await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(resp)))
 
     # DELETE /v1/responses/{id}

@@ -55,6 +55,24 @@ class ResponsesAPI(Protocol):
 
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse: ...
 
+    async def create_background(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> response_pb2.Response:
+        """`background: true` (HTTP): check the request, answer its Response `queued` at once
+        and run it (docs/background.md). 400 for `store: false`; 429 past the background bounds."""
+        ...
+
+    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
+        """A stored response's events numbered above `after` (all for -1), then the live ones
+        until its terminal event. Raises (before any event) `replay_unavailable` when they are
+        not retained."""
+        ...
+
+    async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        """Cancel a queued or running response; answers it `cancelled` (again for a second
+        cancel); 400 for one that ended otherwise, 404 for an unknown id."""
+        ...
+
     async def list_input_items(
         self, tenant: str, request: service_pb2.ListInputItemsRequest
     ) -> service_pb2.ListInputItemsResponse: ...

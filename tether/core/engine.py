@@ -31,7 +31,7 @@ from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
-from tether.core.run import ReplayGap, Runs, RunState
+from tether.core.run import ReplayGap, ResponseRun, Runs, RunState
 from tether.core.session import Session
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
@@ -75,6 +75,7 @@ class Engine:
             max_bytes=limits.replay_max_bytes,
             retention_s=limits.replay_retention_s,
             max_finished=limits.replay_max_finished_runs,
+            finished_bytes=limits.replay_bytes_per_process,
             background_per_tenant=limits.max_background_per_key,
             background_per_process=limits.max_background_per_process,
             clock=clock.monotonic,
@@ -319,7 +320,9 @@ class Engine:
 
     # -- runs: background mode, resume, cancel -------------------------------------------------
 
-    async def create_background(self, tenant: str, params: request_pb2.ResponseCreateParams) -> response_pb2.Response:
+    async def create_background(
+        self, tenant: str, params: request_pb2.ResponseCreateParams
+    ) -> response_pb2.Response:
         """`background: true`: check the request, reserve its run and return it `queued`; a task
         runs it (at most `max_background_running` at once) in a session of its own."""
         if self._stopping:
@@ -345,7 +348,7 @@ class Engine:
         task.add_done_callback(self._background_tasks.discard)
         return run.snapshot()
 
-    async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run) -> None:  # noqa: ANN001
+    async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         try:
             async with self._background_slots:
                 if run.state.final:  # cancelled while queued
@@ -393,7 +396,7 @@ class Engine:
                 pass
         return run.snapshot()
 
-    def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
+    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
         """The events of a stored response numbered above `after` (all of them for -1), then the
         live ones until its terminal event. 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
@@ -408,8 +411,10 @@ class Engine:
         try:
             run.log.since(after)
         except ReplayGap as exc:
-            raise TetherError(errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
-                              param="starting_after") from None  # fmt: skip
+            raise TetherError(
+                errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
+                param="starting_after",
+            ) from None
         self.runs.count("resumed")
         return _follow(run.follow(after), response_id)
 
@@ -528,7 +533,8 @@ async def _follow(events: AsyncIterator[Outgoing], response_id: str) -> AsyncIte
         async for event in events:
             yield event
     except ReplayGap as exc:  # a reader that fell behind the log's bound
-        raise TetherError(errors.REPLAY_UNAVAILABLE, f"Stream of response '{response_id}' fell behind: {exc}.") from None
+        message = f"Stream of response '{response_id}' fell behind: {exc}."
+        raise TetherError(errors.REPLAY_UNAVAILABLE, message) from None
 
 
 async def _discard(events: AsyncIterator) -> None:

@@ -235,6 +235,7 @@ class Outbox:
     def bind(self, run: ResponseRun) -> None:
         """Number (and log) the events of `run.id` that leave this outbox through `run`."""
         self._runs[run.id] = run
+        run.sink = self
 
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
         """Queue a last event past the bound (connection-fatal errors) so close never blocks."""

@@ -15,7 +15,8 @@ contiguous numbers; a connection whose client went away keeps draining its outbo
 
 `Runs` is the process's registry: runs of stored responses in flight (retrievable, resumable,
 cancellable by id, per tenant), finished ones for `replay_retention_s` (at most
-`replay_max_finished_runs` of them), and the background admission counters. Responses with
+`replay_max_finished_runs` of them, their logs at most `replay_bytes_per_process` together), and
+the background admission counters. Responses with
 `store=false` get a run too (its numbers) but no log and no registration: nobody can name them
 from elsewhere.
 
@@ -120,7 +121,7 @@ class ResponseRun:
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
     __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq",
-                 "terminal_produced", "settled", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
+                 "terminal_produced", "settled", "sink", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
                  log: ReplayLog | None = None, background: bool = False,
@@ -136,6 +137,7 @@ class ResponseRun:
         self.next_seq = 0
         self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
+        self.sink: Any = None  # the outbox its events leave through (`Outbox.bind`)
         self.finished_at = 0.0
         self._wake: asyncio.Future | None = None
         self._settled: asyncio.Future | None = None
@@ -153,17 +155,17 @@ class ResponseRun:
         entry.sequence_number = seq = self.next_seq
         self.next_seq = seq + 1
         log = self.log
+        if log is not None:
+            log.append(entry, entry.size if arm is None else entry.ByteSize())
         ended = False
         if arm is not None and arm in _RESPONSE_ARMS:
             response = getattr(entry, arm).response
             self.response = response
             ended = arm in _TERMINAL
             self._move(state_of_status(response.status) if ended else RunState.IN_PROGRESS)
-        if log is not None:
-            log.append(entry, entry.size if arm is None else entry.ByteSize())
-            if self._wake is not None:
-                self._wake.set_result(None)
-                self._wake = None
+        if self._wake is not None:
+            self._wake.set_result(None)
+            self._wake = None
         return ended
 
     def _move(self, wanted: RunState) -> None:
@@ -178,9 +180,10 @@ class ResponseRun:
 
     def close(self, error: TetherError | None = None) -> None:
         """The turn is over (or never started). A run whose terminal event was queued is only
-        settled; otherwise it ends here, cancelled (`error` None or `cancelled`) or failed with
-        `error`, and a terminal event says so in its log."""
-        if not self.terminal_produced and not self.state.final:
+        settled; a logged one that has none ends here, cancelled (`error` None or `cancelled`)
+        or failed with `error`, with a terminal event that says so: queued behind its other
+        events in the outbox it is bound to while that is open, else logged at once."""
+        if not self.terminal_produced and not self.state.final and self.log is not None:
             response = response_pb2.Response()
             if self.response is not None:
                 response.CopyFrom(self.response)
@@ -193,7 +196,12 @@ class ResponseRun:
             ev = events_pb2.ServerEvent(response_id=self.id)
             arm = "incomplete" if cancelled else "failed"
             getattr(ev, arm).response.CopyFrom(response)
-            self.stamp(ev, arm)
+            self.terminal_produced = True
+            sink = self.sink
+            if sink is not None and not sink.closed:
+                sink.put_nowait_final(ev)
+            else:
+                self.stamp(ev, arm)
         self.settle()
 
     def settle(self) -> None:
@@ -246,13 +254,15 @@ class Runs:
     `retention_s` (the newest `max_finished`), plus background admission (`admit_background`)."""
 
     def __init__(self, *, max_events: int, max_bytes: int, retention_s: float, max_finished: int,
-                 background_per_tenant: int, background_per_process: int,
+                 finished_bytes: int = 1 << 62, background_per_tenant: int, background_per_process: int,
                  clock: Callable[[], float] = time.monotonic,
                  on_event: Callable[[str], None] = lambda kind: None) -> None:  # fmt: skip
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.retention_s = retention_s
         self.max_finished = max_finished
+        self.finished_bytes = finished_bytes  # the finished runs' logs together, per process
+        self._finished_nbytes = 0
         self.background_per_tenant = background_per_tenant
         self.background_per_process = background_per_process
         self._clock = clock
@@ -307,7 +317,8 @@ class Runs:
 
     def forget(self, tenant: str, response_id: str) -> None:
         """Drop a finished run (its response was deleted); one in flight stays."""
-        self._finished.pop((tenant, response_id), None)
+        if (tenant, response_id) in self._finished:
+            self._drop((tenant, response_id))
 
     def in_flight(self, tenant: str, response_id: str) -> ResponseRun | None:
         """The run of that response while it has not settled (its turn still owns it)."""
@@ -319,13 +330,15 @@ class Runs:
         if self.background_total >= self.background_per_process:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
-                f"Too many background responses queued or running on this server (limit {self.background_per_process}).",
+                "Too many background responses queued or running on this server "
+                f"(limit {self.background_per_process}).",
                 retry_after=1.0,
             )
         if self._background[tenant] >= self.background_per_tenant:
             raise TetherError(
                 errors.RATE_LIMIT_EXCEEDED,
-                f"Too many background responses queued or running for this API key (limit {self.background_per_tenant}).",
+                "Too many background responses queued or running for this API key "
+                f"(limit {self.background_per_tenant}).",
                 retry_after=1.0,
             )
 
@@ -345,15 +358,20 @@ class Runs:
                 del self._background[run.tenant]
             self.background_total -= 1
         self._finished[key] = run
+        self._finished_nbytes += run.log.nbytes if run.log is not None else 0
         self._expire()
 
     def _expire(self) -> None:
+        """Drop finished runs, oldest first: past the count, the bytes or the retention."""
         finished = self._finished
-        while len(finished) > self.max_finished:
-            finished.popitem(last=False)
         horizon = self._clock() - self.retention_s
         while finished:
             key, run = next(iter(finished.items()))
-            if run.finished_at > horizon:
+            if (len(finished) <= self.max_finished and self._finished_nbytes <= self.finished_bytes
+                    and run.finished_at > horizon):  # fmt: skip
                 break
-            del finished[key]
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        run = self._finished.pop(key)
+        self._finished_nbytes -= run.log.nbytes if run.log is not None else 0

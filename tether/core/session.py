@@ -183,7 +183,8 @@ class Session:
     def _detach(self) -> bool:
         """Keep the turns of stored responses in flight past the client (finishing, or
         cancelled per `on_client_gone`); cancel the rest. False: there are none."""
-        kept = [t for t in self._turns.values() if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]
+        kept = [t for t in self._turns.values()
+                if t.response_run is not None and t.response_run.recorded and not t.response_run.state.final]  # fmt: skip
         if not kept:
             return False
         self._detached = True
@@ -231,8 +232,8 @@ class Session:
     async def wait_idle(self) -> None:
         """Wait until every lane has finished its queued and running turns."""
         workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
-        if workers:
-            await asyncio.gather(*workers, return_exceptions=True)
+        if workers:  # `wait`, not `gather`: a waiter that is cancelled must not cancel the lanes
+            await asyncio.wait(workers)
 
     async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
         await send_error(self.outbox, self.services.telemetry, exc, stream_id=stream_id, event_id=event_id)

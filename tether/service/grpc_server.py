@@ -22,6 +22,7 @@ from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.core.conversations import RPCS as CONVERSATION_RPCS
+from tether.core.outbox import Delta
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
@@ -171,6 +172,32 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
     async def GetResponse(self, request, context):
         async def call(tenant):
             return service_pb2.GetResponseResponse(response=await self._api.get_response(tenant, request.response_id))
+
+        return await self._unary(context, call, request)
+
+    async def CreateBackgroundResponse(self, request, context):
+        async def call(tenant):
+            response = await self._api.create_background(tenant, request.params)
+            return service_pb2.CreateBackgroundResponseResponse(response=response)
+
+        return await self._unary(context, call, request)
+
+    async def StreamResponse(self, request, context):
+        if isinstance(request, _Undecodable):
+            await self._abort(context, _malformed(request))
+        try:
+            tenant = self._tenant(context)
+            after = request.starting_after if request.HasField("starting_after") else -1
+            events = await self._api.follow_response(tenant, request.response_id, after)
+            async for ev in events:  # a run's log holds merged deltas as records: sent as events
+                yield service_pb2.StreamResponseResponse(events=[ev.to_event() if type(ev) is Delta else ev])
+        except TetherError as exc:
+            await self._abort(context, exc)
+
+    async def CancelResponse(self, request, context):
+        async def call(tenant):
+            response = await self._api.cancel_response(tenant, request.response_id)
+            return service_pb2.CancelResponseResponse(response=response)
 
         return await self._unary(context, call, request)
 

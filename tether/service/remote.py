@@ -227,6 +227,41 @@ class RemoteResponsesAPI:
         request = service_pb2.GetResponseRequest(response_id=response_id)
         return (await self._unary(self._stub.GetResponse, request, tenant)).response
 
+    async def create_background(self, tenant: str, params: request_pb2.ResponseCreateParams) -> response_pb2.Response:
+        request = service_pb2.CreateBackgroundResponseRequest(params=params)
+        return (await self._unary(self._stub.CreateBackgroundResponse, request, tenant)).response
+
+    async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
+        request = service_pb2.CancelResponseRequest(response_id=response_id)
+        return (await self._unary(self._stub.CancelResponse, request, tenant)).response
+
+    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Any]:
+        """The remote run's events; a refusal (unknown id, events not retained) is raised here,
+        with the first message, before the caller answers anything."""
+        request = service_pb2.StreamResponseRequest(response_id=response_id)
+        if after >= 0:
+            request.starting_after = after
+        call = self._stub.StreamResponse(request, metadata=self.call_metadata(tenant))
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            raise error_from_rpc(exc) from None
+
+        async def events() -> AsyncIterator[events_pb2.ServerEvent]:
+            batch = first
+            try:
+                while batch is not grpc.aio.EOF:
+                    for ev in batch.events:
+                        yield ev
+                    batch = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc) from None
+            finally:
+                call.cancel()
+
+        return events()
+
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
         request = service_pb2.DeleteResponseRequest(response_id=response_id)
         return await self._unary(self._stub.DeleteResponse, request, tenant)

@@ -279,6 +279,130 @@ class GetResponseResponse(_message.Message):
 Global___GetResponseResponse: _TypeAlias = GetResponseResponse  # noqa: Y015
 
 @_typing.final
+class CreateBackgroundResponseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARAMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def params(self) -> _request_pb2.ResponseCreateParams: ...
+    def __init__(
+        self,
+        *,
+        params: _request_pb2.ResponseCreateParams | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateBackgroundResponseRequest: _TypeAlias = CreateBackgroundResponseRequest  # noqa: Y015
+
+@_typing.final
+class CreateBackgroundResponseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _response_pb2.Response: ...
+    def __init__(
+        self,
+        *,
+        response: _response_pb2.Response | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateBackgroundResponseResponse: _TypeAlias = CreateBackgroundResponseResponse  # noqa: Y015
+
+@_typing.final
+class StreamResponseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    STARTING_AFTER_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    starting_after: _builtins.int
+    """Stream the events numbered above this one; unset: from the first."""
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+        starting_after: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_starting_after", b"_starting_after", "starting_after", b"starting_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_starting_after", b"_starting_after", "response_id", b"response_id", "starting_after", b"starting_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__starting_after: _TypeAlias = _typing.Literal["starting_after"]  # noqa: Y015
+    _WhichOneofArgType__starting_after: _TypeAlias = _typing.Literal["_starting_after", b"_starting_after"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__starting_after) -> _WhichOneofReturnType__starting_after | None: ...
+
+Global___StreamResponseRequest: _TypeAlias = StreamResponseRequest  # noqa: Y015
+
+@_typing.final
+class StreamResponseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_events_pb2.ServerEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[_events_pb2.ServerEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamResponseResponse: _TypeAlias = StreamResponseResponse  # noqa: Y015
+
+@_typing.final
+class CancelResponseRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response_id", b"response_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelResponseRequest: _TypeAlias = CancelResponseRequest  # noqa: Y015
+
+@_typing.final
+class CancelResponseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def response(self) -> _response_pb2.Response: ...
+    def __init__(
+        self,
+        *,
+        response: _response_pb2.Response | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelResponseResponse: _TypeAlias = CancelResponseResponse  # noqa: Y015
+
+@_typing.final
 class DeleteResponseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

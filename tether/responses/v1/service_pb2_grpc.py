@@ -61,6 +61,21 @@ class ResponsesServiceStub:
                 request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseRequest.SerializeToString,
                 response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseResponse.FromString,
                 _registered_method=True)
+        self.CreateBackgroundResponse = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/CreateBackgroundResponse',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseResponse.FromString,
+                _registered_method=True)
+        self.StreamResponse = channel.unary_stream(
+                '/tether.responses.v1.ResponsesService/StreamResponse',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseResponse.FromString,
+                _registered_method=True)
+        self.CancelResponse = channel.unary_unary(
+                '/tether.responses.v1.ResponsesService/CancelResponse',
+                request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseRequest.SerializeToString,
+                response_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseResponse.FromString,
+                _registered_method=True)
         self.ListInputItems = channel.unary_unary(
                 '/tether.responses.v1.ResponsesService/ListInputItems',
                 request_serializer=tether_dot_responses_dot_v1_dot_service__pb2.ListInputItemsRequest.SerializeToString,
@@ -156,6 +171,28 @@ class ResponsesServiceServicer:
 
     def DeleteResponse(self, request, context):
         """`DELETE /v1/responses/{id}`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateBackgroundResponse(self, request, context):
+        """`POST /v1/responses` with `background: true`: the Response, `queued`, at once (docs/background.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamResponse(self, request, context):
+        """`GET /v1/responses/{id}?stream=true&starting_after=N`: a stored response's events numbered
+        above N (all of them without N), then the live ones until its terminal event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelResponse(self, request, context):
+        """`POST /v1/responses/{id}/cancel`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -267,6 +304,21 @@ def add_ResponsesServiceServicer_to_server(servicer, server):
                     servicer.DeleteResponse,
                     request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseRequest.FromString,
                     response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseResponse.SerializeToString,
+            ),
+            'CreateBackgroundResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateBackgroundResponse,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseResponse.SerializeToString,
+            ),
+            'StreamResponse': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamResponse,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseResponse.SerializeToString,
+            ),
+            'CancelResponse': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelResponse,
+                    request_deserializer=tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseRequest.FromString,
+                    response_serializer=tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseResponse.SerializeToString,
             ),
             'ListInputItems': grpc.unary_unary_rpc_method_handler(
                     servicer.ListInputItems,
@@ -444,6 +496,87 @@ class ResponsesService:
             '/tether.responses.v1.ResponsesService/DeleteResponse',
             tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseRequest.SerializeToString,
             tether_dot_responses_dot_v1_dot_service__pb2.DeleteResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateBackgroundResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/CreateBackgroundResponse',
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.CreateBackgroundResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/StreamResponse',
+            tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.StreamResponseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelResponse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.responses.v1.ResponsesService/CancelResponse',
+            tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseRequest.SerializeToString,
+            tether_dot_responses_dot_v1_dot_service__pb2.CancelResponseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,14 @@ class ResponsesServiceStub:
     """`GET /v1/responses/{id}`."""
     DeleteResponse: _aio.UnaryUnaryMultiCallable[_service_pb2.DeleteResponseRequest, _service_pb2.DeleteResponseResponse]
     """`DELETE /v1/responses/{id}`."""
+    CreateBackgroundResponse: _aio.UnaryUnaryMultiCallable[_service_pb2.CreateBackgroundResponseRequest, _service_pb2.CreateBackgroundResponseResponse]
+    """`POST /v1/responses` with `background: true`: the Response, `queued`, at once (docs/background.md)."""
+    StreamResponse: _aio.UnaryStreamMultiCallable[_service_pb2.StreamResponseRequest, _service_pb2.StreamResponseResponse]
+    """`GET /v1/responses/{id}?stream=true&starting_after=N`: a stored response's events numbered
+    above N (all of them without N), then the live ones until its terminal event.
+    """
+    CancelResponse: _aio.UnaryUnaryMultiCallable[_service_pb2.CancelResponseRequest, _service_pb2.CancelResponseResponse]
+    """`POST /v1/responses/{id}/cancel`."""
     ListInputItems: _aio.UnaryUnaryMultiCallable[_service_pb2.ListInputItemsRequest, _service_pb2.ListInputItemsResponse]
     """`GET /v1/responses/{id}/input_items`."""
     CountInputTokens: _aio.UnaryUnaryMultiCallable[_service_pb2.CountInputTokensRequest, _service_pb2.CountInputTokensResponse]
@@ -97,6 +105,32 @@ class ResponsesServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _aio.ServicerContext[_service_pb2.DeleteResponseRequest, _abc.Awaitable[_service_pb2.DeleteResponseResponse]],
     ) -> _abc.Awaitable[_service_pb2.DeleteResponseResponse]:
         """`DELETE /v1/responses/{id}`."""
+
+    @_abc_1.abstractmethod
+    def CreateBackgroundResponse(
+        self,
+        request: _service_pb2.CreateBackgroundResponseRequest,
+        context: _aio.ServicerContext[_service_pb2.CreateBackgroundResponseRequest, _abc.Awaitable[_service_pb2.CreateBackgroundResponseResponse]],
+    ) -> _abc.Awaitable[_service_pb2.CreateBackgroundResponseResponse]:
+        """`POST /v1/responses` with `background: true`: the Response, `queued`, at once (docs/background.md)."""
+
+    @_abc_1.abstractmethod
+    def StreamResponse(
+        self,
+        request: _service_pb2.StreamResponseRequest,
+        context: _aio.ServicerContext[_service_pb2.StreamResponseRequest, _abc.AsyncIterator[_service_pb2.StreamResponseResponse]],
+    ) -> _abc.AsyncIterator[_service_pb2.StreamResponseResponse]:
+        """`GET /v1/responses/{id}?stream=true&starting_after=N`: a stored response's events numbered
+        above N (all of them without N), then the live ones until its terminal event.
+        """
+
+    @_abc_1.abstractmethod
+    def CancelResponse(
+        self,
+        request: _service_pb2.CancelResponseRequest,
+        context: _aio.ServicerContext[_service_pb2.CancelResponseRequest, _abc.Awaitable[_service_pb2.CancelResponseResponse]],
+    ) -> _abc.Awaitable[_service_pb2.CancelResponseResponse]:
+        """`POST /v1/responses/{id}/cancel`."""
 
     @_abc_1.abstractmethod
     def ListInputItems(
