@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from tether import offload
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.config import Limits
 from tether.core.outbox import Outgoing
 from tether.errors import (
     INVALID_REQUEST,
@@ -133,7 +135,7 @@ class HttpHandlers:
 
     async def _params(self, req: HttpRequest) -> Any:
         body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
-        return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
+        return await offload.run(len(body), _decode_params, body, self.ctx.limits)  # a large body off the loop
 
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
@@ -332,6 +334,10 @@ class HttpHandlers:
         status, headers, body = metrics_response(getattr(self.ctx.metrics, "registry", None), accept)
         await req.send({"type": "http.response.start", "status": status, "headers": headers})
         await req.send({"type": "http.response.body", "body": body})
+
+
+def _decode_params(body: bytes, limits: Limits) -> Any:
+    return json_codec.params_from_json(common.decode_object(body, limits))
 
 
 def sse_frame(ev: Outgoing) -> bytes:
