@@ -45,4 +45,10 @@ async def run(nbytes: int, fn: Callable[..., T], *args: object) -> T:
     without holding the loop). Exceptions propagate either way."""
     if not large(nbytes):
         return fn(*args)
+    return await in_thread(fn, *args)
+
+
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` in the worker thread, whatever its size: for work whose size would itself cost
+    a pass over the data to learn (a stored conversation's items), next to a store read anyway."""
     return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))

@@ -68,12 +68,13 @@ class PromptLibrary:
             raise ValueError("[prompts] must be a table of templates")
         return cls({pid: _template(pid, spec) for pid, spec in data.items()})
 
-    def apply(self, params: request_pb2.ResponseCreateParams, max_bytes: int = 0) -> None:
+    def apply(self, params: request_pb2.ResponseCreateParams, max_bytes: int = 0) -> int:
         """Expand `params.prompt` into `params.instructions` and `params.input` (see above).
         `max_bytes` (0 = no bound): the most UTF-8 bytes the template's expansion may add, checked
-        before anything is expanded (413 `request_too_large`, `param: prompt`)."""
+        before anything is expanded (413 `request_too_large`, `param: prompt`). Returns the bytes
+        it added (0 without `prompt`)."""
         if not params.HasField("prompt"):
-            return
+            return 0
         prompt = params.prompt
         template = self.templates.get(prompt.id)
         if template is None:
@@ -104,22 +105,21 @@ class PromptLibrary:
             raise _variable_error(
                 name, f"Unknown prompt.variables.{name}: prompt {prompt.id!r} has no {{{{{name}}}}}."
             )
-        if max_bytes:
-            size = _expanded_bytes(version, variables)
-            if size > max_bytes:
-                raise TetherError(
-                    errors.REQUEST_TOO_LARGE,
-                    f"Prompt {prompt.id!r} with these variables expands to {size} bytes; the limit is {max_bytes} "
-                    "(max_request_bytes).",
-                    param="prompt",
-                )
+        size = _expanded_bytes(version, variables)
+        if max_bytes and size > max_bytes:
+            raise TetherError(
+                errors.REQUEST_TOO_LARGE,
+                f"Prompt {prompt.id!r} with these variables expands to {size} bytes; the limit is {max_bytes} "
+                "(max_request_bytes).",
+                param="prompt",
+            )
         if version.instructions is not None:
             text = _substitute(version.instructions, variables)
             params.instructions = (
                 f"{text}\n\n{params.instructions}" if params.HasField("instructions") else text
             )
         if not version.input:
-            return
+            return size
         items = [_message(m, variables) for m in version.input]
         if params.HasField("input_text"):
             items.append(
@@ -129,6 +129,7 @@ class PromptLibrary:
         items.extend(params.input)
         del params.input[:]
         params.input.extend(items)
+        return size
 
 
 def _expanded_bytes(version: PromptVersion, variables: Mapping[str, str | dict]) -> int:

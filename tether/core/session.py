@@ -243,7 +243,7 @@ class Session:
         while lane.queue:
             params, event_id, nbytes = lane.queue.popleft()
             try:
-                if not await self._run_one(lane, task, params, event_id):
+                if not await self._run_one(lane, task, params, event_id, nbytes):
                     return
             finally:
                 self._release(nbytes)
@@ -260,11 +260,12 @@ class Session:
         self.services.queued.release(self.tenant, nbytes)
 
     async def _run_one(self, lane: Lane, task: asyncio.Task, params: request_pb2.ResponseCreateParams,
-                       event_id: str) -> bool:  # fmt: skip
+                       event_id: str, nbytes: int) -> bool:  # fmt: skip
         """One create of `lane`: wait for an active slot, run its turn, then queue what its
         accepted steers continue with. False: the connection is gone (the lane stops)."""
         async with self._active:
             turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
+            turn.size_hint = nbytes
             try:
                 with self.services.telemetry.turn_span(turn):
                     await turn.run()

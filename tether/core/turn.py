@@ -151,6 +151,9 @@ class Turn:
         self.phase = Phase.PREPARING
         self.builder: OutputBuilder | None = None  # while generating
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
+        # The request's size as received (the session sets it; a template's expansion adds to it):
+        # what decides whether its input is checked and rendered off the event loop.
+        self.size_hint = 0
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -200,9 +203,10 @@ class Turn:
         below, timed under its stage name."""
         self._validate_params()
         parent = await self._resolve()
-        new_items = self._validate_items(parent.node)
-        # Rendering and classifying megabytes of new input runs off the event loop (tether.offload).
-        texts, findings = await offload.run(sum(item.ByteSize() for item in new_items), self._classify, new_items)
+        new_items = self._new_items()
+        # Checking, rendering and classifying megabytes of new input runs off the event loop
+        # (tether.offload), by the request's size as received (measuring it would cost as much).
+        texts, findings = await offload.run(self.size_hint, self._check_items, new_items, parent.node)
         header = await self._render_header()
         route = self._route()
         return await self._plan(parent, new_items, texts, findings, header, route)
@@ -211,7 +215,7 @@ class Turn:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
             # `prompt`: the template into instructions and input, its expansion bounded
-            self.services.config.prompts.apply(self.params, self.services.limits.max_request_bytes)
+            self.size_hint += self.services.config.prompts.apply(self.params, self.services.limits.max_request_bytes)
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
@@ -222,15 +226,11 @@ class Turn:
             entry, from_cache = await self.ctx.parents.resolve(params.previous_response_id, lane=self.lane.name)
             return Parent(entry, from_cache, entry.context_node if entry else None)
 
-    def _validate_items(self, parent_node: Node | None) -> list[items_pb2.Item]:
-        """The new items (with ids), checked against the chain's open calls."""
-        new_items = self._new_items()
+    def _check_items(self, new_items: list[items_pb2.Item], parent_node: Node | None) -> tuple[list[str], int]:
+        """The new items checked against the chain's open calls, then their rendered text and the
+        safety stage's findings in it."""
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
-        return new_items
-
-    def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
-        """The new items' rendered text, and the safety stage's findings in it."""
         with self.clock.stage("render"):
             texts = [render.render_item(item) for item in new_items]
         with self.clock.stage("classify"):
@@ -311,7 +311,7 @@ class Turn:
         items = await self.services.conversations.context(self.ctx.tenant, conversation_id, request_input(self.params))
         if not items:
             return None
-        segments = await offload.run(sum(item.ByteSize() for item in items), segments_of, items)
+        segments = await offload.in_thread(segments_of, items)  # a store read anyway; its size unknown
         return Node.continue_with(None, segments)
 
     def _new_items(self) -> list[items_pb2.Item]:
