@@ -144,7 +144,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         engine.telemetry.memory_reclaimed,
     ).start()
     probe = LoopLagProbe(config.server.loop_lag_interval_s)
-    probe.on_lag = engine.telemetry.watch_loop(probe.peak)
+    probe.on_lag = engine.telemetry.watch_loop(probe)
     return Running(engine, grpc_server, bridge, readiness, metrics, reclaimer, probe.start())
 
 

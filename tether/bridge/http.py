@@ -233,7 +233,7 @@ class HttpHandlers:
 
     async def _conversation_body(self, req: HttpRequest, cls: Any) -> Any:
         body = await req.body(self.ctx.limits.max_request_bytes, self.ctx.server.http_body_timeout_s)
-        return json_codec.conversation_body_from_json(cls, common.decode_object(body or b"{}", self.ctx.limits))
+        return await offload.run(len(body), _decode_conversation_body, cls, body or b"{}", self.ctx.limits)
 
     async def _send_conversation(self, req: HttpRequest, conversation: Any) -> None:
         await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_to_json(conversation)))
@@ -272,14 +272,15 @@ class HttpHandlers:
             order=q.get("order", ""),
         )
         result = await self._conversation_call(req, "ListConversationItems", request)
-        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result)))
+        # A page can hold megabytes of items: encoded off the loop (next to a store read anyway).
+        await send_json(req.send, 200, await offload.in_thread(_encode_items_page, result))
 
     # POST /v1/conversations/{id}/items
     async def add_conversation_items(self, req: HttpRequest) -> None:
         request = await self._conversation_body(req, service_pb2.CreateConversationItemsRequest)
         request.conversation_id = req.path_params["id"]
         result = await self._conversation_call(req, "CreateConversationItems", request)
-        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result.page)))
+        await send_json(req.send, 200, await offload.in_thread(_encode_items_page, result.page))
 
     # GET /v1/conversations/{id}/items/{item_id}
     async def conversation_item(self, req: HttpRequest) -> None:
@@ -338,6 +339,14 @@ class HttpHandlers:
 
 def _decode_params(body: bytes, limits: Limits) -> Any:
     return json_codec.params_from_json(common.decode_object(body, limits))
+
+
+def _decode_conversation_body(cls: Any, body: bytes, limits: Limits) -> Any:
+    return json_codec.conversation_body_from_json(cls, common.decode_object(body, limits))
+
+
+def _encode_items_page(page: Any) -> bytes:
+    return json_codec.dumps(json_codec.conversation_items_to_json(page))
 
 
 def sse_frame(ev: Outgoing) -> bytes:
