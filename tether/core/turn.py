@@ -219,7 +219,8 @@ class Turn:
             # may repeat a variable: variables of 16 KiB or more are expanded off the loop.
             variables = len(params.prompt.variables_json) if params.HasField("prompt") else 0
             apply = self.services.config.prompts.apply
-            self.size_hint += await offload.run(16 * variables, apply, params, limits.max_request_bytes)
+            self.size_hint += await offload.run(16 * variables, apply, params, limits.max_request_bytes,
+                                                limits.max_item_bytes)  # fmt: skip
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
