@@ -14,7 +14,7 @@ the red team used to stall the server):
   under `max_item_bytes`, so that all of it is checked and tokenised);
 - `big_conversation`: a conversation filled to `max_conversation_bytes`, then a create on it;
 - `logprobs`: `top_logprobs: 20` on a model that answers 30,000 tokens;
-- `template`: a prompt template that uses a large variable ten times;
+- `template`: a prompt template that uses a 768 KiB variable ten times (a 7.5 MiB message);
 - `sse_line`: an upstream that sends one 50 MB server-sent-events line;
 - `queued_bytes`: 256 creates of 4 MiB queued on one WebSocket.
 
@@ -62,7 +62,7 @@ class Sizes:
     input_bytes: int = 30 * 1024 * 1024
     conversation_bytes: int = 30 * 1024 * 1024
     logprob_tokens: int = 30_000
-    template_var_bytes: int = 3 * 1024 * 1024
+    template_var_bytes: int = 768 * 1024  # used ten times: a 7.5 MiB message, under max_item_bytes
     sse_line_bytes: int = 50 * 1000 * 1000
     sse_cap_bytes: int = 0  # the upstream backend's max_event_bytes (0: its default, 16 MiB)
     queued_creates: int = 256
