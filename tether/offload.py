@@ -9,8 +9,8 @@ more than it saves).
 One thread, not a pool: the loop keeps at most one competitor for the interpreter lock, so it
 gets at least about half of it whatever the number of large requests in flight (they queue for
 the thread instead). The tokenizer holds the lock for one piece at a time (`render.encode` cuts
-long texts into pieces of at most 200,000 bytes, ~10 ms), which bounds how long the loop waits
-for it.
+long texts into pieces of at most 64,000 bytes, ~3 ms), which bounds how long the loop waits for
+it; other large C calls in the thread (copying a multi-megabyte string) hold it for theirs.
 """
 
 from __future__ import annotations
