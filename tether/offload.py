@@ -9,8 +9,8 @@ more than it saves).
 One thread, not a pool: the loop keeps at most one competitor for the interpreter lock, so it
 gets at least about half of it whatever the number of large requests in flight (they queue for
 the thread instead). The tokenizer holds the lock for one piece at a time (`render.encode` cuts
-long texts into pieces of at most 200,000 bytes, ~10 ms), which bounds how long the loop waits
-for it.
+long texts into pieces of at most 64,000 bytes, ~3 ms), which bounds how long the loop waits for
+it; other large C calls in the thread (copying a multi-megabyte string) hold it for theirs.
 """
 
 from __future__ import annotations
@@ -45,4 +45,10 @@ async def run(nbytes: int, fn: Callable[..., T], *args: object) -> T:
     without holding the loop). Exceptions propagate either way."""
     if not large(nbytes):
         return fn(*args)
+    return await in_thread(fn, *args)
+
+
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """`fn(*args)` in the worker thread, whatever its size: for work whose size would itself cost
+    a pass over the data to learn (a stored conversation's items), next to a store read anyway."""
     return await asyncio.get_running_loop().run_in_executor(_executor(), functools.partial(fn, *args))

@@ -20,8 +20,9 @@ is a string, or an input content part: `input_text` (its text), `input_image` or
 (only as the whole content of a template message, which then carries that part). An unknown id
 or version, a placeholder without a variable, a variable the template does not use, or a part
 where only text fits is a 400 naming `prompt.id`, `prompt.version` or `prompt.variables.<name>`.
-The Response echoes `prompt` as sent. The expansion is bounded: past `max_request_bytes` (counted
-before expanding) it is 413 `request_too_large`, `param: prompt`.
+The Response echoes `prompt` as sent. The expansion is bounded, counted before expanding: past
+`max_request_bytes` in all it is 413 `request_too_large`, a message past `max_item_bytes` 400
+`item_too_large`, both `param: prompt`.
 """
 
 from __future__ import annotations
@@ -82,13 +83,15 @@ class PromptLibrary:
         """The ids of the templates `tenant` may use, sorted."""
         return sorted(pid for pid, t in self.templates.items() if t.visible_to(tenant))
 
-    def apply(self, params: request_pb2.ResponseCreateParams, tenant: str, max_bytes: int = 0) -> None:
+    def apply(self, params: request_pb2.ResponseCreateParams, tenant: str, max_bytes: int = 0,
+              max_item_bytes: int = 0) -> int:  # fmt: skip
         """Expand `params.prompt` into `params.instructions` and `params.input` (see above), with
         the templates `tenant` may use. `max_bytes` (0 = no bound): the most UTF-8 bytes the
-        template's expansion may add, checked before anything is expanded (413
-        `request_too_large`, `param: prompt`)."""
+        template's expansion may add, and `max_item_bytes` the most one of its messages may hold,
+        both checked before anything is expanded (413 `request_too_large` / 400 `item_too_large`,
+        `param: prompt`). Returns the bytes it added (0 without `prompt`)."""
         if not params.HasField("prompt"):
-            return
+            return 0
         prompt = params.prompt
         template = self.templates.get(prompt.id)
         if template is None or not template.visible_to(tenant):
@@ -119,22 +122,28 @@ class PromptLibrary:
             raise _variable_error(
                 name, f"Unknown prompt.variables.{name}: prompt {prompt.id!r} has no {{{{{name}}}}}."
             )
-        if max_bytes:
-            size = _expanded_bytes(version, variables)
-            if size > max_bytes:
-                raise TetherError(
-                    errors.REQUEST_TOO_LARGE,
-                    f"Prompt {prompt.id!r} with these variables expands to {size} bytes; the limit is {max_bytes} "
-                    "(max_request_bytes).",
-                    param="prompt",
-                )
+        size, largest = _expanded_bytes(version, variables)
+        if max_item_bytes and largest > max_item_bytes:
+            raise TetherError(
+                errors.ITEM_TOO_LARGE,
+                f"Prompt {prompt.id!r} with these variables makes a message of {largest} bytes; one item may hold at "
+                f"most {max_item_bytes} (max_item_bytes).",
+                param="prompt",
+            )
+        if max_bytes and size > max_bytes:
+            raise TetherError(
+                errors.REQUEST_TOO_LARGE,
+                f"Prompt {prompt.id!r} with these variables expands to {size} bytes; the limit is {max_bytes} "
+                "(max_request_bytes).",
+                param="prompt",
+            )
         if version.instructions is not None:
             text = _substitute(version.instructions, variables)
             params.instructions = (
                 f"{text}\n\n{params.instructions}" if params.HasField("instructions") else text
             )
         if not version.input:
-            return
+            return size
         items = [_message(m, variables) for m in version.input]
         if params.HasField("input_text"):
             items.append(
@@ -144,20 +153,24 @@ class PromptLibrary:
         items.extend(params.input)
         del params.input[:]
         params.input.extend(items)
+        return size
 
 
-def _expanded_bytes(version: PromptVersion, variables: Mapping[str, str | dict]) -> int:
-    """The UTF-8 size of a version's texts with every placeholder replaced, without building them
-    (a large variable used many times would otherwise be copied that many times first)."""
+def _expanded_bytes(version: PromptVersion, variables: Mapping[str, str | dict]) -> tuple[int, int]:
+    """The UTF-8 size of a version's texts with every placeholder replaced, and of the largest of
+    its messages, without building them (a large variable used many times would otherwise be
+    copied that many times first)."""
     sizes = {
         name: len((value if isinstance(value, str) else value.get("text") or orjson.dumps(value).decode()).encode())
         for name, value in variables.items()
     }
-    total = 0
-    for text in (version.instructions or "", *(m.content for m in version.input)):
-        total += len(PLACEHOLDER.sub("", text).encode())
-        total += sum(sizes.get(m.group(1), 0) for m in PLACEHOLDER.finditer(text))
-    return total
+    total = largest = 0
+    for i, text in enumerate((version.instructions or "", *(m.content for m in version.input))):
+        size = len(PLACEHOLDER.sub("", text).encode()) + sum(sizes.get(m.group(1), 0) for m in PLACEHOLDER.finditer(text))
+        total += size
+        if i:  # a message (the instructions are no item)
+            largest = max(largest, size)
+    return total, largest
 
 
 def _variable_error(name: str, message: str) -> TetherError:

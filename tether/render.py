@@ -32,8 +32,11 @@ def _encoding() -> bpe_openai.Encoding:
 # A token is at least one UTF-8 byte, so a piece of at most this many bytes is always accepted:
 # ASCII text is cut every `_PIECE_BYTES` characters, any other text every `_PIECE_BYTES // 4`
 # (a character is at most 4 bytes). Dense text (CJK, emoji, combining marks) needs that bound:
-# 600,000 CJK characters are 600,000 tokens.
-_PIECE_BYTES = 200_000
+# 600,000 CJK characters are 600,000 tokens. The pieces are smaller than that bound requires
+# (64,000 bytes, ~3 ms of tokenizer each): the tokenizer holds the interpreter lock for a whole
+# piece, so while a large input is tokenised in the offload thread (tether/offload.py) the event
+# loop waits at most that long for the lock.
+_PIECE_BYTES = 64_000
 
 
 def encode(text: str) -> array:

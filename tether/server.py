@@ -158,7 +158,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         engine.telemetry.memory_reclaimed,
     ).start()
     probe = LoopLagProbe(config.server.loop_lag_interval_s)
-    probe.on_lag = engine.telemetry.watch_loop(probe.peak)
+    probe.on_lag = engine.telemetry.watch_loop(probe)
     running.loop_lag = probe.start()
     return running
 

@@ -125,7 +125,7 @@ class _EchoSession:
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=256)
 
-    async def send(self, request: Any) -> None:
+    async def send(self, request: Any, *, nbytes: int | None = None) -> None:
         from tether.responses.v1 import events_pb2
 
         text = request.create.input_text

@@ -156,3 +156,8 @@ async def test_a_template_expansion_edge_then_413_before_expanding() -> None:
         with pytest.raises(openai.APIStatusError) as info:
             await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "é" * 3300}})
         assert info.value.status_code == 413
+        # One expanded message over max_item_bytes: 400 item_too_large, before it is built.
+        stack.config.limits.max_item_bytes = limit - 1
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "x" * 6553}})
+        assert info.value.body["code"] == "item_too_large" and info.value.body["param"] == "prompt"

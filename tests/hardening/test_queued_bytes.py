@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from tests.bridge.helpers import recv_until, wait_for
-from tether.protocol import json_codec
 
 from .support import CREATE, KEY_A, KEY_B, dumps, full_stack, instant_config, recv_json, send_json, ws_error
 
@@ -21,8 +20,8 @@ PADDED = {**CREATE, "input": "x" * 10_000}
 
 
 def size_of(event: dict[str, Any]) -> int:
-    """The bytes the server charges for a create event (its protobuf size)."""
-    return json_codec.client_event_from_json(event).create.ByteSize()
+    """The bytes the server charges for a create event sent on a WebSocket (its JSON text)."""
+    return len(dumps(event))
 
 
 async def next_error(conn: Any) -> dict[str, Any]:
@@ -75,7 +74,7 @@ async def test_per_key_edge_then_429_on_every_transport_and_other_keys_unaffecte
             await send_json(two, PADDED)
             err = ws_error(await next_error(two), "too_many_queued_bytes", 429)
             assert "API key" in err["message"]
-            async with stack.http(KEY_A) as h:  # a stateless create of the same key
+            async with stack.http(KEY_A) as h:  # a stateless create of the same key (its protobuf size)
                 r = await h.post("/v1/responses", content=dumps({k: v for k, v in PADDED.items() if k != "type"}))
                 assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_queued_bytes"
             await send_json(b, PADDED)  # another key: its own budget

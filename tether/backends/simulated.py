@@ -542,9 +542,10 @@ class SimulatedBackend(BackendBase):
     def _explanation(self, request: BackendRequest) -> str:
         """What the unscripted text answer says: what this is, what it got, how to get a real model."""
         last = _last_user_text(request.items)
-        quoted = " ".join(last.split()[:12])
-        if len(last.split()) > 12:
-            quoted += " ..."
+        words = last[:1000].split()  # a megabyte of input is quoted from its start, not split whole
+        quoted = " ".join(words[:12])
+        if len(words) > 12 or len(last) > 1000 or len(quoted) > 120:
+            quoted = quoted[:120] + " ..."
         said = f'last user message: "{quoted}"' if quoted else "no user message"
         n, tools = len(request.items), len(request.tools)
         return (

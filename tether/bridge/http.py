@@ -36,9 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from tether import offload
 from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
+from tether.config import Limits
 from tether.core.outbox import Outgoing
 from tether.errors import (
     INVALID_REQUEST,
@@ -147,7 +149,7 @@ class HttpHandlers:
 
     async def _params(self, req: HttpRequest) -> Any:
         body = await self._json_body(req)
-        return json_codec.params_from_json(common.decode_object(body, self.ctx.limits))
+        return await offload.run(len(body), _decode_params, body, self.ctx.limits)  # a large body off the loop
 
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
@@ -276,7 +278,7 @@ class HttpHandlers:
 
     async def _conversation_body(self, req: HttpRequest, cls: Any) -> Any:
         body = await self._json_body(req)
-        return json_codec.conversation_body_from_json(cls, common.decode_object(body or b"{}", self.ctx.limits))
+        return await offload.run(len(body), _decode_conversation_body, cls, body or b"{}", self.ctx.limits)
 
     async def _send_conversation(self, req: HttpRequest, conversation: Any) -> None:
         await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_to_json(conversation)))
@@ -315,14 +317,15 @@ class HttpHandlers:
             order=q.get("order", ""),
         )
         result = await self._conversation_call(req, "ListConversationItems", request)
-        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result)))
+        # A page can hold megabytes of items: encoded off the loop (next to a store read anyway).
+        await send_json(req.send, 200, await offload.in_thread(_encode_items_page, result))
 
     # POST /v1/conversations/{id}/items
     async def add_conversation_items(self, req: HttpRequest) -> None:
         request = await self._conversation_body(req, service_pb2.CreateConversationItemsRequest)
         request.conversation_id = req.path_params["id"]
         result = await self._conversation_call(req, "CreateConversationItems", request)
-        await send_json(req.send, 200, json_codec.dumps(json_codec.conversation_items_to_json(result.page)))
+        await send_json(req.send, 200, await offload.in_thread(_encode_items_page, result.page))
 
     # GET /v1/conversations/{id}/items/{item_id}
     async def conversation_item(self, req: HttpRequest) -> None:
@@ -377,6 +380,18 @@ class HttpHandlers:
         status, headers, body = metrics_response(getattr(self.ctx.metrics, "registry", None), accept)
         await req.send({"type": "http.response.start", "status": status, "headers": headers})
         await req.send({"type": "http.response.body", "body": body})
+
+
+def _decode_params(body: bytes, limits: Limits) -> Any:
+    return json_codec.params_from_json(common.decode_object(body, limits))
+
+
+def _decode_conversation_body(cls: Any, body: bytes, limits: Limits) -> Any:
+    return json_codec.conversation_body_from_json(cls, common.decode_object(body, limits))
+
+
+def _encode_items_page(page: Any) -> bytes:
+    return json_codec.dumps(json_codec.conversation_items_to_json(page))
 
 
 def sse_frame(ev: Outgoing) -> bytes:

@@ -4,7 +4,8 @@ Inbound: each text frame goes through `common.decode_object` (size limit at the 
 oversize frame is an in-band `request_too_large` and the socket stays open; depth-limited JSON)
 and `json_codec.client_event_from_json`, then `session.send`. A frame that fails to decode gets an
 `error` event in the WS envelope, echoing the frame's `stream_id` when it names a lane, so the
-SDK's lane wrapper delivers it to the right lane; the session and its state are untouched.
+SDK's lane wrapper delivers it to the right lane; the session and its state are untouched. A large
+frame is decoded in the offload thread (`tether.offload`), not on the event loop.
 
 Outbound: every batch of `session.events()` is written event by event, one text frame each. When
 `events()` ends the socket closes: 1001 (going away) if the session's last `error` was
@@ -25,8 +26,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from tether import offload
 from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.config import Limits
 from tether.core.api import SessionHandle
 from tether.core.outbox import Delta
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
@@ -126,17 +129,16 @@ class WsConnection:
                 err = TetherError(INVALID_REQUEST, "Binary frames are not supported: send JSON text frames.")
                 await self._send_error(err)
                 continue
-            obj: Any = None
-            try:
-                obj = common.decode_object(text, ctx.limits)
-                request = json_codec.client_event_from_json(obj)
-            except Exception as exc:
-                err = common.as_tether_error(exc)
+            # A large frame is decoded off the event loop (tether.offload): parsing megabytes
+            # of JSON into a request held every other connection of the process for as long.
+            obj, request, failure = await offload.run(len(text), _decode_event, text, ctx.limits)
+            if failure is not None:
+                err = common.as_tether_error(failure)
                 event_id = obj.get("event_id") if isinstance(obj, dict) else None
                 await self._send_error(err, _lane_of(obj, err, text), event_id if isinstance(event_id, str) else "")
                 continue
             try:
-                await session.send(request)
+                await session.send(request, nbytes=len(text))
             except TetherError:
                 return True
 
@@ -183,6 +185,16 @@ class WsConnection:
                 if err is not None:
                     await self._send({"type": "websocket.send", "text": common.ws_error_text(err)})
                 await self._send({"type": "websocket.close", "code": code})
+
+
+def _decode_event(text: str, limits: Limits) -> tuple[Any, Any, Exception | None]:
+    """(the JSON object, the client event, None), or what was decoded and the failure."""
+    obj: Any = None
+    try:
+        obj = common.decode_object(text, limits)
+        return obj, json_codec.client_event_from_json(obj), None
+    except Exception as exc:  # noqa: BLE001 - handed back to the reader, which answers it
+        return obj, None, exc
 
 
 def _lane_of(obj: Any, err: TetherError, text: str) -> str:

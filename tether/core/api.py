@@ -28,7 +28,10 @@ class SessionHandle(Protocol):
     encodes them straight from the merged text).
     """
 
-    async def send(self, request: service_pb2.SessionRequest) -> None: ...
+    async def send(self, request: service_pb2.SessionRequest, *, nbytes: int | None = None) -> None:
+        """`nbytes`: the event's size as received, when the transport knows it (see
+        `tether.core.queued`)."""
+        ...
 
     def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]: ...
 

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from tether import errors, ids
+from tether import errors, ids, offload
 from tether.config import Limits
 from tether.core.items import assign_ids
 from tether.core.stages import validate
@@ -89,10 +89,11 @@ class Conversations:
         items = await self.store.conversation_items(tenant, conversation_id)
         if items is None:
             raise not_found(conversation_id, param="conversation")
-        self.check_size(items, adding, param="conversation")
+        if items:  # measuring a large conversation is itself a pass over its bytes: off the loop
+            await offload.in_thread(self.check_size, items, adding, "conversation")
         return items
 
-    def check_size(self, items: Sequence[items_pb2.Item], adding: Sequence[items_pb2.Item], *, param: str) -> None:
+    def check_size(self, items: Sequence[items_pb2.Item], adding: Sequence[items_pb2.Item], param: str) -> None:
         """`max_conversation_items` and `max_conversation_bytes` (protobuf size) over a
         conversation's items and those being added (0 = no bound)."""
         limits = self.limits
@@ -131,7 +132,7 @@ class Conversations:
             )
         calls = frozenset(call.call_id for call in map(call_of, before) if call is not None)
         validate.validate_items(items, calls, self.limits, param="items")
-        self.check_size(before, items, param="items")
+        self.check_size(before, items, "items")
         check_new_ids(items, before, param="items")
         return [output_item(item) for item in items]
 
@@ -143,7 +144,7 @@ class Conversations:
 
     async def CreateConversation(self, tenant: str, request: service_pb2.CreateConversationRequest):
         validate.check_metadata(request.metadata, self.limits)
-        items = self._checked_items(request.items, ())
+        items = await offload.in_thread(self._checked_items, request.items, ())
         conversation = service_pb2.Conversation(
             id=ids.new_id("conv"), created_at=int(time.time()), metadata=request.metadata
         )
@@ -181,7 +182,7 @@ class Conversations:
         before = await self.store.conversation_items(tenant, request.conversation_id)
         if before is None:
             raise not_found(request.conversation_id)
-        items = self._checked_items(request.items, before)
+        items = await offload.in_thread(self._checked_items, request.items, before)  # sizes: a pass over the bytes
         if not await self.store.append_conversation_items(tenant, request.conversation_id, items):
             raise not_found(request.conversation_id)
         return service_pb2.CreateConversationItemsResponse(page=_page(items, False))

@@ -462,7 +462,7 @@ class Engine:
 
     async def count_input_tokens(self, tenant: str, params: request_pb2.ResponseCreateParams) -> int:
         fields.check_declared(params, self.config.server.accept_unknown_parameters)
-        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes)  # counted as the create would
+        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes, self.config.limits.max_item_bytes)  # counted as the create would
         if params.model:
             self.router.resolve(params.model)
         items = effective_context(await self._stateless_context(tenant, params))
@@ -474,7 +474,7 @@ class Engine:
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
         validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
-        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes)
+        self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes, self.config.limits.max_item_bytes)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))
         instructions = params.instructions if params.HasField("instructions") else None

@@ -1,8 +1,8 @@
 """The bytes of creates a server holds before they are done: bounded per connection, per API key
 and per process, so that one tenant's backlog cannot take the memory every tenant shares.
 
-A create is charged its protobuf size (`ByteSize()`: the request as the engine holds it, the same
-on every transport) when its connection accepts it, and released when its turn ends: while it
+A create is charged its size as received (a WebSocket frame's JSON text; elsewhere its protobuf
+size, `ByteSize()`) when its connection accepts it, and released when its turn ends: while it
 waits in a lane, for a free `max_active_responses` slot, and while it generates (its input is
 held until then). Counts (`max_queued_responses`, `max_active_responses`) bound how many; these
 bound how much:

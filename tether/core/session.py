@@ -132,14 +132,17 @@ class Session:
 
     # -- transport-facing API (SessionHandle) -----------------------------------------------------
 
-    async def send(self, request: service_pb2.SessionRequest) -> None:
+    async def send(self, request: service_pb2.SessionRequest, *, nbytes: int | None = None) -> None:
+        """One client event. `nbytes`: its size as received, when the transport knows it (a
+        create is charged that much of its connection's, key's and process's pending bytes;
+        otherwise its protobuf size, which costs a serialisation, ~1 ms per MB)."""
         if self.state is SessionState.CLOSED:
             raise TetherError(errors.INVALID_REQUEST, "The session is closed.")
         self._last_activity = self.clock.monotonic()
         arm = request.WhichOneof("event")
         event_id = request.event_id  # echoed on the error events this client event causes
         if arm == "create":
-            await self._enqueue(request.create, event_id)
+            await self._enqueue(request.create, event_id, nbytes=nbytes)
         elif arm == "steer":
             await self._steer(request.steer, event_id)
         elif arm == "append":
@@ -246,7 +249,7 @@ class Session:
         await self._enqueue(params, "", run)
 
     async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "",
-                       run: ResponseRun | None = None) -> None:  # fmt: skip
+                       run: ResponseRun | None = None, nbytes: int | None = None) -> None:  # fmt: skip
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
@@ -282,7 +285,8 @@ class Session:
                 event_id=event_id,
             )
             return
-        nbytes = params.ByteSize()
+        if nbytes is None:
+            nbytes = params.ByteSize()
         try:
             self.services.queued.admit(self.tenant, self.queued_bytes, nbytes)
         except TetherError as exc:
@@ -298,7 +302,7 @@ class Session:
         while lane.queue:
             params, event_id, nbytes, preset = lane.queue.popleft()
             try:
-                if not await self._run_one(lane, task, params, event_id, preset):
+                if not await self._run_one(lane, task, params, event_id, nbytes, preset):
                     return
             finally:
                 self._release(nbytes)
@@ -315,12 +319,13 @@ class Session:
         self.services.queued.release(self.tenant, nbytes)
 
     async def _run_one(self, lane: Lane, task: asyncio.Task, params: request_pb2.ResponseCreateParams,
-                       event_id: str, preset: ResponseRun | None) -> bool:  # fmt: skip
+                       event_id: str, nbytes: int, preset: ResponseRun | None) -> bool:  # fmt: skip
         """One create of `lane`: wait for an active slot, run its turn (in the run a background
         create reserved, if any), then queue what its accepted steers continue with. False: the
         connection is gone, or its client is and the lane's later creates are not run."""
         async with self._active:
             turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
+            turn.size_hint = nbytes
             turn.response_run = preset
             crash: TetherError | None = None
             try:

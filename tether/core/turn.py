@@ -163,6 +163,9 @@ class Turn:
         # reserved it); `refusal`: the request error that ended the turn before it was created.
         self.response_run: ResponseRun | None = None
         self.refusal: TetherError | None = None
+        # The request's size as received (the session sets it; a template's expansion adds to it):
+        # what decides whether its input is checked and rendered off the event loop.
+        self.size_hint = 0
 
     # -- emission ---------------------------------------------------------------------------------
 
@@ -216,22 +219,28 @@ class Turn:
     async def _prepare(self) -> Prepared:
         """The stages before the backend, in the order of the module docstring: each a method
         below, timed under its stage name."""
-        self._validate_params()
+        await self._validate_params()
         parent = await self._resolve()
-        new_items = self._validate_items(parent.node)
-        # Rendering and classifying megabytes of new input runs off the event loop (tether.offload).
-        texts, findings = await offload.run(sum(item.ByteSize() for item in new_items), self._classify, new_items)
+        new_items = self._new_items()
+        # Checking, rendering and classifying megabytes of new input runs off the event loop
+        # (tether.offload), by the request's size as received (measuring it would cost as much).
+        texts, findings, new_bytes = await offload.run(self.size_hint, self._check_items, new_items, parent.node)
         header = await self._render_header()
         route = self._route()
-        return await self._plan(parent, new_items, texts, findings, header, route)
+        return await self._plan(parent, new_items, (texts, findings, new_bytes), header, route)
 
-    def _validate_params(self) -> None:
+    async def _validate_params(self) -> None:
+        params, limits = self.params, self.services.limits
         with self.clock.stage("validate"):
-            validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
-            if self.params.tools:
-                self.mcp = McpLoop.of(self.params, self.services.config.mcp)
-            # `prompt`: the template into instructions and input, its expansion bounded
-            self.services.config.prompts.apply(self.params, self.ctx.tenant, self.services.limits.max_request_bytes)
+            validate.validate_params(params, limits, self.services.config.server.accept_unknown_parameters)
+            if params.tools:
+                self.mcp = McpLoop.of(params, self.services.config.mcp)
+            # `prompt`: the template into instructions and input, its expansion bounded. A template
+            # may repeat a variable: variables of 16 KiB or more are expanded off the loop.
+            variables = len(params.prompt.variables_json) if params.HasField("prompt") else 0
+            apply = self.services.config.prompts.apply
+            self.size_hint += await offload.run(16 * variables, apply, params, self.ctx.tenant, limits.max_request_bytes,
+                                                limits.max_item_bytes)  # fmt: skip
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
@@ -242,24 +251,20 @@ class Turn:
             entry, from_cache = await self.ctx.parents.resolve(params.previous_response_id, lane=self.lane.name)
             return Parent(entry, from_cache, entry.context_node if entry else None)
 
-    def _validate_items(self, parent_node: Node | None) -> list[items_pb2.Item]:
-        """The new items (with ids), checked against the chain's open calls."""
-        new_items = self._new_items()
+    def _check_items(self, new_items: list[items_pb2.Item], parent_node: Node | None) -> tuple[list[str], int, int]:
+        """The new items checked against the chain's open calls, then their rendered text, the
+        safety stage's findings in it, and its UTF-8 size."""
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
             if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
                 check_approval_responses(new_items, parent_node.items() if parent_node else ())
             if self.params.conversation:  # they join the conversation: their ids must be new to it
                 check_new_ids(new_items, parent_node.items() if parent_node else (), param="input")
-        return new_items
-
-    def _classify(self, new_items: list[items_pb2.Item]) -> tuple[list[str], int]:
-        """The new items' rendered text, and the safety stage's findings in it."""
         with self.clock.stage("render"):
             texts = [render.render_item(item) for item in new_items]
         with self.clock.stage("classify"):
             findings = self.services.classify(texts)
-        return texts, findings
+        return texts, findings, sum(len(t.encode()) for t in texts)
 
     async def _render_header(self) -> tuple[int, bool]:
         """The instructions+tools header's tokens (count, memoised on the connection)."""
@@ -272,11 +277,12 @@ class Turn:
         with self.clock.stage("route"):
             return self.ctx.memo.route(self.params.model)
 
-    async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], texts: list[str], findings: int,
+    async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], checked: tuple[list[str], int, int],
                     header: tuple[int, bool], route: Resolved) -> Prepared:  # fmt: skip
         """The backend request: the new input tokenised now, or while the backend computes its
         first token when nothing before needs the count; the backend's own check; admission."""
         params, ctx, services, clock = self.params, self.ctx, self.services, self.clock
+        texts, findings, new_bytes = checked
         header_tokens, header_cached = header
         parent_node, from_cache = parent.node, parent.from_cache
 
@@ -303,7 +309,6 @@ class Turn:
         # that bound fits the context window, no token budget is charged and the backend reads the
         # count only for `usage`, tokenising waits for the backend's first-token time.
         with clock.stage("route"):
-            new_bytes = sum(len(t.encode()) for t in texts)
             bound = header_tokens + (parent_node.token_count if parent_node else 0) + new_bytes
             # A large input is tokenised now, off the event loop, not while the backend waits.
             large = offload.large(new_bytes)
@@ -335,7 +340,7 @@ class Turn:
         items = await self.services.conversations.context(self.ctx.tenant, conversation_id, request_input(self.params))
         if not items:
             return None
-        segments = await offload.run(sum(item.ByteSize() for item in items), segments_of, items)
+        segments = await offload.in_thread(segments_of, items)  # a store read anyway; its size unknown
         return Node.continue_with(None, segments)
 
     def _new_items(self) -> list[items_pb2.Item]:

@@ -12,6 +12,11 @@ interval).
 Reported as `tether_event_loop_lag_seconds` (a histogram of every wake-up's lateness) and
 `tether_event_loop_lag_max_seconds` (the longest since the previous scrape), see
 docs/operating.md; `server.loop_lag_interval_s` sets the interval (0 = no probe).
+
+Lateness also counts time the process did not run at all (a busy machine) and time the loop
+waited for the interpreter lock. `tether_event_loop_busy_max_seconds` separates the loop's own
+work: the most CPU time the loop's thread used between two wake-ups of the probe (a callback
+that computes for 200 ms shows as 0.2 there; a process descheduled for 200 ms does not).
 """
 
 from __future__ import annotations
@@ -23,15 +28,16 @@ from collections.abc import Callable
 
 
 class LoopLagProbe:
-    """Measures the loop's lateness every `interval_s`; `on_lag(seconds)` gets each measurement.
+    """Measures the loop's lateness every `interval_s`; `on_lag(lag, busy)` gets each measurement.
     `peak()` is the longest lag since it was last read (then reset), `worst` the longest ever."""
 
-    def __init__(self, interval_s: float, on_lag: Callable[[float], None] | None = None) -> None:
+    def __init__(self, interval_s: float, on_lag: Callable[[float, float], None] | None = None) -> None:
         self.interval_s = interval_s
         self.on_lag = on_lag
         self.worst = 0.0
         self.samples = 0
         self._peak = 0.0
+        self._busy_peak = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> LoopLagProbe:
@@ -51,19 +57,27 @@ class LoopLagProbe:
         peak, self._peak = self._peak, 0.0
         return peak
 
-    def record(self, lag: float) -> None:
+    def busy_peak(self) -> float:
+        """The most CPU time the loop's thread used between two wake-ups since the previous
+        call (then reset)."""
+        peak, self._busy_peak = self._busy_peak, 0.0
+        return peak
+
+    def record(self, lag: float, busy: float = 0.0) -> None:
         self.samples += 1
+        if busy > self._busy_peak:
+            self._busy_peak = busy
         if lag > self._peak:
             self._peak = lag
         if lag > self.worst:
             self.worst = lag
         if self.on_lag is not None:
-            self.on_lag(lag)
+            self.on_lag(lag, busy)
 
     async def _run(self) -> None:
         interval = self.interval_s
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
         while True:
-            due = clock() + interval
+            due, used = clock() + interval, cpu()
             await asyncio.sleep(interval)
-            self.record(max(0.0, clock() - due))
+            self.record(max(0.0, clock() - due), cpu() - used)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -150,6 +151,10 @@ class Metrics:
         )
         self.background_runs = Gauge("tether_background_runs", "Background responses now, by state (queued, running)",
                                      ["state"], registry=r)  # fmt: skip
+        self.loop_busy_max = Gauge(
+            "tether_event_loop_busy_max_seconds",
+            "The most CPU time the loop used between two probe wake-ups, since the previous scrape", registry=r,
+        )
         self.allocator = Gauge("tether_allocator_info", "The memory allocator in use (value 1)", ["allocator"], registry=r)
         self.allocator.labels(allocator_in_use()).set(1)
         _event_loop_info(r)
@@ -192,11 +197,12 @@ class Metrics:
         self.memory_reclaimed_bytes.inc(released_bytes)
         self.memory_reclaim_seconds.inc(seconds)
 
-    def watch_loop(self, peak: Callable[[], float]) -> Callable[[float], None]:
-        """Report a loop-lag probe: `peak()` (the longest lag since the last read) is what each
-        scrape shows; the returned callback takes every measurement."""
-        self.loop_lag_max.set_function(peak)
-        return self.loop_lag.observe
+    def watch_loop(self, probe: Any) -> Callable[[float, float], None]:
+        """Report a loop-lag probe (tether/observability/loop_lag.py): its peaks since the last
+        read are what each scrape shows; the returned callback takes every measurement."""
+        self.loop_lag_max.set_function(probe.peak)
+        self.loop_busy_max.set_function(probe.busy_peak)
+        return lambda lag, busy: self.loop_lag.observe(lag)
 
     @contextmanager
     def active_turn(self) -> Iterator[None]:

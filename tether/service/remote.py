@@ -96,7 +96,8 @@ class RemoteSession:
         self._call = call
         self._closed = False
 
-    async def send(self, request: service_pb2.SessionRequest) -> None:
+    async def send(self, request: service_pb2.SessionRequest, *, nbytes: int | None = None) -> None:
+        # `nbytes` is the local transport's; the remote engine measures what it receives.
         if self._closed or self._call.done():
             raise _closed_error()
         try:

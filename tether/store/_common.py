@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from tether import offload
 from tether.responses.v1 import items_pb2
 
 from .base import UsageRecord
@@ -33,6 +34,16 @@ USAGE_FIELDS = (
     "created_at",
 )
 _INT_USAGE_FIELDS = frozenset({"input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens"})
+
+
+async def parse_items(blobs: Sequence[bytes]) -> list[items_pb2.Item]:
+    """Stored items parsed; megabytes of them in the offload thread (`tether.offload`), not on
+    the event loop every other connection shares."""
+    return await offload.run(sum(map(len, blobs)), _parse_items, blobs)
+
+
+def _parse_items(blobs: Sequence[bytes]) -> list[items_pb2.Item]:
+    return [items_pb2.Item.FromString(blob) for blob in blobs]
 
 
 def item_api_id(item: items_pb2.Item) -> str:

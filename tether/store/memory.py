@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
-from ._common import MissingItemError, check_page_args, item_api_id, page
+from ._common import MissingItemError, check_page_args, item_api_id, page, parse_items
 from .base import Hydrated, ItemPage, KeyedItem, ResponseRecord, UsageRecord
 
 
@@ -193,7 +193,7 @@ class MemoryStore:
 
     async def conversation_items(self, tenant: str, conversation_id: str) -> list[items_pb2.Item] | None:
         stored = self._conversations.get((tenant, conversation_id))
-        return None if stored is None else [items_pb2.Item.FromString(d) for _, d in stored[1]]
+        return None if stored is None else await parse_items([d for _, d in stored[1]])
 
     async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
         stored = self._conversations.get((tenant, conversation_id))

@@ -61,6 +61,7 @@ from ._common import (
     MissingItemError,
     check_page_args,
     item_api_id,
+    parse_items,
     split_query_options,
     usage_to_row,
 )
@@ -491,7 +492,7 @@ class PostgresStore:
         )
         if not rows or rows[0][0] != 0:
             return None
-        return [items_pb2.Item.FromString(row[2]) for row in rows[1:]]
+        return await parse_items([row[2] for row in rows[1:]])
 
     async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
         gone = await self.pool.fetchval(

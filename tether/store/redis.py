@@ -56,6 +56,7 @@ from ._common import (
     MissingItemError,
     check_page_args,
     item_api_id,
+    parse_items,
     split_query_options,
     usage_from_mapping,
     usage_to_row,
@@ -443,7 +444,7 @@ class RedisStore:
             exists, entries = await pipe.execute()
         if not exists:
             return None
-        return [items_pb2.Item.FromString(entry.split(b"\0", 1)[1]) for entry in entries]
+        return await parse_items([entry.split(b"\0", 1)[1] for entry in entries])
 
     async def delete_conversation_item(self, tenant: str, conversation_id: str, item_id: str) -> bool:
         res = await self._scripts["conv_delete_item"](
