@@ -287,3 +287,23 @@ async def test_metrics_count_calls_listings_sessions_and_approvals() -> None:
     assert delta("tether_mcp_approvals_total", event="requested") == 1 and asked.output[-1].type == "mcp_approval_request"
     assert value(during, "tether_mcp_sessions_open") == 1  # the WebSocket keeps its session open
     assert value(after, "tether_mcp_sessions_open") == 0  # HTTP turns closed theirs; the WebSocket closed
+
+
+async def test_grpc_session_runs_mcp_with_modelled_items(stack, mcp_server) -> None:
+    """The gRPC session stream carries the same loop, with the MCP tool and items as their own
+    protobuf messages (not JSON blobs)."""
+    from tests.support.grpc_client import raw_session_on
+    from tether.protocol import json_codec
+
+    async with raw_session_on(stack.engine, stack.config, Authenticator({KEY_A: "a"}), KEY_A) as session:
+        req = json_codec.client_event_from_json({"type": "response.create", "model": "sim-model",
+                                                 "input": "please roll", "tools": [mcp_tool(mcp_server)]})  # fmt: skip
+        assert req.create.tools[0].WhichOneof("tool") == "mcp"
+        await session.send(req)
+        done = await session.until_terminal()
+        arms = [ev.WhichOneof("event") for ev in session.events]
+    assert done.WhichOneof("event") == "completed"
+    output = done.completed.response.output
+    assert [item.WhichOneof("item") for item in output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert output[1].mcp_call.output.startswith("total") and output[1].mcp_call.server_label == "dice"
+    assert {"mcp_list_tools_completed", "mcp_call_arguments_done", "mcp_call_completed"} <= set(arms)
