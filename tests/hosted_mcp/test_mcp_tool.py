@@ -14,7 +14,14 @@ import pytest
 from openai.types.responses import ResponseOutputItem
 from pydantic import TypeAdapter
 
-from tests.bridge.helpers import KEY_A, check_sse_events, recv_response, send_json
+from tests.bridge.helpers import (
+    KEY_A,
+    check_sse_events,
+    check_ws_events,
+    recv_response,
+    recv_until,
+    send_json,
+)
 from tests.fakes.mcp_server import McpTestServer, roll_total
 from tests.hosted_mcp.conftest import mcp_config, mcp_tool
 from tests.support.metrics import http_get, samples, value
@@ -307,3 +314,25 @@ async def test_grpc_session_runs_mcp_with_modelled_items(stack, mcp_server) -> N
     assert [item.WhichOneof("item") for item in output] == ["mcp_list_tools", "mcp_call", "message"]
     assert output[1].mcp_call.output.startswith("total") and output[1].mcp_call.server_label == "dice"
     assert {"mcp_list_tools_completed", "mcp_call_arguments_done", "mcp_call_completed"} <= set(arms)
+
+
+async def test_cancel_during_a_hanging_call_ends_it_incomplete(stack, mcp_server) -> None:
+    """A client cancel while Tether waits on the MCP server: the call item ends `incomplete` with
+    its `output_item.done` (every added item is done once), the response ends, the connection
+    goes on."""
+    async with stack.ws() as ws:
+        await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "x",
+                             "tools": [mcp_tool(mcp_server)],
+                             "tool_choice": {"type": "mcp", "server_label": "dice", "name": "hang"}})  # fmt: skip
+        events = await recv_until(ws, lambda e: e["type"] == "response.mcp_call.in_progress")
+        await send_json(ws, {"type": "response.cancel", "response_id": events[0]["response"]["id"]})
+        events += await recv_until(ws, lambda e: e["type"].startswith("response.") and "response" in e
+                                   and e["type"] != "response.created")  # fmt: skip
+        check_ws_events(events)
+        await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "hi"})
+        after = await recv_response(ws)
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "cancelled"
+    call = events[-1]["response"]["output"][1]
+    assert call["type"] == "mcp_call" and call["status"] == "incomplete"
+    assert "response.mcp_call.failed" in [e["type"] for e in events]
+    assert after[-1]["type"] == "response.completed"

@@ -284,7 +284,7 @@ class McpLoop:
             finish = builder.finish or Finish()
             produced = builder.output[before:]
             _add_usage(sums, finish.usage, estimate, produced)
-            waiting = builder.take_mcp_calls()
+            waiting = builder.waiting_mcp_calls()
             for index, item in waiting:
                 await self._run(turn, builder, index, item)
             client_calls = any(call_of(it) is not None for it in produced)  # the client runs these
