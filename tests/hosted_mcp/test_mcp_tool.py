@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from tests.bridge.helpers import (
     KEY_A,
+    KEY_B,
     check_sse_events,
     check_ws_events,
     recv_response,
@@ -336,3 +337,13 @@ async def test_cancel_during_a_hanging_call_ends_it_incomplete(stack, mcp_server
     assert call["type"] == "mcp_call" and call["status"] == "incomplete"
     assert "response.mcp_call.failed" in [e["type"] for e in events]
     assert after[-1]["type"] == "response.completed"
+
+
+async def test_sessions_are_never_shared_across_connections_or_tenants(stack) -> None:
+    with McpTestServer() as server:
+        body = {"type": "response.create", "model": "sim-model", "input": "please roll", "tools": [mcp_tool(server)]}
+        async with stack.ws(KEY_A) as a, stack.ws(KEY_B) as b, stack.ws(KEY_A) as a2:
+            for ws in (a, b, a2, a):
+                await send_json(ws, body)
+                assert (await recv_response(ws))[-1]["type"] == "response.completed"
+        assert server.initializations == 3 and len(server.calls) == 4  # a's second turn reused a's session
