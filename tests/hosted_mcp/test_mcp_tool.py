@@ -267,7 +267,7 @@ async def test_metrics_count_calls_listings_sessions_and_approvals() -> None:
         async with running_stack(Authenticator({KEY_A: "a"}), config=mcp_config()) as st:
 
             async def scrape() -> dict:
-                _, _, body = await http_get(st.port, "/metrics")
+                _, _, body = await http_get(st.port, "/metrics", headers="connection: close\r\n")
                 return samples(body.decode())
 
             before = await scrape()
