@@ -347,3 +347,18 @@ async def test_sessions_are_never_shared_across_connections_or_tenants(stack) ->
                 await send_json(ws, body)
                 assert (await recv_response(ws))[-1]["type"] == "response.completed"
         assert server.initializations == 3 and len(server.calls) == 4  # a's second turn reused a's session
+
+
+async def test_a_function_tool_of_the_create_wins_over_an_mcp_tool_of_the_same_name(stack, mcp_server) -> None:
+    """The client's own `echo` function is the client's to run: the model's call of it is a
+    function_call the response ends with, never an MCP call. Explicit nulls in the mcp tool are
+    "not set"; an unknown non-null key is a 400 naming it."""
+    echo = {"type": "function", "name": "echo", "parameters": {"type": "object", "properties": {}}}
+    r = await stack.client().responses.create(
+        model="sim-model", input="please echo", tools=[echo, mcp_tool(mcp_server, server_description=None)],
+    )
+    assert types(strict(r.output)) == ["mcp_list_tools", "function_call"] and r.output[1].name == "echo"
+    with pytest.raises(openai.BadRequestError) as info:
+        await stack.client().responses.create(model="sim-model", input="x",
+                                              tools=[mcp_tool(mcp_server, defer_loading=True)])  # fmt: skip
+    assert info.value.body["param"] == "tools[0].defer_loading"

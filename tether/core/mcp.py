@@ -46,7 +46,6 @@ Turn = Any
 Prepared = Any
 
 _APPROVAL_MODES = ("always", "never")
-_MCP_TOOL_KEYS = frozenset({"type"})  # keys of the tool object the codec leaves in extra_json that are fine
 
 
 # -- validation (before response.created) ------------------------------------------------------------
@@ -70,12 +69,11 @@ def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> lis
     labels: set[str] = set()
     for i, tool in servers:
         where = f"tools[{i}]"
-        extra = params.tools[i].extra_json
-        for key in sorted(orjson.loads(extra)) if extra else ():
-            if key not in _MCP_TOOL_KEYS:
-                raise TetherError(errors.UNSUPPORTED_PARAMETER,
-                                  f"'{where}.{key}' is not supported on an mcp tool by this server.",
-                                  param=f"{where}.{key}")  # fmt: skip
+        extra = orjson.loads(params.tools[i].extra_json) if params.tools[i].extra_json else {}
+        for key in sorted(k for k, v in extra.items() if v is not None):  # an explicit null is "not set"
+            raise TetherError(errors.UNSUPPORTED_PARAMETER,
+                              f"'{where}.{key}' is not supported on an mcp tool by this server.",
+                              param=f"{where}.{key}")  # fmt: skip
         if tool.HasField("connector_id"):
             raise TetherError(errors.UNSUPPORTED_PARAMETER, "Connectors are not supported: name a remote MCP "
                               "server with server_url.", param=f"{where}.connector_id")  # fmt: skip
@@ -179,6 +177,16 @@ class _Server:
     tools: list[items_pb2.McpToolInfo] = field(default_factory=list)
 
 
+def _own_name(tool: request_pb2.Tool) -> str:
+    """The name of a function or custom tool of the create ("" for any other)."""
+    if tool.WhichOneof("tool") == "function":
+        return tool.function.name
+    if tool.WhichOneof("tool") == "other" and tool.other.type == "custom":
+        name = orjson.loads(tool.other.json).get("name")
+        return name if isinstance(name, str) else ""
+    return ""
+
+
 def _read_only(info: items_pb2.McpToolInfo) -> bool:
     try:
         return bool(info.annotations_json and orjson.loads(info.annotations_json).get("readOnlyHint"))
@@ -189,15 +197,19 @@ def _read_only(info: items_pb2.McpToolInfo) -> bool:
 class McpLoop:
     """The MCP side of one turn (see the module docstring)."""
 
-    def __init__(self, servers: list[tuple[int, request_pb2.McpTool]], config: McpConfig) -> None:
+    def __init__(self, servers: list[tuple[int, request_pb2.McpTool]], config: McpConfig,
+                 taken: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.servers = {tool.server_label: _Server(i, tool) for i, tool in servers}
         self.config = config
+        self.taken = taken  # names of the create's own tools: an MCP tool of the same name is not offered
         self.calls = 0  # MCP calls run in this response
 
     @classmethod
     def of(cls, params: request_pb2.ResponseCreateParams, config: McpConfig) -> McpLoop | None:
         servers = validate(params, config)
-        return cls(servers, config) if servers else None
+        if not servers:
+            return None
+        return cls(servers, config, frozenset(filter(None, map(_own_name, params.tools))))
 
     # -- what the backend sees --------------------------------------------------------------------
 
@@ -205,8 +217,7 @@ class McpLoop:
         """The create's own tools (without the mcp entries) plus each listed MCP tool as a function."""
         out = [t for t in tools if t.WhichOneof("tool") != "mcp"]
         if with_mcp:
-            taken = {t.function.name for t in out if t.WhichOneof("tool") == "function"}
-            for name, (_, info) in self._by_name(taken).items():
+            for name, (_, info) in self._by_name().items():
                 fn = request_pb2.Tool()
                 fn.function.name = name
                 if info.HasField("description"):
@@ -215,13 +226,13 @@ class McpLoop:
                 out.append(fn)
         return out
 
-    def _by_name(self, taken: set[str] | None = None) -> dict[str, tuple[_Server, items_pb2.McpToolInfo]]:
-        """MCP tool name -> (its server, its listing); the first server wins a name (and a
-        function tool of the create wins over every server)."""
+    def _by_name(self) -> dict[str, tuple[_Server, items_pb2.McpToolInfo]]:
+        """MCP tool name -> (its server, its listing); the first server wins a name, and a
+        function or custom tool of the create wins over every server."""
         out: dict[str, tuple[_Server, items_pb2.McpToolInfo]] = {}
         for server in self.servers.values():
             for info in server.tools:
-                if info.name not in out and info.name not in (taken or ()):
+                if info.name not in out and info.name not in self.taken:
                     out[info.name] = (server, info)
         return out
 
@@ -291,7 +302,7 @@ class McpLoop:
             first = False
             if (not waiting or builder.approvals_requested or client_calls or builder.capped
                     or finish.reason != "tool_calls"):  # fmt: skip
-                if builder.approvals_requested:
+                for _ in range(builder.approvals_requested):
                     turn.services.telemetry.mcp_approval("requested")
                 if steps == 1:
                     return finish
