@@ -29,13 +29,13 @@ def roll_total(sides: int, count: int) -> int:
 
 
 class McpTestServer:
-    def __init__(self, *, stateless: bool = False) -> None:
+    def __init__(self, *, stateless: bool = False, port: int = 0) -> None:
         self.stateless = stateless
         self.initializations = 0
         self.list_calls = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []
-        self.port = 0
+        self.port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -114,7 +114,8 @@ class McpTestServer:
 
     def __enter__(self) -> McpTestServer:
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self._app(), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)

@@ -362,3 +362,20 @@ async def test_a_function_tool_of_the_create_wins_over_an_mcp_tool_of_the_same_n
         await stack.client().responses.create(model="sim-model", input="x",
                                               tools=[mcp_tool(mcp_server, defer_loading=True)])  # fmt: skip
     assert info.value.body["param"] == "tools[0].defer_loading"
+
+
+async def test_a_restarted_server_costs_one_new_session_not_a_failed_call(stack) -> None:
+    """The connection's kept session dies with its server; the next call finds the session gone
+    (HTTP 404 "Session not found", or a broken transport), opens a new one and runs once more."""
+    async with stack.ws() as ws:
+        with McpTestServer() as first:
+            port = first.port
+            await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "please roll",
+                                 "tools": [mcp_tool(first)]})  # fmt: skip
+            assert (await recv_response(ws))[-1]["response"]["output"][1]["status"] == "completed"
+        with McpTestServer(port=port) as second:
+            await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "please roll",
+                                 "tools": [mcp_tool(second)]})  # fmt: skip
+            call = (await recv_response(ws))[-1]["response"]["output"][1]
+            assert call["status"] == "completed" and call["output"].startswith("total")
+            assert second.initializations == 1 and [name for name, _ in second.calls] == ["roll"]

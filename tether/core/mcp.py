@@ -332,8 +332,7 @@ class McpLoop:
         started = time.perf_counter()
         outcome = "listed"
         try:
-            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
-                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
+            session = await self._session(turn, server)
             if session.tools is not None:
                 outcome = "reused"
                 tools = session.tools
@@ -359,6 +358,13 @@ class McpLoop:
         arm.item_id, arm.output_index = lt.id, index
         await turn._emit_all([done, builder.add_done(index, item)])
 
+    @staticmethod
+    async def _session(turn: Turn, server: _Server):  # noqa: ANN205 - tether.mcp.client.McpServerSession
+        """The connection's session with this server (opened now if it has none)."""
+        tool = server.tool
+        return await turn.ctx.mcp.get(tool.server_url, tool.headers,
+                                      tool.authorization if tool.HasField("authorization") else None)  # fmt: skip
+
     async def _run_approved(self, turn: Turn, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
                             history: Sequence[items_pb2.Item]) -> None:  # fmt: skip
         answers = [it.mcp_approval_response for it in new_items if it.WhichOneof("item") == "mcp_approval_response"]
@@ -383,7 +389,7 @@ class McpLoop:
 
     async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
-        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, protocol_error
+        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, SessionGone, protocol_error
 
         mc = item.mcp_call
         progress = turn._event()
@@ -405,9 +411,10 @@ class McpLoop:
                 raise protocol_error(-32602, "the model's arguments are not valid JSON") from None
             if not isinstance(arguments, dict):
                 raise protocol_error(-32602, "the model's arguments are not a JSON object")
-            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
-                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
-            result = await session.call_tool(mc.name, arguments)
+            try:
+                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
+            except SessionGone:  # the server restarted or dropped the session: once more on a new one
+                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
             if result.error is not None:
                 outcome = "tool_error"
                 mc.error_json = orjson.dumps(result.error).decode()

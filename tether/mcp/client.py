@@ -47,6 +47,11 @@ class McpFailure(Exception):
         return str(self.error.get("message") or self.error.get("type"))
 
 
+class SessionGone(McpFailure):
+    """The server no longer knows this session (it restarted, or expired the session: HTTP 404,
+    "Session not found"), or the session's transport broke: open a new one and try again."""
+
+
 def protocol_error(code: int, message: str) -> McpFailure:
     return McpFailure({"type": "mcp_protocol_error", "code": code, "message": message})
 
@@ -120,7 +125,8 @@ class McpServerSession:
 
     @property
     def alive(self) -> bool:
-        return self._session is not None and self._task is not None and not self._task.done()
+        return (self._session is not None and self._task is not None and not self._task.done()
+                and not self._closing.is_set())  # fmt: skip
 
     async def open(self) -> None:
         """Connect and initialise; raise McpFailure (a refused address, a timeout, an error)."""
@@ -183,7 +189,13 @@ class McpServerSession:
         except McpFailure:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise _failure(exc) from None
+            failure = _failure(exc)
+            gone = "session not found" in failure.message.lower() or failure.error.get("code") in (404, UNREACHABLE)
+            if gone or not self.alive:
+                self._broken = failure
+                self._closing.set()  # the pool opens a new session on next use
+                raise SessionGone(failure.error) from None
+            raise failure from None
 
     async def list_tools(self) -> list[ToolInfo]:
         """Every tool the server offers (all pages), at most `max_tools_per_server`."""
