@@ -379,3 +379,28 @@ async def test_a_restarted_server_costs_one_new_session_not_a_failed_call(stack)
             call = (await recv_response(ws))[-1]["response"]["output"][1]
             assert call["status"] == "completed" and call["output"].startswith("total")
             assert second.initializations == 1 and [name for name, _ in second.calls] == ["roll"]
+
+
+async def test_a_redirect_elsewhere_is_not_followed(stack) -> None:
+    """An allowed server that redirects to another origin (here the cloud metadata address): the
+    SDK follows redirects within the server's origin only, and Tether's transport checks each
+    request it makes, so the listing fails and nothing reaches the target."""
+
+    async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://169.254.169.254/latest/meta-data\r\n"
+                     b"Content-Length: 0\r\nConnection: close\r\n\r\n")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(redirect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tool = {"type": "mcp", "server_label": "r", "server_url": f"http://127.0.0.1:{port}/mcp",
+                "require_approval": "never"}  # fmt: skip
+        r = await stack.client().responses.create(model="sim-model", input="x", tools=[tool])
+    finally:
+        server.close()
+    listing = strict(r.output)[0]
+    assert r.status == "completed" and listing["tools"] == []
+    assert "not followed" in listing["error"] and "169.254.169.254" in listing["error"]
