@@ -117,7 +117,7 @@ class McpTestServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="on")
+        config = uvicorn.Config(self._app(), log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
@@ -130,6 +130,5 @@ class McpTestServer:
 
     def __exit__(self, *exc: object) -> None:
         assert self._server is not None and self._thread is not None
-        self._server.should_exit = True
-        self._server.force_exit = True
+        self._server.should_exit = True  # open SSE streams get timeout_graceful_shutdown to end
         self._thread.join(5)
