@@ -213,6 +213,16 @@ async def test_approval_round_trip(stack, mcp_server) -> None:
     )
     assert types(strict(denied.output)) == ["message"]
     assert len(mcp_server.calls) == calls + 1
+    # A forced tool_choice is honoured by the approved call: the model is not forced to ask again.
+    forced = {"type": "mcp", "server_label": "dice", "name": "roll"}
+    asked = await client.responses.create(model="sim-model", input="x", tools=tools, tool_choice=forced)
+    assert types(strict(asked.output)) == ["mcp_list_tools", "mcp_approval_request"]
+    ran = await client.responses.create(
+        model="sim-model", previous_response_id=asked.id, tools=tools, tool_choice=forced,
+        input=[{"type": "mcp_approval_response", "approval_request_id": asked.output[1].id, "approve": True}],
+    )
+    assert types(strict(ran.output)) == ["mcp_call", "message"]
+    calls += 1
     lookup = await client.responses.create(model="sim-model", input="please lookup", tools=tools)
     assert types(strict(lookup.output)) == ["mcp_list_tools", "mcp_call", "message"]
     with pytest.raises(openai.BadRequestError) as info:

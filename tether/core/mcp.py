@@ -274,10 +274,10 @@ class McpLoop:
         history = prepared.node.items()
         new_items = [seg.item for seg in prepared.new_segments]
         input_tokens = prepared.input_tokens
-        await self._run_approved(turn, builder, new_items, history)
+        approved = await self._run_approved(turn, builder, new_items, history)
         await self._list(turn, builder, history)
         sums = [0, 0, 0]  # input, output, reasoning tokens of every model call
-        first = True
+        first = not approved  # a forced tool_choice was honoured by the call just approved
         steps = 0
         while True:
             steps += 1
@@ -366,13 +366,15 @@ class McpLoop:
                                       tool.authorization if tool.HasField("authorization") else None)  # fmt: skip
 
     async def _run_approved(self, turn: Turn, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
-                            history: Sequence[items_pb2.Item]) -> None:  # fmt: skip
+                            history: Sequence[items_pb2.Item]) -> int:  # fmt: skip
+        """Run the calls the new input approves; returns how many ran."""
         answers = [it.mcp_approval_response for it in new_items if it.WhichOneof("item") == "mcp_approval_response"]
         if not answers:
-            return
+            return 0
         requests = {it.mcp_approval_request.id: it.mcp_approval_request for it in history
                     if it.WhichOneof("item") == "mcp_approval_request"}  # fmt: skip
         ran = {it.mcp_call.approval_request_id for it in history if it.WhichOneof("item") == "mcp_call"}
+        count = 0
         for answer in answers:
             turn.services.telemetry.mcp_approval("approved" if answer.approve else "denied")
             request = requests.get(answer.approval_request_id)
@@ -386,6 +388,8 @@ class McpLoop:
             index, events = builder.open_mcp_item(item)
             await turn._emit_all(events)
             await self._run(turn, builder, index, item)
+            count += 1
+        return count
 
     async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
