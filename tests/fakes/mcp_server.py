@@ -29,8 +29,9 @@ def roll_total(sides: int, count: int) -> int:
 
 
 class McpTestServer:
-    def __init__(self, *, stateless: bool = False, port: int = 0) -> None:
+    def __init__(self, *, stateless: bool = False, port: int = 0, sse: bool = False) -> None:
         self.stateless = stateless
+        self.sse = sse  # the older HTTP+SSE transport only (GET /sse, POST /messages/)
         self.initializations = 0
         self.list_calls = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -41,7 +42,7 @@ class McpTestServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://127.0.0.1:{self.port}/sse" if self.sse else f"http://127.0.0.1:{self.port}/mcp"
 
     def _app(self) -> Any:
         mcp = MCPServer("tether-test")
@@ -77,7 +78,7 @@ class McpTestServer:
             self.calls.append(("lookup", {"key": key}))
             return f"value of {key}"
 
-        app = mcp.streamable_http_app(stateless_http=self.stateless)
+        app = mcp.sse_app() if self.sse else mcp.streamable_http_app(stateless_http=self.stateless)
         outer = self
 
         async def counting(scope: dict, receive: Any, send: Any) -> None:

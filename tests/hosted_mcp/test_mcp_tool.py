@@ -414,3 +414,13 @@ async def test_a_redirect_elsewhere_is_not_followed(stack) -> None:
     listing = strict(r.output)[0]
     assert r.status == "completed" and listing["tools"] == []
     assert "not followed" in listing["error"] and "169.254.169.254" in listing["error"]
+
+
+async def test_a_server_that_only_speaks_sse_is_reached_over_sse(stack) -> None:
+    """The older HTTP+SSE transport: the streamable HTTP initialize is refused, Tether tries SSE
+    once (the specification's backwards compatibility) and the loop runs as usual."""
+    with McpTestServer(sse=True) as server:
+        r = await stack.client().responses.create(model="sim-model", input="please roll",
+                                                  tools=[mcp_tool(server)])  # fmt: skip
+    out = strict(r.output)
+    assert types(out) == ["mcp_list_tools", "mcp_call", "message"] and out[1]["output"].startswith("total")
