@@ -51,7 +51,7 @@ class DemoServer:
         sock = socket.socket()
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app(), log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(app(), log_level="warning", timeout_graceful_shutdown=1))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 10
@@ -62,8 +62,7 @@ class DemoServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._server.force_exit = True
+        self._server.should_exit = True  # open SSE streams get timeout_graceful_shutdown to end
         if self._thread is not None:
             self._thread.join(5)
 

@@ -29,19 +29,20 @@ def roll_total(sides: int, count: int) -> int:
 
 
 class McpTestServer:
-    def __init__(self, *, stateless: bool = False) -> None:
+    def __init__(self, *, stateless: bool = False, port: int = 0, sse: bool = False) -> None:
         self.stateless = stateless
+        self.sse = sse  # the older HTTP+SSE transport only (GET /sse, POST /messages/)
         self.initializations = 0
         self.list_calls = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []
-        self.port = 0
+        self.port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://127.0.0.1:{self.port}/sse" if self.sse else f"http://127.0.0.1:{self.port}/mcp"
 
     def _app(self) -> Any:
         mcp = MCPServer("tether-test")
@@ -77,7 +78,7 @@ class McpTestServer:
             self.calls.append(("lookup", {"key": key}))
             return f"value of {key}"
 
-        app = mcp.streamable_http_app(stateless_http=self.stateless)
+        app = mcp.sse_app() if self.sse else mcp.streamable_http_app(stateless_http=self.stateless)
         outer = self
 
         async def counting(scope: dict, receive: Any, send: Any) -> None:
@@ -114,9 +115,10 @@ class McpTestServer:
 
     def __enter__(self) -> McpTestServer:
         sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", lifespan="on")
+        config = uvicorn.Config(self._app(), log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
         self._thread.start()
@@ -129,6 +131,5 @@ class McpTestServer:
 
     def __exit__(self, *exc: object) -> None:
         assert self._server is not None and self._thread is not None
-        self._server.should_exit = True
-        self._server.force_exit = True
+        self._server.should_exit = True  # open SSE streams get timeout_graceful_shutdown to end
         self._thread.join(5)

@@ -14,7 +14,15 @@ import pytest
 from openai.types.responses import ResponseOutputItem
 from pydantic import TypeAdapter
 
-from tests.bridge.helpers import KEY_A, check_sse_events, recv_response, send_json
+from tests.bridge.helpers import (
+    KEY_A,
+    KEY_B,
+    check_sse_events,
+    check_ws_events,
+    recv_response,
+    recv_until,
+    send_json,
+)
 from tests.fakes.mcp_server import McpTestServer, roll_total
 from tests.hosted_mcp.conftest import mcp_config, mcp_tool
 from tests.support.metrics import http_get, samples, value
@@ -205,6 +213,16 @@ async def test_approval_round_trip(stack, mcp_server) -> None:
     )
     assert types(strict(denied.output)) == ["message"]
     assert len(mcp_server.calls) == calls + 1
+    # A forced tool_choice is honoured by the approved call: the model is not forced to ask again.
+    forced = {"type": "mcp", "server_label": "dice", "name": "roll"}
+    asked = await client.responses.create(model="sim-model", input="x", tools=tools, tool_choice=forced)
+    assert types(strict(asked.output)) == ["mcp_list_tools", "mcp_approval_request"]
+    ran = await client.responses.create(
+        model="sim-model", previous_response_id=asked.id, tools=tools, tool_choice=forced,
+        input=[{"type": "mcp_approval_response", "approval_request_id": asked.output[1].id, "approve": True}],
+    )
+    assert types(strict(ran.output)) == ["mcp_call", "message"]
+    calls += 1
     lookup = await client.responses.create(model="sim-model", input="please lookup", tools=tools)
     assert types(strict(lookup.output)) == ["mcp_list_tools", "mcp_call", "message"]
     with pytest.raises(openai.BadRequestError) as info:
@@ -259,7 +277,7 @@ async def test_metrics_count_calls_listings_sessions_and_approvals() -> None:
         async with running_stack(Authenticator({KEY_A: "a"}), config=mcp_config()) as st:
 
             async def scrape() -> dict:
-                _, _, body = await http_get(st.port, "/metrics")
+                _, _, body = await http_get(st.port, "/metrics", headers="connection: close\r\n")
                 return samples(body.decode())
 
             before = await scrape()
@@ -287,3 +305,122 @@ async def test_metrics_count_calls_listings_sessions_and_approvals() -> None:
     assert delta("tether_mcp_approvals_total", event="requested") == 1 and asked.output[-1].type == "mcp_approval_request"
     assert value(during, "tether_mcp_sessions_open") == 1  # the WebSocket keeps its session open
     assert value(after, "tether_mcp_sessions_open") == 0  # HTTP turns closed theirs; the WebSocket closed
+
+
+async def test_grpc_session_runs_mcp_with_modelled_items(stack, mcp_server) -> None:
+    """The gRPC session stream carries the same loop, with the MCP tool and items as their own
+    protobuf messages (not JSON blobs)."""
+    from tests.support.grpc_client import raw_session_on
+    from tether.protocol import json_codec
+
+    async with raw_session_on(stack.engine, stack.config, Authenticator({KEY_A: "a"}), KEY_A) as session:
+        req = json_codec.client_event_from_json({"type": "response.create", "model": "sim-model",
+                                                 "input": "please roll", "tools": [mcp_tool(mcp_server)]})  # fmt: skip
+        assert req.create.tools[0].WhichOneof("tool") == "mcp"
+        await session.send(req)
+        done = await session.until_terminal()
+        arms = [ev.WhichOneof("event") for ev in session.events]
+    assert done.WhichOneof("event") == "completed"
+    output = done.completed.response.output
+    assert [item.WhichOneof("item") for item in output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert output[1].mcp_call.output.startswith("total") and output[1].mcp_call.server_label == "dice"
+    assert {"mcp_list_tools_completed", "mcp_call_arguments_done", "mcp_call_completed"} <= set(arms)
+
+
+async def test_cancel_during_a_hanging_call_ends_it_incomplete(stack, mcp_server) -> None:
+    """A client cancel while Tether waits on the MCP server: the call item ends `incomplete` with
+    its `output_item.done` (every added item is done once), the response ends, the connection
+    goes on."""
+    async with stack.ws() as ws:
+        await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "x",
+                             "tools": [mcp_tool(mcp_server)],
+                             "tool_choice": {"type": "mcp", "server_label": "dice", "name": "hang"}})  # fmt: skip
+        events = await recv_until(ws, lambda e: e["type"] == "response.mcp_call.in_progress")
+        await send_json(ws, {"type": "response.cancel", "response_id": events[0]["response"]["id"]})
+        events += await recv_until(ws, lambda e: e["type"].startswith("response.") and "response" in e
+                                   and e["type"] != "response.created")  # fmt: skip
+        check_ws_events(events)
+        await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "hi"})
+        after = await recv_response(ws)
+    assert events[-1]["type"] == "response.incomplete" and events[-1]["response"]["status"] == "cancelled"
+    call = events[-1]["response"]["output"][1]
+    assert call["type"] == "mcp_call" and call["status"] == "incomplete"
+    assert "response.mcp_call.failed" in [e["type"] for e in events]
+    assert after[-1]["type"] == "response.completed"
+
+
+async def test_sessions_are_never_shared_across_connections_or_tenants(stack) -> None:
+    with McpTestServer() as server:
+        body = {"type": "response.create", "model": "sim-model", "input": "please roll", "tools": [mcp_tool(server)]}
+        async with stack.ws(KEY_A) as a, stack.ws(KEY_B) as b, stack.ws(KEY_A) as a2:
+            for ws in (a, b, a2, a):
+                await send_json(ws, body)
+                assert (await recv_response(ws))[-1]["type"] == "response.completed"
+        assert server.initializations == 3 and len(server.calls) == 4  # a's second turn reused a's session
+
+
+async def test_a_function_tool_of_the_create_wins_over_an_mcp_tool_of_the_same_name(stack, mcp_server) -> None:
+    """The client's own `echo` function is the client's to run: the model's call of it is a
+    function_call the response ends with, never an MCP call. Explicit nulls in the mcp tool are
+    "not set"; an unknown non-null key is a 400 naming it."""
+    echo = {"type": "function", "name": "echo", "parameters": {"type": "object", "properties": {}}}
+    r = await stack.client().responses.create(
+        model="sim-model", input="please echo", tools=[echo, mcp_tool(mcp_server, server_description=None)],
+    )
+    assert types(strict(r.output)) == ["mcp_list_tools", "function_call"] and r.output[1].name == "echo"
+    with pytest.raises(openai.BadRequestError) as info:
+        await stack.client().responses.create(model="sim-model", input="x",
+                                              tools=[mcp_tool(mcp_server, defer_loading=True)])  # fmt: skip
+    assert info.value.body["param"] == "tools[0].defer_loading"
+
+
+async def test_a_restarted_server_costs_one_new_session_not_a_failed_call(stack) -> None:
+    """The connection's kept session dies with its server; the next call finds the session gone
+    (HTTP 404 "Session not found", or a broken transport), opens a new one and runs once more."""
+    async with stack.ws() as ws:
+        with McpTestServer() as first:
+            port = first.port
+            await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "please roll",
+                                 "tools": [mcp_tool(first)]})  # fmt: skip
+            assert (await recv_response(ws))[-1]["response"]["output"][1]["status"] == "completed"
+        with McpTestServer(port=port) as second:
+            await send_json(ws, {"type": "response.create", "model": "sim-model", "input": "please roll",
+                                 "tools": [mcp_tool(second)]})  # fmt: skip
+            call = (await recv_response(ws))[-1]["response"]["output"][1]
+            assert call["status"] == "completed" and call["output"].startswith("total")
+            assert second.initializations == 1 and [name for name, _ in second.calls] == ["roll"]
+
+
+async def test_a_redirect_elsewhere_is_not_followed(stack) -> None:
+    """An allowed server that redirects to another origin (here the cloud metadata address): the
+    SDK follows redirects within the server's origin only, and Tether's transport checks each
+    request it makes, so the listing fails and nothing reaches the target."""
+
+    async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: http://169.254.169.254/latest/meta-data\r\n"
+                     b"Content-Length: 0\r\nConnection: close\r\n\r\n")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(redirect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tool = {"type": "mcp", "server_label": "r", "server_url": f"http://127.0.0.1:{port}/mcp",
+                "require_approval": "never"}  # fmt: skip
+        r = await stack.client().responses.create(model="sim-model", input="x", tools=[tool])
+    finally:
+        server.close()
+    listing = strict(r.output)[0]
+    assert r.status == "completed" and listing["tools"] == []
+    assert "not followed" in listing["error"] and "169.254.169.254" in listing["error"]
+
+
+async def test_a_server_that_only_speaks_sse_is_reached_over_sse(stack) -> None:
+    """The older HTTP+SSE transport: the streamable HTTP initialize is refused, Tether tries SSE
+    once (the specification's backwards compatibility) and the loop runs as usual."""
+    with McpTestServer(sse=True) as server:
+        r = await stack.client().responses.create(model="sim-model", input="please roll",
+                                                  tools=[mcp_tool(server)])  # fmt: skip
+    out = strict(r.output)
+    assert types(out) == ["mcp_list_tools", "mcp_call", "message"] and out[1]["output"].startswith("total")

@@ -23,7 +23,7 @@ Text chunks that carry log probabilities (the request asked for them) put them o
 `output_text` part.
 A tool call of a name in `mcp_routes` (an MCP server's tool, set by the MCP loop before each
 backend call) opens an `mcp_call` item whose arguments stream as `response.mcp_call_arguments.*`;
-closing it does not finish it: it waits in `take_mcp_calls()` until the loop has called the server
+closing it does not finish it: it waits in `waiting_mcp_calls()` until the loop has called the server
 and `settle_mcp_call` finishes it. A call of a tool that needs approval becomes an
 `mcp_approval_request` item, sent whole when the call closes.
 A tool call chunk marked `custom` opens a `custom_tool_call` item (an `OtherItem`, see
@@ -96,7 +96,8 @@ class OutputBuilder:
         self._calls_started = 0
         self.finish: Finish | None = None
         self.mcp_routes: dict[str, McpRoute] = {}  # tool name -> its MCP server (the MCP loop sets it)
-        self._mcp_waiting: list[tuple[int, items_pb2.Item]] = []  # closed mcp_calls not yet run
+        # Items the MCP loop finishes (mcp_calls to run, a listing in progress) by output index, until done.
+        self._external: dict[int, items_pb2.Item] = {}
         self.approvals_requested = 0
 
     @property
@@ -165,18 +166,22 @@ class OutputBuilder:
         self._open.clear()
         self._text = self._reasoning = None
         self._calls.clear()
-        if status != "completed":  # the response ends: MCP calls that never ran end with it
-            for index, item in self.take_mcp_calls():
-                item.mcp_call.status = "incomplete"
-                events.extend(self.settle_mcp_call(index, item))
+        if status != "completed":  # the response ends: MCP items still being worked on end with it
+            for index, item in sorted(self._external.items()):
+                if item.WhichOneof("item") == "mcp_call":
+                    item.mcp_call.status = "incomplete"
+                    events.extend(self.settle_mcp_call(index, item))
+                else:
+                    item.mcp_list_tools.error = "the response ended before the listing did"
+                    events.append(self.add_done(index, item))
         return events
 
     # -- MCP calls (run by the MCP loop between backend calls) ----------------------------------
 
-    def take_mcp_calls(self) -> list[tuple[int, items_pb2.Item]]:
-        """The closed `mcp_call` items waiting to be run, in output order (and forget them)."""
-        waiting, self._mcp_waiting = self._mcp_waiting, []
-        return sorted(waiting, key=lambda pair: pair[0])
+    def waiting_mcp_calls(self) -> list[tuple[int, items_pb2.Item]]:
+        """The `mcp_call` items closed and not yet finished, in output order (the loop runs them
+        and finishes each with `settle_mcp_call`; any left when the response ends end with it)."""
+        return [(i, item) for i, item in sorted(self._external.items()) if item.WhichOneof("item") == "mcp_call"]
 
     def open_mcp_item(self, item: items_pb2.Item) -> tuple[int, list[Event]]:
         """Start an item the MCP loop makes itself (an approved call, a tool listing) at the next
@@ -186,6 +191,7 @@ class OutputBuilder:
         added = Event()
         added.output_item_added.output_index = index
         added.output_item_added.item.CopyFrom(item)
+        self._external[index] = item
         return index, [added]
 
     def settle_mcp_call(self, index: int, item: items_pb2.Item) -> list[Event]:
@@ -199,6 +205,7 @@ class OutputBuilder:
 
     def add_done(self, index: int, item: items_pb2.Item) -> Event:
         """Record a finished item at `index` (opened with `open_mcp_item`); its `output_item.done`."""
+        self._external.pop(index, None)
         done = Event()
         done.output_item_done.output_index = index
         done.output_item_done.item.CopyFrom(item)
@@ -369,7 +376,7 @@ class OutputBuilder:
             done = Event()
             d = done.mcp_call_arguments_done
             d.item_id, d.output_index, d.arguments = o.item_id, o.index, text
-            self._mcp_waiting.append((o.index, item))  # `output_item.done` once it has run
+            self._external[o.index] = item  # `output_item.done` once it has run
             return [done]
         elif o.kind == "mcp_approval_request":
             ar = item.mcp_approval_request

@@ -46,7 +46,6 @@ Turn = Any
 Prepared = Any
 
 _APPROVAL_MODES = ("always", "never")
-_MCP_TOOL_KEYS = frozenset({"type"})  # keys of the tool object the codec leaves in extra_json that are fine
 
 
 # -- validation (before response.created) ------------------------------------------------------------
@@ -70,12 +69,11 @@ def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> lis
     labels: set[str] = set()
     for i, tool in servers:
         where = f"tools[{i}]"
-        extra = params.tools[i].extra_json
-        for key in sorted(orjson.loads(extra)) if extra else ():
-            if key not in _MCP_TOOL_KEYS:
-                raise TetherError(errors.UNSUPPORTED_PARAMETER,
-                                  f"'{where}.{key}' is not supported on an mcp tool by this server.",
-                                  param=f"{where}.{key}")  # fmt: skip
+        extra = orjson.loads(params.tools[i].extra_json) if params.tools[i].extra_json else {}
+        for key in sorted(k for k, v in extra.items() if v is not None):  # an explicit null is "not set"
+            raise TetherError(errors.UNSUPPORTED_PARAMETER,
+                              f"'{where}.{key}' is not supported on an mcp tool by this server.",
+                              param=f"{where}.{key}")  # fmt: skip
         if tool.HasField("connector_id"):
             raise TetherError(errors.UNSUPPORTED_PARAMETER, "Connectors are not supported: name a remote MCP "
                               "server with server_url.", param=f"{where}.connector_id")  # fmt: skip
@@ -179,6 +177,16 @@ class _Server:
     tools: list[items_pb2.McpToolInfo] = field(default_factory=list)
 
 
+def _own_name(tool: request_pb2.Tool) -> str:
+    """The name of a function or custom tool of the create ("" for any other)."""
+    if tool.WhichOneof("tool") == "function":
+        return tool.function.name
+    if tool.WhichOneof("tool") == "other" and tool.other.type == "custom":
+        name = orjson.loads(tool.other.json).get("name")
+        return name if isinstance(name, str) else ""
+    return ""
+
+
 def _read_only(info: items_pb2.McpToolInfo) -> bool:
     try:
         return bool(info.annotations_json and orjson.loads(info.annotations_json).get("readOnlyHint"))
@@ -189,15 +197,19 @@ def _read_only(info: items_pb2.McpToolInfo) -> bool:
 class McpLoop:
     """The MCP side of one turn (see the module docstring)."""
 
-    def __init__(self, servers: list[tuple[int, request_pb2.McpTool]], config: McpConfig) -> None:
+    def __init__(self, servers: list[tuple[int, request_pb2.McpTool]], config: McpConfig,
+                 taken: frozenset[str] = frozenset()) -> None:  # fmt: skip
         self.servers = {tool.server_label: _Server(i, tool) for i, tool in servers}
         self.config = config
+        self.taken = taken  # names of the create's own tools: an MCP tool of the same name is not offered
         self.calls = 0  # MCP calls run in this response
 
     @classmethod
     def of(cls, params: request_pb2.ResponseCreateParams, config: McpConfig) -> McpLoop | None:
         servers = validate(params, config)
-        return cls(servers, config) if servers else None
+        if not servers:
+            return None
+        return cls(servers, config, frozenset(filter(None, map(_own_name, params.tools))))
 
     # -- what the backend sees --------------------------------------------------------------------
 
@@ -205,8 +217,7 @@ class McpLoop:
         """The create's own tools (without the mcp entries) plus each listed MCP tool as a function."""
         out = [t for t in tools if t.WhichOneof("tool") != "mcp"]
         if with_mcp:
-            taken = {t.function.name for t in out if t.WhichOneof("tool") == "function"}
-            for name, (_, info) in self._by_name(taken).items():
+            for name, (_, info) in self._by_name().items():
                 fn = request_pb2.Tool()
                 fn.function.name = name
                 if info.HasField("description"):
@@ -215,13 +226,13 @@ class McpLoop:
                 out.append(fn)
         return out
 
-    def _by_name(self, taken: set[str] | None = None) -> dict[str, tuple[_Server, items_pb2.McpToolInfo]]:
-        """MCP tool name -> (its server, its listing); the first server wins a name (and a
-        function tool of the create wins over every server)."""
+    def _by_name(self) -> dict[str, tuple[_Server, items_pb2.McpToolInfo]]:
+        """MCP tool name -> (its server, its listing); the first server wins a name, and a
+        function or custom tool of the create wins over every server."""
         out: dict[str, tuple[_Server, items_pb2.McpToolInfo]] = {}
         for server in self.servers.values():
             for info in server.tools:
-                if info.name not in out and info.name not in (taken or ()):
+                if info.name not in out and info.name not in self.taken:
                     out[info.name] = (server, info)
         return out
 
@@ -263,10 +274,10 @@ class McpLoop:
         history = prepared.node.items()
         new_items = [seg.item for seg in prepared.new_segments]
         input_tokens = prepared.input_tokens
-        await self._run_approved(turn, builder, new_items, history)
+        approved = await self._run_approved(turn, builder, new_items, history)
         await self._list(turn, builder, history)
         sums = [0, 0, 0]  # input, output, reasoning tokens of every model call
-        first = True
+        first = not approved  # a forced tool_choice was honoured by the call just approved
         steps = 0
         while True:
             steps += 1
@@ -284,14 +295,14 @@ class McpLoop:
             finish = builder.finish or Finish()
             produced = builder.output[before:]
             _add_usage(sums, finish.usage, estimate, produced)
-            waiting = builder.take_mcp_calls()
+            waiting = builder.waiting_mcp_calls()
             for index, item in waiting:
                 await self._run(turn, builder, index, item)
             client_calls = any(call_of(it) is not None for it in produced)  # the client runs these
             first = False
             if (not waiting or builder.approvals_requested or client_calls or builder.capped
                     or finish.reason != "tool_calls"):  # fmt: skip
-                if builder.approvals_requested:
+                for _ in range(builder.approvals_requested):
                     turn.services.telemetry.mcp_approval("requested")
                 if steps == 1:
                     return finish
@@ -321,8 +332,7 @@ class McpLoop:
         started = time.perf_counter()
         outcome = "listed"
         try:
-            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
-                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
+            session = await self._session(turn, server)
             if session.tools is not None:
                 outcome = "reused"
                 tools = session.tools
@@ -348,14 +358,23 @@ class McpLoop:
         arm.item_id, arm.output_index = lt.id, index
         await turn._emit_all([done, builder.add_done(index, item)])
 
+    @staticmethod
+    async def _session(turn: Turn, server: _Server):  # noqa: ANN205 - tether.mcp.client.McpServerSession
+        """The connection's session with this server (opened now if it has none)."""
+        tool = server.tool
+        return await turn.ctx.mcp.get(tool.server_url, tool.headers,
+                                      tool.authorization if tool.HasField("authorization") else None)  # fmt: skip
+
     async def _run_approved(self, turn: Turn, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
-                            history: Sequence[items_pb2.Item]) -> None:  # fmt: skip
+                            history: Sequence[items_pb2.Item]) -> int:  # fmt: skip
+        """Run the calls the new input approves; returns how many ran."""
         answers = [it.mcp_approval_response for it in new_items if it.WhichOneof("item") == "mcp_approval_response"]
         if not answers:
-            return
+            return 0
         requests = {it.mcp_approval_request.id: it.mcp_approval_request for it in history
                     if it.WhichOneof("item") == "mcp_approval_request"}  # fmt: skip
         ran = {it.mcp_call.approval_request_id for it in history if it.WhichOneof("item") == "mcp_call"}
+        count = 0
         for answer in answers:
             turn.services.telemetry.mcp_approval("approved" if answer.approve else "denied")
             request = requests.get(answer.approval_request_id)
@@ -369,10 +388,12 @@ class McpLoop:
             index, events = builder.open_mcp_item(item)
             await turn._emit_all(events)
             await self._run(turn, builder, index, item)
+            count += 1
+        return count
 
     async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
-        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, protocol_error
+        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, SessionGone, protocol_error
 
         mc = item.mcp_call
         progress = turn._event()
@@ -394,9 +415,10 @@ class McpLoop:
                 raise protocol_error(-32602, "the model's arguments are not valid JSON") from None
             if not isinstance(arguments, dict):
                 raise protocol_error(-32602, "the model's arguments are not a JSON object")
-            session = await turn.ctx.mcp.get(server.tool.server_url, server.tool.headers,
-                                             server.tool.authorization if server.tool.HasField("authorization") else None)  # fmt: skip
-            result = await session.call_tool(mc.name, arguments)
+            try:
+                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
+            except SessionGone:  # the server restarted or dropped the session: once more on a new one
+                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
             if result.error is not None:
                 outcome = "tool_error"
                 mc.error_json = orjson.dumps(result.error).decode()

@@ -1,4 +1,5 @@
-"""One initialised MCP session with one remote server, over streamable HTTP (the `mcp` SDK).
+"""One initialised MCP session with one remote server, over streamable HTTP (the `mcp` SDK), or
+the older HTTP+SSE transport for a server that only speaks that.
 
 `McpServerSession.open()` connects and initialises (within `connect_timeout_s`); `list_tools()`
 and `call_tool()` then run on that session, each within its own timeout, from any task. The SDK's
@@ -45,6 +46,11 @@ class McpFailure(Exception):
     @property
     def message(self) -> str:
         return str(self.error.get("message") or self.error.get("type"))
+
+
+class SessionGone(McpFailure):
+    """The server no longer knows this session (it restarted, or expired the session: HTTP 404,
+    "Session not found"), or the session's transport broke: open a new one and try again."""
 
 
 def protocol_error(code: int, message: str) -> McpFailure:
@@ -113,6 +119,7 @@ class McpServerSession:
         self.policy = policy
         self.config = config
         self.tools: list[ToolInfo] | None = None  # the last listing, once listed
+        self.transport = "streamable_http"  # or "sse": a server that only speaks the older transport
         self._session: Any = None
         self._task: asyncio.Task | None = None
         self._closing = asyncio.Event()
@@ -120,10 +127,28 @@ class McpServerSession:
 
     @property
     def alive(self) -> bool:
-        return self._session is not None and self._task is not None and not self._task.done()
+        return (self._session is not None and self._task is not None and not self._task.done()
+                and not self._closing.is_set())  # fmt: skip
 
     async def open(self) -> None:
-        """Connect and initialise; raise McpFailure (a refused address, a timeout, an error)."""
+        """Connect and initialise over streamable HTTP; a server that refuses that (an error to the
+        initialize POST: a 4xx from a server that only speaks the older HTTP+SSE transport) is
+        tried once over SSE, as the MCP specification's backwards compatibility says. Raises
+        McpFailure (a refused address, a timeout, an error), the streamable HTTP one when both fail."""
+        try:
+            await self._open("streamable_http")
+        except McpFailure as exc:
+            if exc.error.get("type") != "mcp_protocol_error" or exc.error.get("code") in (TIMEOUT, REFUSED, UNREACHABLE):
+                raise
+            try:
+                await self._open("sse")
+            except McpFailure:
+                raise exc from None
+
+    async def _open(self, transport: str) -> None:
+        self.transport = transport
+        self._closing = asyncio.Event()
+        self._broken = None
         ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._run(ready), name="tether-mcp-session")
         try:
@@ -138,20 +163,35 @@ class McpServerSession:
             await self.aclose()
             raise
 
+    def _streams(self, http: Any) -> Any:
+        """The SDK transport of `self.transport`, its requests through the guarded client."""
+        cfg = self.config
+        if self.transport == "sse":
+            sse_mod = require("mcp.client.sse", "mcp")
+
+            def factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+                return require("httpx2", "mcp").AsyncClient(transport=_guarded_transport(self.policy), headers=headers,
+                                                            timeout=timeout, auth=auth)  # fmt: skip
+
+            return sse_mod.sse_client(self.url, headers=self._headers, timeout=cfg.connect_timeout_s,
+                                      sse_read_timeout=max(cfg.call_timeout_s, cfg.list_timeout_s) + 5,
+                                      httpx_client_factory=factory)  # fmt: skip
+        http_mod = require("mcp.client.streamable_http", "mcp")
+        # An SSE event may carry a result escaped up to 6x (a \uXXXX per byte) plus its envelope;
+        # past that the SDK stops reading (a result never sits in memory whole beyond the cap).
+        return http_mod.streamable_http_client(self.url, http_client=http,
+                                               max_sse_event_size=6 * cfg.max_result_bytes + 65536)  # fmt: skip
+
     async def _run(self, ready: asyncio.Future) -> None:
         httpx2 = require("httpx2", "mcp")
         session_mod = require("mcp.client.session", "mcp")
-        http_mod = require("mcp.client.streamable_http", "mcp")
         cfg = self.config
         timeout = httpx2.Timeout(cfg.connect_timeout_s, read=max(cfg.call_timeout_s, cfg.list_timeout_s) + 5)
         try:
             async with (
                 httpx2.AsyncClient(transport=_guarded_transport(self.policy), headers=self._headers,
                                    timeout=timeout) as http,  # fmt: skip
-                # An SSE event may carry a result escaped up to 6x (\\uXXXX) plus its envelope; past
-                # that the SDK stops reading (a result never sits in memory whole beyond the cap).
-                http_mod.streamable_http_client(self.url, http_client=http,
-                                                max_sse_event_size=6 * cfg.max_result_bytes + 65536) as streams,
+                self._streams(http) as streams,
                 session_mod.ClientSession(streams[0], streams[1]) as session,
             ):
                 await session.initialize()
@@ -183,7 +223,13 @@ class McpServerSession:
         except McpFailure:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise _failure(exc) from None
+            failure = _failure(exc)
+            gone = "session not found" in failure.message.lower() or failure.error.get("code") in (404, UNREACHABLE)
+            if gone or not self.alive:
+                self._broken = failure
+                self._closing.set()  # the pool opens a new session on next use
+                raise SessionGone(failure.error) from None
+            raise failure from None
 
     async def list_tools(self) -> list[ToolInfo]:
         """Every tool the server offers (all pages), at most `max_tools_per_server`."""

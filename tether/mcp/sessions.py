@@ -80,5 +80,5 @@ class McpSessions:
     async def aclose(self) -> None:
         """Close every session (the connection ended)."""
         self._closed = True
-        keys = list(self._sessions)
-        await asyncio.gather(*(self._drop(k) for k in keys), return_exceptions=True)
+        if self._sessions:  # most connections never opened one
+            await asyncio.gather(*(self._drop(k) for k in list(self._sessions)), return_exceptions=True)

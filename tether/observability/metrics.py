@@ -6,7 +6,8 @@ server (`server.metrics_port`); see `tether.observability.metrics_http` and docs
 
 Stage names in `tether_stage_seconds{stage}` are the turn's stage timers':
 resolve, validate, classify, render, route, backend (model time: TTFT + streaming),
-backend_ttft, backend_wait (time blocked on the upstream), finalize, plus two derived here:
+backend_ttft, backend_wait (time blocked on the upstream), mcp (remote MCP servers), finalize, plus two
+derived here:
 `stream` (backend - backend_ttft: generation after the first token) and `post_inference` (the
 store/ledger write, off the critical path).
 

@@ -70,15 +70,18 @@ CREATE_FIELDS: dict[str, Field] = {
                    "is read, not written); true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
     "tools": Field(B, "Function and custom (freeform) tools go to the backend (custom tools natively on "
-                   "`openai`, else as an emulating function taking `{\"input\"}`; see Custom tools); hosted "
-                   "tool types are carried to the adapter."),
+                   "`openai`, else as an emulating function taking `{\"input\"}`; see Custom tools); `mcp` tools "
+                   "are honoured: Tether lists and calls the remote MCP server inside the response, on every "
+                   "backend, where `[mcp] allowed_servers` allows it (docs/mcp.md); other hosted tool types are "
+                   "carried to the adapter."),
     "tool_choice": Field(B, "Modes, `function` and `custom` (a name not in `tools` is a 400) and `allowed_tools` "
-                         "are mapped; `mcp` and hosted-tool types are a 400 naming `tool_choice` on every dialect "
+                         "are mapped; `mcp` forces that server's tool (or any of its tools) on the first model call "
+                         "(docs/mcp.md); hosted-tool types are a 400 naming `tool_choice` on every dialect "
                          "(`Dialect.tool_choice_types`; see the tool_choice table)."),
     "parallel_tool_calls": Field(B, "Passed to the backend (function and custom tool calls alike)."),
     "max_output_tokens": Field(B, "Passed to the backend; bounded by `Limits.max_output_tokens`."),
-    "max_tool_calls": Field(H, "Bounds the tool calls (function and custom) of one response: at the cap the backend stream "
-                            "is closed and the response completes with the calls it has."),
+    "max_tool_calls": Field(H, "Bounds the tool calls (function, custom and MCP) of one response: at the cap the backend "
+                            "stream is closed and the response completes with the calls it has."),
     "temperature": Field(B, "Passed to the backend (0..2)."),
     "top_p": Field(B, "Passed to the backend (0..1)."),
     "reasoning": Field(B, "`effort` passed to the backend; with `summary` set the backend's reasoning "
