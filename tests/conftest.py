@@ -3,7 +3,15 @@ composition root, `tether.server.start`), real channels."""
 
 from __future__ import annotations
 
-import grpc
+import os
+
+# The tests start real `tether serve` processes from this (gRPC-using) process; a fork whose child
+# runs Python before exec (`preexec_fn`) runs gRPC's fork handlers, and with fork support on, the
+# child's restarted poller can find its epoll fd closed by close_fds and abort (grpc/grpc#43055:
+# "tether serve exited with -6 ... epoll_wait error: Bad file descriptor"). Set before grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
 import pytest
 
 from tests.support.configs import make_config
