@@ -67,7 +67,7 @@ from typing import Any
 
 from tether import eventloop
 from tether.config import TetherConfig
-from tether.startup import BRIDGE, GRPC, Listener, StartupError, listen_error, probe_port
+from tether.startup import BRIDGE, GRPC, Listener, StartupError, check_tls, listen_error, probe_port
 
 log = logging.getLogger("tether.workers")
 
@@ -313,6 +313,7 @@ def run_workers(cfg: TetherConfig, strategy: Any = None) -> int:
     reserved: list[socket.socket] = []
     try:  # a StartupError or MissingExtra: `tether.cli.main` says it in one line
         check_config(cfg)
+        check_tls(server)  # once here, not N times in the workers
         reserved.append(reserve_port(GRPC, server.grpc_host, server.grpc_port))
         server.grpc_port = reserved[0].getsockname()[1]
         if server.bridge:
@@ -399,3 +400,6 @@ def worker_main() -> None:
         eventloop.run(main, cfg.server.event_loop)
     except KeyboardInterrupt:
         pass
+    except StartupError as exc:  # e.g. a metrics port in use: one line, and the supervisor decides
+        print(f"tether: worker {index}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)

@@ -149,3 +149,24 @@ def test_log_format_setting_and_its_auto_default() -> None:
         from_dict({"server": {"log_format": "yaml"}})
     with pytest.raises(ValueError, match=r"log_format is a \[server\] setting"):
         from_dict({"log_format": "json"})
+
+
+def test_the_banner_groups_model_names_by_backend() -> None:
+    from tether.core.stages.route import Listed
+    from tether.server import model_routes
+
+    config = from_dict({
+        "store": "memory://",
+        "backends": {"gpu": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}, "sim": {"kind": "simulated"}},
+        "models": {"coder": {"backend": "gpu"}, "*": {"backend": "sim"}},
+    })  # fmt: skip
+    listing = [Listed("coder", "gpu", "vllm", "config")]
+    listing += [Listed(f"m{i}", "gpu", "vllm", "discovered") for i in range(6)]
+    listing += [Listed("tether-sim", "sim", "tether", "*"), Listed("tether-lab/chat3", "sim", "tether", "*")]
+    assert model_routes(config, listing, "sim") == [
+        ("coder", "backend gpu (openai)"),
+        ("m0, m1, m2, m3 and 2 more", "backend gpu (openai), listed by the server"),
+        ("tether-sim", "backend sim (simulated)"),
+        ("tether-lab/<workload>: chat3", "backend sim (simulated), lab rollouts"),
+        ("any other name", 'backend sim (simulated), the "*" route'),
+    ]

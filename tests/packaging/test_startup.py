@@ -116,3 +116,6 @@ def test_a_tls_file_that_does_not_load(tmp_path: Path) -> None:
     assert line.startswith(f"tether: the TLS key file {missing} does not exist")
     line = one_line(serve(tmp_path, *flags, "--tls-cert", str(not_pem)))
     assert line.startswith("tether: TLS needs both a certificate and its key")
+    # Several workers: refused once by the supervisor, before any worker starts.
+    line = one_line(serve(tmp_path, *flags, "--workers", "2", "--tls-cert", str(missing), "--tls-key", str(missing)))
+    assert line.startswith(f"tether: the TLS certificate file {missing} does not exist")
