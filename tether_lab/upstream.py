@@ -76,7 +76,7 @@ class Pacing:
     `ttft_s`), `burst` chunks back to back every `burst` intervals; `stamp`: each token's text is
     its send time (time.monotonic), else `" w<i>"`."""
 
-    tokens: int = 150
+    tokens: int = 100
     interval_s: float = 0.02
     burst: int = 1
     ttft_s: float = 0.05
@@ -721,19 +721,26 @@ class ClientProcess:
             self.proc.wait()
 
 
-def run_round(mode: str, target: str, model: str, streams: int, measured_pid: int | None) -> dict:
-    """One round in a fresh client process; `measured_pid`: the process whose CPU the row reports
-    (None: the client's own, for the direct readers)."""
-    client = ClientProcess(mode, target, model, streams)
-    try:
-        client.wait_ready()
-        cpu0 = cpu_seconds(measured_pid) if measured_pid else 0.0
-        client.go()
-        raw = client.result()
-        cpu = cpu_seconds(measured_pid) - cpu0 if measured_pid else None
-    finally:
-        client.kill()
-    return summarize(raw, cpu)
+def run_round(mode: str, target: str, model: str, streams: int, measured_pid: int | None, repeat: int = 1) -> dict:
+    """One round: `repeat` times a fresh client process streaming `streams` at once (the traces
+    and CPU of all together); `measured_pid`: the process whose CPU the row reports (None: the
+    client's own, for the direct readers)."""
+    raws, cpu = [], 0.0
+    for _ in range(repeat):
+        client = ClientProcess(mode, target, model, streams)
+        try:
+            client.wait_ready()
+            cpu0 = cpu_seconds(measured_pid) if measured_pid else 0.0
+            client.go()
+            raws.append(client.result())
+            cpu += cpu_seconds(measured_pid) - cpu0 if measured_pid else 0.0
+        finally:
+            client.kill()
+    raw = {"mode": mode, "streams": streams, "cpu_s": sum(r["cpu_s"] for r in raws),
+           "wall_s": sum(r["wall_s"] for r in raws), "traces": [t for r in raws for t in r["traces"]]}
+    row = summarize(raw, cpu if measured_pid else None)
+    row["repeat"] = repeat
+    return row
 
 
 def tether_config(path: Path, upstream_url: str, *, dialect: str = "vllm", extra: dict | None = None) -> None:
@@ -806,8 +813,10 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *, upstream_url: str,
                    tether: Any, model: str, litellm_port: int | None, litellm_pid: int | None,
-                   log: Callable[[str], None], relay: tuple[int, int] | None = None) -> list[dict]:
-    """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay."""
+                   log: Callable[[str], None], relay: tuple[int, int] | None = None,
+                   single_repeat: int = 3) -> list[dict]:
+    """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay;
+    a single stream is streamed `single_repeat` times in a row (TTFT p50 over more than one)."""
     rows = []
     for n in concurrency:
         for mode in modes:
@@ -829,7 +838,7 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                 target, pid = f"http://127.0.0.1:{litellm_port}/v1", litellm_pid
             else:
                 raise ValueError(mode)
-            row = run_round(mode, target, model, n, pid)
+            row = run_round(mode, target, model, n, pid, repeat=single_repeat if n == 1 else 1)
             row["pacing"] = pacing_tag
             rows.append(row)
             log(_row_line(row))
@@ -858,7 +867,7 @@ _WHO = {"direct": "reader itself", "direct-httpx": "reader itself", "direct-aioh
 
 
 def _row_line(r: dict) -> str:
-    return (f"  {r['pacing']:<12} {r['mode']:<14} x{r['streams']:<4} ok {r['ok']}/{r['streams']} tokens {r['tokens']} "
+    return (f"  {r['pacing']:<12} {r['mode']:<14} x{r['streams']:<4} ok {r['ok']}/{r['streams'] * r.get('repeat', 1)} tokens {r['tokens']} "
             f"cpu {_f(r['cpu_us_per_token'])} us/token ({_WHO[r['mode']]}) ttft {_f(r['ttft_p50_ms'], 1)} ms "
             f"lag p50 {_f(r['lag_p50_ms'], 2)} ms" + (f"  errors {r['errors']}" if r["errors"] else ""))
 
@@ -870,7 +879,7 @@ def render(rows: list[dict], header: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams']} | {r['tokens']:,} "
+            f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams'] * r.get('repeat', 1)} | {r['tokens']:,} "
             f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r['x_litellm'], 2)} "
             f"| {_f(r['ttft_p50_ms'], 1)} | {_f(r['lag_p50_ms'], 2)} / {_f(r['lag_p99_ms'], 2)} "
             f"| {_f(r['lag_p50_ms_vs_direct'], 2)} | {_f(r['itl_p50_ms'], 1)} | {_f(r['reads_per_stream'], 0)} "
@@ -970,9 +979,10 @@ def run(args: argparse.Namespace) -> int:
             # The bursty phase compares Tether with the floors only (the other clients' reads are
             # the same as in the paced phase).
             phase_modes = modes if pacing.burst == 1 else [m for m in modes if m not in ("direct-httpx", "direct-aiohttp")]
-            rows += rounds_against(tag, concurrency, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
+            phase_streams = concurrency if pacing.burst == 1 else [int(x) for x in args.burst_streams.split(",")]
+            rows += rounds_against(tag, phase_streams, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
                                    litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
-                                   relay=relay)
+                                   relay=relay, single_repeat=args.repeat)
         finally:
             tether.stop()
             _stop(relay_proc)
@@ -993,7 +1003,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "upstream.md").write_text(text + "\n")
     print(text)
     print(f"results: {out}/ (upstream.json, upstream.md)")
-    return 0 if all(r["ok"] == r["streams"] for r in rows) else 1
+    return 0 if all(r["ok"] == r["streams"] * r.get("repeat", 1) for r in rows) else 1
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
@@ -1051,13 +1061,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tether_lab.upstream", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", nargs="?", choices=("run", "serve", "relay", "client"), default="run")
-    p.add_argument("--tokens", type=int, default=150, help="tokens per stream (default 150)")
+    p.add_argument("--tokens", type=int, default=100, help="tokens per stream (default 100)")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20: 50 tok/s)")
     p.add_argument("--burst", type=int,
                    help="run: also a phase with bursts of this many chunks (1: none; default 4); serve: the burst "
                         "(default 1)")
     p.add_argument("--ttft-ms", type=float, default=50.0, help="time to the first token (default 50)")
     p.add_argument("--streams", default="1,10,100", help="run: concurrent streams per round (default 1,10,100)")
+    p.add_argument("--burst-streams", default="1,100", help="run: the same for the bursty phase (default 1,100)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run: a single stream is streamed this many times in a row (default 3: a TTFT p50)")
     p.add_argument("--modes", default="direct,relay,direct-httpx,ws,sse,grpc,litellm",
                    help=f"run: paths to measure, of {', '.join(MODES)} (direct is always run)")
     p.add_argument("--llama", action="store_true", help="run: also the llama-cpp-python phase (real-model extra)")
