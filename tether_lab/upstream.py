@@ -33,9 +33,11 @@ Parts, each a separate process, so /proc attributes every CPU second:
   the `direct` client through it; its process CPU is the floor for anything that forwards.
 - **LiteLLM** where `litellm` is installed (`litellm --model openai/paced --api_base ...`), read
   like Tether over its SSE. It is not a dependency; the run says when it is missing.
-- **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds at
-  one and two streams against SmolLM2-135M served by `python -m llama_cpp.server`; the model's
-  text carries no stamps, so the added latency column is empty there.
+- **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds,
+  one stream at a time (its server serves one request and interrupts it for the next), against
+  SmolLM2-135M served by `python -m llama_cpp.server` on one thread; the model's text carries no
+  stamps, so the added latency column is empty there, and tokens are counted per upstream chunk
+  (direct) or from the response's usage (through Tether).
 
 Figures per round: tokens delivered, CPU µs per token (the process that matters: Tether, LiteLLM,
 or the direct reader itself), its ratio to the `direct` floor of the same concurrency, client
@@ -271,8 +273,17 @@ class StreamTrace:
     lags: list[float] = field(default_factory=list)  # per stamped token: arrival - stamp (s)
     reads: list[float] = field(default_factory=list)  # arrival time of each read that carried tokens
 
-    def took(self, text: str, now: float, sent: float) -> None:
-        """Count the tokens of a piece of streamed text that arrived at `now`."""
+    def finished(self, usage: dict | None) -> StreamTrace:
+        """The stream ended (completed, or incomplete at the output cap): its token count is the
+        server's `usage.output_tokens` when it gave one."""
+        self.ok = True
+        if usage and usage.get("output_tokens"):
+            self.tokens = int(usage["output_tokens"])
+        return self
+
+    def took(self, text: str, now: float, sent: float, chunks: int | None = None) -> None:
+        """Count a piece of streamed text that arrived at `now`: `chunks` tokens when the reader
+        counted one per upstream chunk, else its words (until `finished` sets the server's count)."""
         if not text:
             return
         words = text.split()
@@ -280,13 +291,15 @@ class StreamTrace:
             return
         if self.ttft_s is None:
             self.ttft_s = now - sent
-        self.tokens += len(words)
+        self.tokens += len(words) if chunks is None else chunks
         self.reads.append(now)
         for w in words:
             try:
-                self.lags.append(now - float(w))
+                lag = now - float(w)
             except ValueError:
-                pass
+                continue
+            if 0 <= lag < 60:  # a send stamp (a real model's text may hold other numbers)
+                self.lags.append(lag)
 
 
 def _sse_texts(buf: bytearray, out: list[str]) -> bool:
@@ -313,7 +326,12 @@ def _sse_texts(buf: bytearray, out: list[str]) -> bool:
 
 
 def _chat_body(model: str) -> bytes:
-    return orjson.dumps({"model": model, "messages": [{"role": "user", "content": "Stream."}], "stream": True})
+    """A streamed chat request; `max_tokens` from TETHER_LAB_MAX_TOKENS (the run sets it: a real
+    model stops there, the paced upstream ignores it)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "Stream."}], "stream": True}
+    if os.environ.get("TETHER_LAB_MAX_TOKENS"):
+        body["max_tokens"] = int(os.environ["TETHER_LAB_MAX_TOKENS"])
+    return orjson.dumps(body)
 
 
 class _Dechunk:
@@ -373,7 +391,7 @@ async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asynci
                 break
             dechunk.feed(data, sse)
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -406,7 +424,7 @@ async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event,
         async for data in resp.aiter_bytes():
             sse += data
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -431,7 +449,7 @@ async def _direct_aiohttp(session: Any, url: str, model: str, ready: asyncio.Eve
         async for data in resp.content.iter_any():
             sse += data
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -457,10 +475,9 @@ async def _via_ws(url: str, model: str, ready: asyncio.Event, go: asyncio.Event)
             t = ev.get("type")
             if t == "response.output_text.delta":
                 tr.took(ev["delta"], time.monotonic(), sent)
-            elif t == "response.completed":
-                tr.ok = True
-                return tr
-            elif t in ("response.failed", "response.incomplete", "error"):
+            elif t in ("response.completed", "response.incomplete"):  # incomplete: the output cap
+                return tr.finished(ev["response"].get("usage"))
+            elif t in ("response.failed", "error"):
                 tr.error = t + ": " + json.dumps(ev)[:300]
                 return tr
     return tr
@@ -490,7 +507,7 @@ async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: 
             if chat:
                 texts: list[str] = []
                 done = _sse_texts(buf, texts)
-                tr.took("".join(texts), time.monotonic(), sent)
+                tr.took("".join(texts), time.monotonic(), sent, len(texts))
                 if done:
                     tr.ok = True
                     return tr
@@ -505,10 +522,9 @@ async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: 
                     t = ev.get("type")
                     if t == "response.output_text.delta":
                         tr.took(ev["delta"], time.monotonic(), sent)
-                    elif t == "response.completed":
-                        tr.ok = True
-                        return tr
-                    elif t in ("response.failed", "response.incomplete", "error"):
+                    elif t in ("response.completed", "response.incomplete"):
+                        return tr.finished(ev["response"].get("usage"))
+                    elif t in ("response.failed", "error"):
                         tr.error = t
                         return tr
     return tr
@@ -541,11 +557,11 @@ async def _via_grpc(target: str, model: str, ready: asyncio.Event, go: asyncio.E
                 arm = ev.WhichOneof("event")
                 if arm == "output_text_delta":
                     tr.took(ev.output_text_delta.delta, time.monotonic(), sent)
-                elif arm == "completed":
-                    tr.ok = True
+                elif arm in ("completed", "incomplete"):
                     call.cancel()
-                    return tr
-                elif arm in ("failed", "incomplete", "error"):
+                    usage = getattr(ev, arm).response.usage
+                    return tr.finished({"output_tokens": usage.output_tokens})
+                elif arm in ("failed", "error"):
                     tr.error = arm
                     return tr
     finally:
@@ -900,7 +916,7 @@ def llama_phase(workdir: Path, args: argparse.Namespace, log: Callable[[str], No
     port = free_ports(1)[0]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "smol",
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
-           "--n_threads_batch", "1", "--max_tokens", str(args.tokens)]  # fmt: skip
+           "--n_threads_batch", "1"]  # fmt: skip
     logf = open(workdir / "llama.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
                             env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -921,7 +937,9 @@ def llama_phase(workdir: Path, args: argparse.Namespace, log: Callable[[str], No
         tether_config(cfg, url, dialect="llama-cpp-python", extra={"default_max_output_tokens": args.tokens})
         tether = serve_process(cfg, workdir, name="tether-llama").start()
         try:
-            return rounds_against("llama-cpp", [1, 2], ["direct", "ws", "sse", "grpc"], upstream_url=url,
+            # One stream at a time: llama-cpp-python's server serves one request, interrupting it for
+            # the next (its --interrupt_requests), so concurrent streams would cut each other short.
+            return rounds_against("llama-cpp", [1], ["direct", "ws", "sse", "grpc"], upstream_url=url,
                                   tether=tether, model="smol", litellm_port=None, litellm_pid=None, log=log)
         finally:
             tether.stop()
@@ -942,6 +960,7 @@ def run(args: argparse.Namespace) -> int:
     if "direct-aiohttp" in modes and importlib.util.find_spec("aiohttp") is None:
         modes.remove("direct-aiohttp")
     log = lambda s: print(s, flush=True)  # noqa: E731
+    os.environ["TETHER_LAB_MAX_TOKENS"] = str(args.tokens)  # the clients' chat requests (a real model's cap)
     notes: list[str] = []
     pacings = [Pacing(args.tokens, args.interval_ms / 1000, 1, args.ttft_ms / 1000)]
     if args.burst > 1:
