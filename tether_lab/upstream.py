@@ -33,9 +33,11 @@ Parts, each a separate process, so /proc attributes every CPU second:
   the `direct` client through it; its process CPU is the floor for anything that forwards.
 - **LiteLLM** where `litellm` is installed (`litellm --model openai/paced --api_base ...`), read
   like Tether over its SSE. It is not a dependency; the run says when it is missing.
-- **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds at
-  one and two streams against SmolLM2-135M served by `python -m llama_cpp.server`; the model's
-  text carries no stamps, so the added latency column is empty there.
+- **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds,
+  one stream at a time (its server serves one request and interrupts it for the next), against
+  SmolLM2-135M served by `python -m llama_cpp.server` on one thread; the model's text carries no
+  stamps, so the added latency column is empty there, and tokens are counted per upstream chunk
+  (direct) or from the response's usage (through Tether).
 
 Figures per round: tokens delivered, CPU µs per token (the process that matters: Tether, LiteLLM,
 or the direct reader itself), its ratio to the `direct` floor of the same concurrency, client
@@ -76,7 +78,7 @@ class Pacing:
     `ttft_s`), `burst` chunks back to back every `burst` intervals; `stamp`: each token's text is
     its send time (time.monotonic), else `" w<i>"`."""
 
-    tokens: int = 150
+    tokens: int = 100
     interval_s: float = 0.02
     burst: int = 1
     ttft_s: float = 0.05
@@ -271,8 +273,17 @@ class StreamTrace:
     lags: list[float] = field(default_factory=list)  # per stamped token: arrival - stamp (s)
     reads: list[float] = field(default_factory=list)  # arrival time of each read that carried tokens
 
-    def took(self, text: str, now: float, sent: float) -> None:
-        """Count the tokens of a piece of streamed text that arrived at `now`."""
+    def finished(self, usage: dict | None) -> StreamTrace:
+        """The stream ended (completed, or incomplete at the output cap): its token count is the
+        server's `usage.output_tokens` when it gave one."""
+        self.ok = True
+        if usage and usage.get("output_tokens"):
+            self.tokens = int(usage["output_tokens"])
+        return self
+
+    def took(self, text: str, now: float, sent: float, chunks: int | None = None) -> None:
+        """Count a piece of streamed text that arrived at `now`: `chunks` tokens when the reader
+        counted one per upstream chunk, else its words (until `finished` sets the server's count)."""
         if not text:
             return
         words = text.split()
@@ -280,13 +291,15 @@ class StreamTrace:
             return
         if self.ttft_s is None:
             self.ttft_s = now - sent
-        self.tokens += len(words)
+        self.tokens += len(words) if chunks is None else chunks
         self.reads.append(now)
         for w in words:
             try:
-                self.lags.append(now - float(w))
+                lag = now - float(w)
             except ValueError:
-                pass
+                continue
+            if 0 <= lag < 60:  # a send stamp (a real model's text may hold other numbers)
+                self.lags.append(lag)
 
 
 def _sse_texts(buf: bytearray, out: list[str]) -> bool:
@@ -313,7 +326,12 @@ def _sse_texts(buf: bytearray, out: list[str]) -> bool:
 
 
 def _chat_body(model: str) -> bytes:
-    return orjson.dumps({"model": model, "messages": [{"role": "user", "content": "Stream."}], "stream": True})
+    """A streamed chat request; `max_tokens` from TETHER_LAB_MAX_TOKENS (the run sets it: a real
+    model stops there, the paced upstream ignores it)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "Stream."}], "stream": True}
+    if os.environ.get("TETHER_LAB_MAX_TOKENS"):
+        body["max_tokens"] = int(os.environ["TETHER_LAB_MAX_TOKENS"])
+    return orjson.dumps(body)
 
 
 class _Dechunk:
@@ -373,7 +391,7 @@ async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asynci
                 break
             dechunk.feed(data, sse)
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -406,7 +424,7 @@ async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event,
         async for data in resp.aiter_bytes():
             sse += data
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -431,7 +449,7 @@ async def _direct_aiohttp(session: Any, url: str, model: str, ready: asyncio.Eve
         async for data in resp.content.iter_any():
             sse += data
             done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent)
+            tr.took("".join(texts), time.monotonic(), sent, len(texts))
             texts.clear()
             if done:
                 tr.ok = True
@@ -457,10 +475,9 @@ async def _via_ws(url: str, model: str, ready: asyncio.Event, go: asyncio.Event)
             t = ev.get("type")
             if t == "response.output_text.delta":
                 tr.took(ev["delta"], time.monotonic(), sent)
-            elif t == "response.completed":
-                tr.ok = True
-                return tr
-            elif t in ("response.failed", "response.incomplete", "error"):
+            elif t in ("response.completed", "response.incomplete"):  # incomplete: the output cap
+                return tr.finished(ev["response"].get("usage"))
+            elif t in ("response.failed", "error"):
                 tr.error = t + ": " + json.dumps(ev)[:300]
                 return tr
     return tr
@@ -490,7 +507,7 @@ async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: 
             if chat:
                 texts: list[str] = []
                 done = _sse_texts(buf, texts)
-                tr.took("".join(texts), time.monotonic(), sent)
+                tr.took("".join(texts), time.monotonic(), sent, len(texts))
                 if done:
                     tr.ok = True
                     return tr
@@ -505,10 +522,9 @@ async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: 
                     t = ev.get("type")
                     if t == "response.output_text.delta":
                         tr.took(ev["delta"], time.monotonic(), sent)
-                    elif t == "response.completed":
-                        tr.ok = True
-                        return tr
-                    elif t in ("response.failed", "response.incomplete", "error"):
+                    elif t in ("response.completed", "response.incomplete"):
+                        return tr.finished(ev["response"].get("usage"))
+                    elif t in ("response.failed", "error"):
                         tr.error = t
                         return tr
     return tr
@@ -541,11 +557,11 @@ async def _via_grpc(target: str, model: str, ready: asyncio.Event, go: asyncio.E
                 arm = ev.WhichOneof("event")
                 if arm == "output_text_delta":
                     tr.took(ev.output_text_delta.delta, time.monotonic(), sent)
-                elif arm == "completed":
-                    tr.ok = True
+                elif arm in ("completed", "incomplete"):
                     call.cancel()
-                    return tr
-                elif arm in ("failed", "incomplete", "error"):
+                    usage = getattr(ev, arm).response.usage
+                    return tr.finished({"output_tokens": usage.output_tokens})
+                elif arm in ("failed", "error"):
                     tr.error = arm
                     return tr
     finally:
@@ -721,19 +737,26 @@ class ClientProcess:
             self.proc.wait()
 
 
-def run_round(mode: str, target: str, model: str, streams: int, measured_pid: int | None) -> dict:
-    """One round in a fresh client process; `measured_pid`: the process whose CPU the row reports
-    (None: the client's own, for the direct readers)."""
-    client = ClientProcess(mode, target, model, streams)
-    try:
-        client.wait_ready()
-        cpu0 = cpu_seconds(measured_pid) if measured_pid else 0.0
-        client.go()
-        raw = client.result()
-        cpu = cpu_seconds(measured_pid) - cpu0 if measured_pid else None
-    finally:
-        client.kill()
-    return summarize(raw, cpu)
+def run_round(mode: str, target: str, model: str, streams: int, measured_pid: int | None, repeat: int = 1) -> dict:
+    """One round: `repeat` times a fresh client process streaming `streams` at once (the traces
+    and CPU of all together); `measured_pid`: the process whose CPU the row reports (None: the
+    client's own, for the direct readers)."""
+    raws, cpu = [], 0.0
+    for _ in range(repeat):
+        client = ClientProcess(mode, target, model, streams)
+        try:
+            client.wait_ready()
+            cpu0 = cpu_seconds(measured_pid) if measured_pid else 0.0
+            client.go()
+            raws.append(client.result())
+            cpu += cpu_seconds(measured_pid) - cpu0 if measured_pid else 0.0
+        finally:
+            client.kill()
+    raw = {"mode": mode, "streams": streams, "cpu_s": sum(r["cpu_s"] for r in raws),
+           "wall_s": sum(r["wall_s"] for r in raws), "traces": [t for r in raws for t in r["traces"]]}
+    row = summarize(raw, cpu if measured_pid else None)
+    row["repeat"] = repeat
+    return row
 
 
 def tether_config(path: Path, upstream_url: str, *, dialect: str = "vllm", extra: dict | None = None) -> None:
@@ -806,8 +829,10 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *, upstream_url: str,
                    tether: Any, model: str, litellm_port: int | None, litellm_pid: int | None,
-                   log: Callable[[str], None], relay: tuple[int, int] | None = None) -> list[dict]:
-    """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay."""
+                   log: Callable[[str], None], relay: tuple[int, int] | None = None,
+                   single_repeat: int = 3) -> list[dict]:
+    """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay;
+    a single stream is streamed `single_repeat` times in a row (TTFT p50 over more than one)."""
     rows = []
     for n in concurrency:
         for mode in modes:
@@ -829,7 +854,7 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                 target, pid = f"http://127.0.0.1:{litellm_port}/v1", litellm_pid
             else:
                 raise ValueError(mode)
-            row = run_round(mode, target, model, n, pid)
+            row = run_round(mode, target, model, n, pid, repeat=single_repeat if n == 1 else 1)
             row["pacing"] = pacing_tag
             rows.append(row)
             log(_row_line(row))
@@ -858,7 +883,7 @@ _WHO = {"direct": "reader itself", "direct-httpx": "reader itself", "direct-aioh
 
 
 def _row_line(r: dict) -> str:
-    return (f"  {r['pacing']:<12} {r['mode']:<14} x{r['streams']:<4} ok {r['ok']}/{r['streams']} tokens {r['tokens']} "
+    return (f"  {r['pacing']:<12} {r['mode']:<14} x{r['streams']:<4} ok {r['ok']}/{r['streams'] * r.get('repeat', 1)} tokens {r['tokens']} "
             f"cpu {_f(r['cpu_us_per_token'])} us/token ({_WHO[r['mode']]}) ttft {_f(r['ttft_p50_ms'], 1)} ms "
             f"lag p50 {_f(r['lag_p50_ms'], 2)} ms" + (f"  errors {r['errors']}" if r["errors"] else ""))
 
@@ -870,7 +895,7 @@ def render(rows: list[dict], header: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams']} | {r['tokens']:,} "
+            f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams'] * r.get('repeat', 1)} | {r['tokens']:,} "
             f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r['x_litellm'], 2)} "
             f"| {_f(r['ttft_p50_ms'], 1)} | {_f(r['lag_p50_ms'], 2)} / {_f(r['lag_p99_ms'], 2)} "
             f"| {_f(r['lag_p50_ms_vs_direct'], 2)} | {_f(r['itl_p50_ms'], 1)} | {_f(r['reads_per_stream'], 0)} "
@@ -891,7 +916,7 @@ def llama_phase(workdir: Path, args: argparse.Namespace, log: Callable[[str], No
     port = free_ports(1)[0]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "smol",
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "1",
-           "--n_threads_batch", "1", "--max_tokens", str(args.tokens)]  # fmt: skip
+           "--n_threads_batch", "1"]  # fmt: skip
     logf = open(workdir / "llama.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
                             env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
@@ -912,7 +937,9 @@ def llama_phase(workdir: Path, args: argparse.Namespace, log: Callable[[str], No
         tether_config(cfg, url, dialect="llama-cpp-python", extra={"default_max_output_tokens": args.tokens})
         tether = serve_process(cfg, workdir, name="tether-llama").start()
         try:
-            return rounds_against("llama-cpp", [1, 2], ["direct", "ws", "sse", "grpc"], upstream_url=url,
+            # One stream at a time: llama-cpp-python's server serves one request, interrupting it for
+            # the next (its --interrupt_requests), so concurrent streams would cut each other short.
+            return rounds_against("llama-cpp", [1], ["direct", "ws", "sse", "grpc"], upstream_url=url,
                                   tether=tether, model="smol", litellm_port=None, litellm_pid=None, log=log)
         finally:
             tether.stop()
@@ -933,6 +960,7 @@ def run(args: argparse.Namespace) -> int:
     if "direct-aiohttp" in modes and importlib.util.find_spec("aiohttp") is None:
         modes.remove("direct-aiohttp")
     log = lambda s: print(s, flush=True)  # noqa: E731
+    os.environ["TETHER_LAB_MAX_TOKENS"] = str(args.tokens)  # the clients' chat requests (a real model's cap)
     notes: list[str] = []
     pacings = [Pacing(args.tokens, args.interval_ms / 1000, 1, args.ttft_ms / 1000)]
     if args.burst > 1:
@@ -970,9 +998,10 @@ def run(args: argparse.Namespace) -> int:
             # The bursty phase compares Tether with the floors only (the other clients' reads are
             # the same as in the paced phase).
             phase_modes = modes if pacing.burst == 1 else [m for m in modes if m not in ("direct-httpx", "direct-aiohttp")]
-            rows += rounds_against(tag, concurrency, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
+            phase_streams = concurrency if pacing.burst == 1 else [int(x) for x in args.burst_streams.split(",")]
+            rows += rounds_against(tag, phase_streams, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
                                    litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
-                                   relay=relay)
+                                   relay=relay, single_repeat=args.repeat)
         finally:
             tether.stop()
             _stop(relay_proc)
@@ -993,7 +1022,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "upstream.md").write_text(text + "\n")
     print(text)
     print(f"results: {out}/ (upstream.json, upstream.md)")
-    return 0 if all(r["ok"] == r["streams"] for r in rows) else 1
+    return 0 if all(r["ok"] == r["streams"] * r.get("repeat", 1) for r in rows) else 1
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
@@ -1051,13 +1080,16 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tether_lab.upstream", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", nargs="?", choices=("run", "serve", "relay", "client"), default="run")
-    p.add_argument("--tokens", type=int, default=150, help="tokens per stream (default 150)")
+    p.add_argument("--tokens", type=int, default=100, help="tokens per stream (default 100)")
     p.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20: 50 tok/s)")
     p.add_argument("--burst", type=int,
                    help="run: also a phase with bursts of this many chunks (1: none; default 4); serve: the burst "
                         "(default 1)")
     p.add_argument("--ttft-ms", type=float, default=50.0, help="time to the first token (default 50)")
     p.add_argument("--streams", default="1,10,100", help="run: concurrent streams per round (default 1,10,100)")
+    p.add_argument("--burst-streams", default="1,100", help="run: the same for the bursty phase (default 1,100)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="run: a single stream is streamed this many times in a row (default 3: a TTFT p50)")
     p.add_argument("--modes", default="direct,relay,direct-httpx,ws,sse,grpc,litellm",
                    help=f"run: paths to measure, of {', '.join(MODES)} (direct is always run)")
     p.add_argument("--llama", action="store_true", help="run: also the llama-cpp-python phase (real-model extra)")
