@@ -262,3 +262,29 @@ async def test_runs_are_counted_in_the_metrics(make_stack: Any) -> None:
             for line in ('tether_runs_total{event="background"} 2.0', 'tether_runs_total{event="cancelled"} 1.0',
                          'tether_runs_total{event="resumed"} 1.0'):  # fmt: skip
                 assert line in text, line
+
+
+async def test_shutdown_fails_queued_and_running_background_responses(make_stack: Any) -> None:
+    async with make_stack(backend={"tokens_per_s": 100, "output_tokens": 5000}, max_background_running=1) as stack:
+        async with stack.client() as client:
+            running = await client.responses.create(model="sim-model", input="one", background=True)
+            queued = await client.responses.create(model="sim-model", input="two", background=True)
+            await wait_for(lambda: stack.engine.runs.get("a", running.id).next_seq > 2)
+            await stack.engine.shutdown(grace=0)
+            for response_id in (running.id, queued.id):
+                got = await client.responses.retrieve(response_id)
+                assert got.status == "failed" and got.error.code == "server_error", response_id
+            assert (await stack.engine.store.get_response("a", running.id)).error.code == "server_shutting_down"
+            assert stack.engine.runs.background_counts() == (0, 0)
+
+
+async def test_a_stored_response_on_a_websocket_is_cancelled_from_http(make_stack: Any) -> None:
+    async with make_stack(backend=SLOW) as stack, stack.client() as client, stack.ws() as conn:
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "long", "store": True})
+        created = await recv_json(conn)
+        assert created["type"] == "response.created"
+        cancelled = await client.responses.cancel(created["response"]["id"])
+        assert cancelled.status == "cancelled"
+        while (ev := await recv_json(conn))["type"] != "response.incomplete":
+            pass
+        assert ev["response"]["status"] == "cancelled"  # the client on the socket sees it end
