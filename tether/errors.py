@@ -156,7 +156,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _RATE_LIMITED, "a connection's named stream_ids past max_lanes"),
     CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _SERVER_SIDE, "the connection reached connection_lifetime_s"),
     IDLE_TIMEOUT: ErrorKind(408, "DEADLINE_EXCEEDED", _BAD, _SERVER_SIDE, "no client event for idle_timeout_s"),
-    REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a body or frame over max_request_bytes, or an upstream 413"),
+    REQUEST_TOO_LARGE: ErrorKind(413, "RESOURCE_EXHAUSTED", _BAD, _PROMPT, "a body, frame or template expansion over max_request_bytes, a create larger than a queued-bytes budget, or an upstream 413"),
     ITEM_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "one input item over max_item_bytes"),
     TOO_MANY_ITEMS: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "more than max_input_items items"),
     CONVERSATION_TOO_LARGE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a conversation past max_conversation_items or max_conversation_bytes"),

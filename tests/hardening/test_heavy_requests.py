@@ -161,3 +161,21 @@ async def test_a_template_expansion_edge_then_413_before_expanding() -> None:
         with pytest.raises(openai.BadRequestError) as info:
             await client.responses.create(model="sim-model", prompt={"id": "tenfold", "variables": {"v": "x" * 6553}})
         assert info.value.body["code"] == "item_too_large" and info.value.body["param"] == "prompt"
+
+
+def test_large_logprobs_are_written_verbatim_not_parsed_again() -> None:
+    """The events that end a message each carry all its log probabilities: a large list is
+    embedded as the JSON text the builder wrote (no parse per event), and reads back the same."""
+    import orjson
+
+    from tether.protocol import json_codec
+    from tether.responses.v1 import events_pb2
+
+    entries = [{"token": f"t{i}", "bytes": [116], "logprob": -0.5, "top_logprobs": []} for i in range(5000)]
+    ev = events_pb2.ServerEvent()
+    ev.output_text_done.text = "x"
+    ev.output_text_done.logprobs_json = orjson.dumps(entries).decode()
+    assert len(ev.output_text_done.logprobs_json) > 64 * 1024
+    obj = json_codec.event_to_json(ev, ws=True)
+    assert isinstance(obj["logprobs"], orjson.Fragment)
+    assert orjson.loads(json_codec.dumps(obj))["logprobs"] == entries

@@ -122,3 +122,21 @@ async def test_many_large_creates_on_one_socket_are_bounded() -> None:
                 ws_error(ev, "too_many_queued_bytes", 429)
                 refused += 1
         assert stack.engine.services.queued.total == 4 * s
+
+
+async def test_a_steers_successor_is_charged_and_released() -> None:
+    """The server's own create (a steer's successor) counts while it runs and goes back after."""
+    slow = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 400}
+    async with full_stack(instant_config(slow)) as stack, stack.ws() as conn:
+        queued = stack.engine.services.queued
+        await send_json(conn, {**CREATE, "input": "write a lot"})
+        first = await recv_until(conn, lambda e: e["type"] == "response.output_text.delta")
+        held = queued.total
+        assert held == size_of({**CREATE, "input": "write a lot"})
+        await send_json(conn, {"type": "response.steer", "previous_response_id": first[0]["response"]["id"],
+                               "input": "stop, go left"})  # fmt: skip
+        successor = await recv_until(conn, lambda e: e["type"] == "response.created")
+        assert successor[-1]["response"]["previous_response_id"] == first[0]["response"]["id"]
+        assert queued.total > 0  # the successor, while it runs
+        await recv_until(conn, lambda e: e["type"] == "response.completed", 30)
+        await wait_for(lambda: queued.total == 0 and queued.of_key("a") == 0)

@@ -176,7 +176,7 @@ class Conversations:
         if items is None:
             raise not_found(request.conversation_id)
         chosen, has_more = page([(item_api_id(i), i) for i in items], request.after or None, limit, order)
-        return _page(chosen, has_more)
+        return await offload.in_thread(_page, chosen, has_more)  # copies megabytes of items
 
     async def CreateConversationItems(self, tenant: str, request: service_pb2.CreateConversationItemsRequest):
         before = await self.store.conversation_items(tenant, request.conversation_id)
@@ -185,7 +185,7 @@ class Conversations:
         items = await offload.in_thread(self._checked_items, request.items, before)  # sizes: a pass over the bytes
         if not await self.store.append_conversation_items(tenant, request.conversation_id, items):
             raise not_found(request.conversation_id)
-        return service_pb2.CreateConversationItemsResponse(page=_page(items, False))
+        return await offload.in_thread(_added_page, items)  # copies megabytes of items
 
     async def GetConversationItem(self, tenant: str, request: service_pb2.GetConversationItemRequest):
         items = await self.store.conversation_items(tenant, request.conversation_id)
@@ -244,8 +244,19 @@ def output_item(item: items_pb2.Item) -> items_pb2.Item:
     return out
 
 
+def _added_page(items: Sequence[items_pb2.Item]) -> service_pb2.CreateConversationItemsResponse:
+    response = service_pb2.CreateConversationItemsResponse()
+    _fill_page(response.page, items, False)
+    return response
+
+
 def _page(items: Sequence[items_pb2.Item], has_more: bool) -> service_pb2.ListConversationItemsResponse:
-    out = service_pb2.ListConversationItemsResponse(has_more=has_more)
+    return _fill_page(service_pb2.ListConversationItemsResponse(), items, has_more)
+
+
+def _fill_page(out: service_pb2.ListConversationItemsResponse, items: Sequence[items_pb2.Item],
+               has_more: bool) -> service_pb2.ListConversationItemsResponse:  # fmt: skip
+    out.has_more = has_more
     out.data.extend(items)
     if items:
         out.first_id, out.last_id = item_api_id(items[0]), item_api_id(items[-1])

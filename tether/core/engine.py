@@ -42,7 +42,7 @@ from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
-from tether.store.base import Store, UsageRecord
+from tether.store.base import Hydrated, Store, UsageRecord
 
 log = logging.getLogger("tether.engine")
 
@@ -194,11 +194,7 @@ class Engine:
         if hydrated is None:
             return None
         keyed = [*hydrated.inputs, *hydrated.outputs]
-        segments = await offload.run(sum(k.item.ByteSize() for k in keyed), segments_of,
-                                     [k.item for k in keyed], [k.key for k in keyed])  # fmt: skip
-        split = len(hydrated.inputs)
-        input_node = Node.continue_with(None, segments[:split])
-        context = Node.continue_with(input_node, segments[split:])
+        input_node, context = await offload.run(sum(k.item.ByteSize() for k in keyed), _stored_chain, hydrated)
         return CachedResponse(
             response=hydrated.response,
             input_node=input_node,
@@ -500,6 +496,13 @@ class Engine:
         for listed in self.router.listing():
             out.data.add(id=listed.model, created=0, owned_by=listed.owned_by)
         return out
+
+
+def _stored_chain(hydrated: Hydrated) -> tuple[Node, Node]:
+    """A stored response's input chain and the context after its output (tokenised)."""
+    inputs, outputs = hydrated.inputs, hydrated.outputs
+    input_node = Node.continue_with(None, segments_of([k.item for k in inputs], [k.key for k in inputs]))
+    return input_node, Node.continue_with(input_node, segments_of([k.item for k in outputs], [k.key for k in outputs]))
 
 
 async def count_tokens(items: Sequence[items_pb2.Item]) -> int:

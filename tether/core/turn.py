@@ -340,8 +340,8 @@ class Turn:
         items = await self.services.conversations.context(self.ctx.tenant, conversation_id, request_input(self.params))
         if not items:
             return None
-        segments = await offload.in_thread(segments_of, items)  # a store read anyway; its size unknown
-        return Node.continue_with(None, segments)
+        # Tokenised and measured in the offload thread: a store read anyway, and its size unknown.
+        return await offload.in_thread(_conversation_chain, items)
 
     def _new_items(self) -> list[items_pb2.Item]:
         """The request's new input, with ids assigned to items that came without one."""
@@ -822,6 +822,10 @@ def truncate(node: Node, budget: int) -> Node:
         return node
     log.info("truncation auto: dropped the %d oldest items (%d tokens)", start, node.token_count - total)
     return Node.extend(None, tuple(segments[start:]))
+
+
+def _conversation_chain(items: list[items_pb2.Item]) -> Node:
+    return Node.continue_with(None, segments_of(items))
 
 
 def _unstored(prepared: Prepared, out_segments: tuple[Segment, ...]) -> list[Segment]:

@@ -82,25 +82,19 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 _QUOTED = re.compile(rb'"[^"]*"')
 
 
-# The last large JSON text a string field held, parsed: the events that end a message (its text's
-# `done`, its part's, its item's, the response's) each carry the same log probabilities, which
-# for a long answer are megabytes; they are parsed once, not four times, on the event loop.
-_MEMO_CHARS = 64 * 1024
-_memo: tuple[str, Any] = ("", None)
+# A JSON text kept in a string field is parsed to be written out again; a large one (a long
+# answer's log probabilities are megabytes, and the events that end a message each carry them)
+# is embedded as it is instead (`orjson.Fragment`: written verbatim, never parsed). The texts
+# were written by Tether (from parsed JSON, or by `orjson.dumps`), so they are valid JSON.
+_VERBATIM_CHARS = 64 * 1024
 
 
 def _stored_json(text: str) -> Any:
-    """`orjson.loads` of a JSON text kept in a string field; a large one that equals the previous
-    large one returns the same parsed value (callers serialise it, never change it)."""
-    global _memo
-    if len(text) < _MEMO_CHARS:
+    """The value of a JSON text kept in a string field, for serialising: parsed, or (when large)
+    an `orjson.Fragment` that `dumps` writes as it is. Callers serialise it, never read it."""
+    if len(text) < _VERBATIM_CHARS:
         return orjson.loads(text)
-    last_text, last = _memo
-    if text == last_text:
-        return last
-    value = orjson.loads(text)
-    _memo = (text, value)
-    return value
+    return orjson.Fragment(text)
 
 
 def dumps(obj: Any) -> bytes:

@@ -65,7 +65,8 @@ CREATE_FIELDS: dict[str, Field] = {
     "previous_response_id": Field(H, "Continues a chain from the connection cache, else one store read."),
     "conversation": Field(H, "Prepends the conversation's items, appends this turn's input and output (not with "
                           "`store: false`, which keeps nothing, nor for a `generate: false` warm-up); exclusive "
-                          "with `previous_response_id`."),
+                          "with `previous_response_id`. A conversation that with this input would pass "
+                          "`Limits.max_conversation_items` / `max_conversation_bytes` is a 400 `conversation_too_large`."),
     "store": Field(H, "false: nothing is kept (the response lives in connection memory only and a `conversation` "
                    "is read, not written); true: written to the store."),
     "stream": Field(H, "HTTP: SSE or one JSON body. WebSocket and gRPC always stream: accepted there."),
@@ -110,12 +111,15 @@ CREATE_FIELDS: dict[str, Field] = {
     "prompt": Field(H, "An operator-defined template (`[prompts.<id>]` in config, docs/configuration.md): its "
                     "`instructions` go before the request's, its `input` messages before the request's input, "
                     "`{{variables}}` substituted; unknown id/version or a missing/extra variable is a 400 "
-                    "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`. A template with "
-                    "`tenants` exists only for those tenants: to any other it is an unknown id, and the "
+                    "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`; an expansion past "
+                    "`max_request_bytes` (413) or a message past `max_item_bytes` (400) names `prompt`. A template "
+                    "with `tenants` exists only for those tenants: to any other it is an unknown id, and the "
                     "error lists only the caller's own ids. Echoed."),
     "top_logprobs": Field(B, "0..20 alternatives per output token; above 0 it asks for log probabilities (as "
                           "the include value does). Sent as Chat Completions' `logprobs`/`top_logprobs`; a 400 on dialects "
-                          "without them (ollama, lmstudio). Echoed."),
+                          "without them (ollama, lmstudio). With log probabilities the output is capped at "
+                          "`Limits.max_logprobs` / (1 + top_logprobs) tokens (a larger `max_output_tokens` is a 400). "
+                          "Echoed."),
     "access_programs": Field(R, "OpenAI account programs do not apply to a self-hosted server."),
     "background_options": Field(R, "No background options exist in Tether; `background: true` takes none."),
     "image": Field(R, "Request-level image options are not supported."),
