@@ -169,7 +169,7 @@ class Session:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.context.mcp.aclose()
+        self.context.mcp.close_soon()  # in the background: the MCP servers' goodbyes hold nothing up
         self.outbox.close()
         self.cache.clear()
         self._on_closed(self)
