@@ -424,3 +424,29 @@ async def test_a_server_that_only_speaks_sse_is_reached_over_sse(stack) -> None:
                                                   tools=[mcp_tool(server)])  # fmt: skip
     out = strict(r.output)
     assert types(out) == ["mcp_list_tools", "mcp_call", "message"] and out[1]["output"].startswith("total")
+
+
+async def test_credentials_are_in_no_trace(stack, mcp_server) -> None:
+    """With tracing on (the OpenTelemetry SDK, in memory), no span or event attribute of an MCP
+    turn carries the tool's headers or token."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tether.observability import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.configure(True, tracer_provider=provider)
+    try:
+        tool = mcp_tool(mcp_server, headers={"X-Api-Key": "hdr-s3cret"}, authorization="tok-s3cret")
+        await stack.client().responses.create(model="sim-model", input="please roll", tools=[tool])
+    finally:
+        tracing.configure(False)
+        provider.shutdown()
+    spans = exporter.get_finished_spans()
+    assert any(sp.name == tracing.TURN_SPAN for sp in spans)
+    dumped = " ".join(sp.to_json() for sp in spans)
+    assert "s3cret" not in dumped and "mcp" in dumped  # the MCP stage is traced, its credentials not

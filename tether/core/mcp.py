@@ -38,6 +38,16 @@ from tether.config import McpConfig
 from tether.core.accounting import output_tokens
 from tether.core.builder import McpRoute, OutputBuilder
 from tether.errors import TetherError
+from tether.mcp.client import (
+    REFUSED,
+    TIMEOUT,
+    TOO_LARGE,
+    McpFailure,
+    McpServerSession,
+    SessionGone,
+    protocol_error,
+)
+from tether.mcp.policy import McpPolicy
 from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2, request_pb2
 
@@ -57,8 +67,6 @@ def mcp_tools(params: request_pb2.ResponseCreateParams) -> list[tuple[int, reque
 
 def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> list[tuple[int, request_pb2.McpTool]]:
     """The create's MCP tools, each checked; a 400 naming the field that is not acceptable."""
-    from tether.mcp.policy import McpPolicy  # the URL policy needs no SDK
-
     servers = mcp_tools(params)
     if not servers:
         return servers
@@ -320,8 +328,6 @@ class McpLoop:
             await self._list_one(turn, builder, server)
 
     async def _list_one(self, turn: Turn, builder: OutputBuilder, server: _Server) -> None:
-        from tether.mcp.client import McpFailure
-
         item = items_pb2.Item()
         lt = item.mcp_list_tools
         lt.id, lt.server_label = ids.new_id("mcpl"), server.tool.server_label
@@ -359,7 +365,7 @@ class McpLoop:
         await turn._emit_all([done, builder.add_done(index, item)])
 
     @staticmethod
-    async def _session(turn: Turn, server: _Server):  # noqa: ANN205 - tether.mcp.client.McpServerSession
+    async def _session(turn: Turn, server: _Server) -> McpServerSession:
         """The connection's session with this server (opened now if it has none)."""
         tool = server.tool
         return await turn.ctx.mcp.get(tool.server_url, tool.headers,
@@ -393,8 +399,6 @@ class McpLoop:
 
     async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
-        from tether.mcp.client import TIMEOUT, TOO_LARGE, McpFailure, SessionGone, protocol_error
-
         mc = item.mcp_call
         progress = turn._event()
         progress.mcp_call_in_progress.item_id, progress.mcp_call_in_progress.output_index = mc.id, index
@@ -426,7 +430,7 @@ class McpLoop:
                 mc.output = result.output or ""
         except McpFailure as exc:
             code = exc.error.get("code")
-            outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", -32002: "refused"}.get(code, "failed")  # type: ignore[arg-type]
+            outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", REFUSED: "refused"}.get(code, "failed")  # type: ignore[arg-type]
             mc.error_json = orjson.dumps(exc.error).decode()
         mc.status = "completed" if outcome == "ok" else "failed"
         turn.clock.add("mcp", time.perf_counter() - started)

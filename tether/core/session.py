@@ -225,7 +225,7 @@ class Session:
         await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes.values():
             self._drop_queued(lane)
-        await self.context.mcp.aclose()
+        self.context.mcp.close_soon()  # in the background: the MCP servers' goodbyes hold nothing up
         self.outbox.close()
         while await self.outbox.get_batch():  # what no one will send still counts in its run's log
             pass

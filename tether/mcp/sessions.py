@@ -20,6 +20,8 @@ from tether.config import McpConfig
 from tether.mcp.client import McpServerSession
 from tether.mcp.policy import McpPolicy
 
+_closing: set[asyncio.Task] = set()  # close_soon's tasks, referenced until done
+
 
 def credentials_digest(headers: Mapping[str, str], authorization: str | None) -> bytes:
     h = hashlib.blake2b(digest_size=16)
@@ -76,6 +78,18 @@ class McpSessions:
         if session is not None:
             self._on_count(-1)
             await session.aclose()
+
+    def close_soon(self) -> asyncio.Task | None:
+        """Close every session in the background (the connection ended): the last response's
+        terminal event is not held back by the servers' goodbyes (`DELETE` of each session).
+        Returns the task (None when there was nothing to close)."""
+        self._closed = True
+        if not self._sessions:
+            return None
+        task = asyncio.ensure_future(self.aclose())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+        return task
 
     async def aclose(self) -> None:
         """Close every session (the connection ended)."""

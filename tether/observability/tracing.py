@@ -41,7 +41,7 @@ from tether.extras import require
 
 TRACER_NAME = "tether"
 TURN_SPAN = "tether.turn"
-STAGE_ORDER = ("validate", "resolve", "classify", "render", "route", "backend", "finalize")
+STAGE_ORDER = ("validate", "resolve", "classify", "render", "route", "backend", "mcp", "finalize")
 
 
 class _State:
