@@ -211,7 +211,7 @@ class Turn:
     def _validate_params(self) -> None:
         with self.clock.stage("validate"):
             validate.validate_params(self.params, self.services.limits, self.services.config.server.accept_unknown_parameters)
-            if self.params.tools:
+            if self.params.tools or self.params.tool_choice.WhichOneof("choice") == "other_json":
                 self.mcp = McpLoop.of(self.params, self.services.config.mcp)
             self.services.config.prompts.apply(self.params)  # `prompt`: the template into instructions and input
 
