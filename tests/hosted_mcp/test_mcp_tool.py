@@ -450,3 +450,11 @@ async def test_credentials_are_in_no_trace(stack, mcp_server) -> None:
     assert any(sp.name == tracing.TURN_SPAN for sp in spans)
     dumped = " ".join(sp.to_json() for sp in spans)
     assert "s3cret" not in dumped and "mcp" in dumped  # the MCP stage is traced, its credentials not
+
+
+async def test_an_mcp_tool_choice_without_that_server_is_a_400(stack, mcp_server) -> None:
+    choice = {"type": "mcp", "server_label": "other", "name": "roll"}
+    for tools in ([], [mcp_tool(mcp_server)]):
+        with pytest.raises(openai.BadRequestError) as info:
+            await stack.client().responses.create(model="sim-model", input="x", tools=tools, tool_choice=choice)
+        assert info.value.body["param"] == "tool_choice" and "MCP server" in info.value.body["message"]

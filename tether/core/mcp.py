@@ -68,7 +68,11 @@ def mcp_tools(params: request_pb2.ResponseCreateParams) -> list[tuple[int, reque
 def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> list[tuple[int, request_pb2.McpTool]]:
     """The create's MCP tools, each checked; a 400 naming the field that is not acceptable."""
     servers = mcp_tools(params)
+    choice = _choice_object(params)
     if not servers:
+        if choice is not None and choice.get("type") == "mcp":
+            raise TetherError(errors.INVALID_REQUEST, "tool_choice names an MCP server, and 'tools' has no mcp tool.",
+                              param="tool_choice")  # fmt: skip
         return servers
     if len(servers) > config.max_servers_per_request:
         raise TetherError(errors.INVALID_REQUEST, f"At most {config.max_servers_per_request} mcp tools are allowed "
@@ -99,7 +103,6 @@ def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> lis
         if tool.WhichOneof("approval") == "approval_mode" and tool.approval_mode not in _APPROVAL_MODES:
             raise TetherError(errors.INVALID_REQUEST, f"'{where}.require_approval' must be always, never or a "
                               "filter object.", param=f"{where}.require_approval")  # fmt: skip
-    choice = _choice_object(params)
     if choice is not None and choice.get("type") == "mcp" and choice.get("server_label") not in labels:
         raise TetherError(errors.INVALID_REQUEST, "tool_choice names an MCP server_label that is not in 'tools'.",
                           param="tool_choice")  # fmt: skip

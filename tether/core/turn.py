@@ -233,7 +233,7 @@ class Turn:
         params, limits = self.params, self.services.limits
         with self.clock.stage("validate"):
             validate.validate_params(params, limits, self.services.config.server.accept_unknown_parameters)
-            if params.tools:
+            if params.tools or params.tool_choice.WhichOneof("choice") == "other_json":
                 self.mcp = McpLoop.of(params, self.services.config.mcp)
             # `prompt`: the template into instructions and input, its expansion bounded. A template
             # may repeat a variable: variables of 16 KiB or more are expanded off the loop.

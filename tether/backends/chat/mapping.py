@@ -427,7 +427,7 @@ def _forced(mode: str, tools: list[dict[str, Any]], dialect: Dialect) -> Any:
 
 
 def _unmapped_choice(kind: str, dialect: Dialect) -> TetherError:
-    why = "Tether runs no MCP servers" if kind == "mcp" else "Tether runs no hosted tools"
+    why = "no mcp tool of this create names that server" if kind == "mcp" else "Tether runs no hosted tools"
     return _invalid(
         f"tool_choice of type {kind!r} cannot be honoured by {dialect.server}: {why}",
         "tool_choice",
