@@ -536,7 +536,11 @@ class SimulatedBackend(BackendBase):
             self._add_call(plan, 0, _call_id(request, turn, 0, name), name, args, custom)
             plan.finish = "tool_calls"
             return plan
-        plan.units.extend(map(_text_unit, self._answer_tokens(request, c.output_tokens, turn)))
+        n = c.output_tokens
+        cap = request.max_output_tokens
+        if cap is not None and 0 <= cap < n:  # one past the cap (its words are the same): cut as "length"
+            n = cap + 1
+        plan.units.extend(map(_text_unit, self._answer_tokens(request, n, turn)))
         return plan
 
     def _explanation(self, request: BackendRequest) -> str:
@@ -651,11 +655,6 @@ class SimulatedBackend(BackendBase):
         if limit is not None and limit >= 0 and len(units) > limit:
             units = units[:limit]
             finish = "length"
-        if request.logprobs is not None:
-            units = [
-                TextDelta(u.text, [token_logprob(u.text, request.logprobs)]) if type(u) is TextDelta else u
-                for u in units
-            ]
         error_at = min(plan.error_after, len(units)) if plan.error is not None else -1
         if error_at >= 0:
             units = units[:error_at]
@@ -673,6 +672,7 @@ class SimulatedBackend(BackendBase):
         tps = plan.tokens_per_s
         tick = self.config.tick_ms / 1000.0
         group = self.config.tokens_per_chunk
+        top = request.logprobs
         n = len(units)
         emitted = 0
         credit, last = 0.0, start  # tokens due so far, integrated over the (varying) decode rate
@@ -686,13 +686,19 @@ class SimulatedBackend(BackendBase):
                 last = now
                 due = n if tps <= 0 else min(n, 1 + int(credit))
                 if emitted < due:
+                    # Log probabilities are made as their tokens are due: a long answer's would
+                    # otherwise cost the server's loop (the model runs in its process) all at once.
+                    piece = units[emitted:due] if top is None else [
+                        TextDelta(u.text, [token_logprob(u.text, top)]) if type(u) is TextDelta else u
+                        for u in units[emitted:due]
+                    ]  # fmt: skip
+                    emitted = due
                     if group == 1:
-                        run = units[emitted:due]
-                        emitted = due
+                        run = piece
                     else:
-                        run = []
-                        while emitted < due:
-                            chunk, emitted = _merge(units, emitted, min(due, emitted + group))
+                        run, i = [], 0
+                        while i < len(piece):
+                            chunk, i = _merge(piece, i, min(len(piece), i + group))
                             run.append(chunk)
                     yield run
                 if emitted < n:
