@@ -74,7 +74,7 @@ async def test_per_key_edge_then_429_on_every_transport_and_other_keys_unaffecte
             await send_json(two, PADDED)
             err = ws_error(await next_error(two), "too_many_queued_bytes", 429)
             assert "API key" in err["message"]
-            async with stack.http(KEY_A) as h:  # a stateless create of the same key (its protobuf size)
+            async with stack.http(KEY_A) as h:  # a stateless create of the same key (its body's size)
                 r = await h.post("/v1/responses", content=dumps({k: v for k, v in PADDED.items() if k != "type"}))
                 assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_queued_bytes"
             await send_json(b, PADDED)  # another key: its own budget
