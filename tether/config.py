@@ -216,9 +216,15 @@ def validate(cfg: TetherConfig) -> None:
         raise ValueError(f"server.allocator must be one of {', '.join(ALLOCATORS)}")
     eventloop.resolve(cfg.server.event_loop)  # an unknown loop, or uvloop where it is missing
     limits = cfg.limits
-    for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
+    for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s", "max_queued_bytes_per_connection",
+                 "max_queued_bytes_per_key", "max_queued_bytes_per_process", "max_conversation_items",
+                 "max_conversation_bytes"):  # fmt: skip
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
+    if limits.max_logprobs < 1:
+        raise ValueError("limits.max_logprobs must be >= 1")
+    if cfg.server.loop_lag_interval_s < 0:
+        raise ValueError("server.loop_lag_interval_s must be >= 0")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

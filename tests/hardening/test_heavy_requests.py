@@ -204,3 +204,13 @@ async def test_a_large_websocket_text_message_is_decoded_off_the_loop_and_answer
         await send_json(conn, CREATE)
         done = await recv_until(conn, lambda e: e["type"] in ("response.completed", "error"))
         assert done[-1]["type"] == "response.completed"
+
+
+def test_the_new_limits_refuse_nonsense_at_load() -> None:
+    from tether.config import load_config
+
+    for name, bad in (("LIMITS__MAX_QUEUED_BYTES_PER_KEY", "-1"), ("LIMITS__MAX_CONVERSATION_BYTES", "-5"),
+                      ("LIMITS__MAX_LOGPROBS", "0"), ("SERVER__LOOP_LAG_INTERVAL_S", "-0.1")):  # fmt: skip
+        with pytest.raises(ValueError, match=name.split("__")[1].lower()):
+            load_config(None, env={f"TETHER_{name}": bad})
+    assert load_config(None, env={"TETHER_LIMITS__MAX_QUEUED_BYTES_PER_KEY": "0"}).limits.max_queued_bytes_per_key == 0
