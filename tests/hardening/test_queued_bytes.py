@@ -138,5 +138,6 @@ async def test_a_steers_successor_is_charged_and_released() -> None:
         successor = await recv_until(conn, lambda e: e["type"] == "response.created")
         assert successor[-1]["response"]["previous_response_id"] == first[0]["response"]["id"]
         assert queued.total > 0  # the successor, while it runs
-        await recv_until(conn, lambda e: e["type"] == "response.completed", 30)
+        await send_json(conn, {"type": "response.cancel", "response_id": successor[-1]["response"]["id"]})
+        await recv_until(conn, lambda e: e["type"] == "response.incomplete")
         await wait_for(lambda: queued.total == 0 and queued.of_key("a") == 0)
