@@ -305,13 +305,19 @@ def validate(cfg: TetherConfig) -> None:
         except ValueError:
             raise ValueError(f"mcp.allow_private_networks: {net!r} is not a CIDR network") from None
     limits = cfg.limits
-    for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s"):
+    for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s", "max_queued_bytes_per_connection",
+                 "max_queued_bytes_per_key", "max_queued_bytes_per_process", "max_conversation_items",
+                 "max_conversation_bytes"):  # fmt: skip
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:
         raise ValueError("limits.max_turn_s must be > 0")
     if limits.on_client_gone not in ("finish", "cancel"):
         raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
+    if limits.max_logprobs < 1:
+        raise ValueError("limits.max_logprobs must be >= 1")
+    if cfg.server.loop_lag_interval_s < 0:
+        raise ValueError("server.loop_lag_interval_s must be >= 0")
 
 
 def apply_env(cfg: TetherConfig, env: Mapping[str, str]) -> None:

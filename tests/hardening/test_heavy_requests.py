@@ -179,3 +179,38 @@ def test_large_logprobs_are_written_verbatim_not_parsed_again() -> None:
     obj = json_codec.event_to_json(ev, ws=True)
     assert isinstance(obj["logprobs"], orjson.Fragment)
     assert orjson.loads(json_codec.dumps(obj))["logprobs"] == entries
+
+
+async def test_a_large_websocket_text_message_is_decoded_off_the_loop_and_answered_as_any() -> None:
+    """A text message of 256 KiB or more reaches the app as its UTF-8 bytes and is decoded (with
+    its JSON) in the offload thread; to the client it behaves like any other frame."""
+    from tests.bridge.helpers import recv_until, send_json
+
+    from .support import CREATE, ws_error
+
+    big = "lorem ipsum " * (300 * 1024 // 12)
+    async with full_stack(instant_config(max_input_tokens=10_000_000)) as stack, stack.ws() as conn:
+        await send_json(conn, {**CREATE, "input": big, "stream_id": "l1"})
+        done = await recv_until(conn, lambda e: e["type"] in ("response.completed", "error"), 30)
+        assert done[-1]["type"] == "response.completed" and done[-1]["stream_id"] == "l1"
+        # Not JSON: the error names the lane the text names.
+        await conn.send('{"type": "response.create", "stream_id": "l2", "input": "' + big + '", oops}')
+        err = (await recv_until(conn, lambda e: e["type"] == "error"))[-1]
+        ws_error(err, "invalid_json", 400)
+        assert err["stream_id"] == "l2"
+        # Invalid UTF-8 in a large text message: invalid_json, and the socket goes on.
+        await conn.send(b'{"type": "response.create", "input": "' + b"\xff" * (300 * 1024) + b'"}', text=True)
+        ws_error((await recv_until(conn, lambda e: e["type"] == "error"))[-1], "invalid_json", 400)
+        await send_json(conn, CREATE)
+        done = await recv_until(conn, lambda e: e["type"] in ("response.completed", "error"))
+        assert done[-1]["type"] == "response.completed"
+
+
+def test_the_new_limits_refuse_nonsense_at_load() -> None:
+    from tether.config import load_config
+
+    for name, bad in (("LIMITS__MAX_QUEUED_BYTES_PER_KEY", "-1"), ("LIMITS__MAX_CONVERSATION_BYTES", "-5"),
+                      ("LIMITS__MAX_LOGPROBS", "0"), ("SERVER__LOOP_LAG_INTERVAL_S", "-0.1")):  # fmt: skip
+        with pytest.raises(ValueError, match=name.split("__")[1].lower()):
+            load_config(None, env={f"TETHER_{name}": bad})
+    assert load_config(None, env={"TETHER_LIMITS__MAX_QUEUED_BYTES_PER_KEY": "0"}).limits.max_queued_bytes_per_key == 0

@@ -74,7 +74,7 @@ async def test_per_key_edge_then_429_on_every_transport_and_other_keys_unaffecte
             await send_json(two, PADDED)
             err = ws_error(await next_error(two), "too_many_queued_bytes", 429)
             assert "API key" in err["message"]
-            async with stack.http(KEY_A) as h:  # a stateless create of the same key (its protobuf size)
+            async with stack.http(KEY_A) as h:  # a stateless create of the same key (its body's size)
                 r = await h.post("/v1/responses", content=dumps({k: v for k, v in PADDED.items() if k != "type"}))
                 assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_queued_bytes"
             await send_json(b, PADDED)  # another key: its own budget
@@ -138,5 +138,6 @@ async def test_a_steers_successor_is_charged_and_released() -> None:
         successor = await recv_until(conn, lambda e: e["type"] == "response.created")
         assert successor[-1]["response"]["previous_response_id"] == first[0]["response"]["id"]
         assert queued.total > 0  # the successor, while it runs
-        await recv_until(conn, lambda e: e["type"] == "response.completed", 30)
+        await send_json(conn, {"type": "response.cancel", "response_id": successor[-1]["response"]["id"]})
+        await recv_until(conn, lambda e: e["type"] == "response.incomplete")
         await wait_for(lambda: queued.total == 0 and queued.of_key("a") == 0)

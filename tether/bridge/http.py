@@ -147,13 +147,14 @@ class HttpHandlers:
         check_json_body(req.headers, body)
         return body
 
-    async def _params(self, req: HttpRequest) -> Any:
+    async def _params(self, req: HttpRequest) -> tuple[Any, int]:
+        """The create's params and the size of its body."""
         body = await self._json_body(req)
-        return await offload.run(len(body), _decode_params, body, self.ctx.limits)  # a large body off the loop
+        return await offload.run(len(body), _decode_params, body, self.ctx.limits), len(body)  # a large body off the loop
 
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
-        params = await self._params(req)
+        params, nbytes = await self._params(req)
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
         if params.HasField("background") and params.background:
@@ -163,7 +164,7 @@ class HttpHandlers:
             else:
                 await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(response)))
             return
-        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream)
+        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 first = await anext(aiter(events), None)
@@ -262,13 +263,13 @@ class HttpHandlers:
 
     # POST /v1/responses/input_tokens
     async def input_tokens(self, req: HttpRequest) -> None:
-        count = await self.ctx.api.count_input_tokens(req.tenant, await self._params(req))
+        count = await self.ctx.api.count_input_tokens(req.tenant, (await self._params(req))[0])
         body = {"object": "response.input_tokens", "input_tokens": count}
         await send_json(req.send, 200, json_codec.dumps(body))
 
     # POST /v1/responses/compact
     async def compact(self, req: HttpRequest) -> None:
-        result = await self.ctx.api.compact(req.tenant, await self._params(req))
+        result = await self.ctx.api.compact(req.tenant, (await self._params(req))[0])
         await send_json(req.send, 200, json_codec.dumps(json_codec.compact_response_to_json(result)))
 
     # -- /v1/conversations ------------------------------------------------------------------------

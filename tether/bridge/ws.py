@@ -29,6 +29,7 @@ from typing import Any
 from tether import offload
 from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
+from tether.bridge.ws_transport import TEXT_UTF8
 from tether.config import Limits
 from tether.core.api import SessionHandle
 from tether.core.outbox import Delta
@@ -42,6 +43,7 @@ CLOSE_GOING_AWAY = 1001
 _LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 # Best effort for frames that did not decode (bad JSON, too deep, too large): the lane they name.
 _LANE_IN_TEXT = re.compile(r'"stream_id"\s*:\s*"([A-Za-z0-9_.-]{1,256})"')
+_LANE_IN_BYTES = re.compile(_LANE_IN_TEXT.pattern.encode())
 
 
 async def deny(
@@ -125,17 +127,17 @@ class WsConnection:
                 self._closed = True
                 return False
             text = message.get("text")
+            if text is None:  # a large text message comes as its UTF-8 bytes (ws_transport.TEXT_UTF8)
+                text = message.get(TEXT_UTF8)
             if text is None:
                 err = TetherError(INVALID_REQUEST, "Binary frames are not supported: send JSON text frames.")
                 await self._send_error(err)
                 continue
             # A large frame is decoded off the event loop (tether.offload): parsing megabytes
             # of JSON into a request held every other connection of the process for as long.
-            obj, request, failure = await offload.run(len(text), _decode_event, text, ctx.limits)
-            if failure is not None:
-                err = common.as_tether_error(failure)
-                event_id = obj.get("event_id") if isinstance(obj, dict) else None
-                await self._send_error(err, _lane_of(obj, err, text), event_id if isinstance(event_id, str) else "")
+            request, err, lane, event_id = await offload.run(len(text), _decode_event, text, ctx.limits)
+            if err is not None:
+                await self._send_error(err, lane, event_id)
                 continue
             try:
                 await session.send(request, nbytes=len(text))
@@ -187,17 +189,19 @@ class WsConnection:
                 await self._send({"type": "websocket.close", "code": code})
 
 
-def _decode_event(text: str, limits: Limits) -> tuple[Any, Any, Exception | None]:
-    """(the JSON object, the client event, None), or what was decoded and the failure."""
+def _decode_event(text: str | bytes, limits: Limits) -> tuple[Any, TetherError | None, str, str]:
+    """(the client event, None, "", ""), or (None, the error, the lane and the event_id to echo)."""
     obj: Any = None
     try:
         obj = common.decode_object(text, limits)
-        return obj, json_codec.client_event_from_json(obj), None
+        return json_codec.client_event_from_json(obj), None, "", ""
     except Exception as exc:  # noqa: BLE001 - handed back to the reader, which answers it
-        return obj, None, exc
+        err = common.as_tether_error(exc)
+        event_id = obj.get("event_id") if isinstance(obj, dict) else None
+        return None, err, _lane_of(obj, err, text), event_id if isinstance(event_id, str) else ""
 
 
-def _lane_of(obj: Any, err: TetherError, text: str) -> str:
+def _lane_of(obj: Any, err: TetherError, text: str | bytes) -> str:
     """The lane to echo on a request error: the frame's `stream_id`, when it is a valid one.
 
     A named lane's waiter (the SDK's `lane.get_final_response()`) only sees errors that carry its
@@ -206,6 +210,9 @@ def _lane_of(obj: Any, err: TetherError, text: str) -> str:
     if err.code == INVALID_STREAM_ID:
         return ""
     if obj is None:
+        if isinstance(text, bytes):
+            found_bytes = _LANE_IN_BYTES.search(text)
+            return found_bytes.group(1).decode() if found_bytes else ""
         found = _LANE_IN_TEXT.search(text)
         return found.group(1) if found else ""
     sid = obj.get("stream_id") if isinstance(obj, dict) else None

@@ -32,6 +32,9 @@ that act on the transport itself, where the ASGI app cannot reach.
   generic path (the framing was ~10% of the server's CPU per streamed token). Anything else (large
   or compressed messages, a fragmented send, debug logging, a closing connection) takes the
   generic path.
+- **Large text messages are not decoded here.** A text message of `tether.offload.OFF_LOOP_BYTES`
+  or more reaches the app as its UTF-8 bytes (`TEXT_UTF8`), which decodes it with its JSON in the
+  offload thread: decoding megabytes to text on the loop held every other connection.
 - **One inflation budget for the process.** permessage-deflate inflates a message inside the
   protocol, before the app sees it, up to the transport cap (`max_size`, 4 x
   `Limits.max_request_bytes`). `InflationBudget` caps the bytes of all messages that are being
@@ -53,10 +56,16 @@ from websockets.extensions.permessage_deflate import PerMessageDeflate, ServerPe
 from websockets.frames import OP_BINARY, OP_TEXT, Frame
 from websockets.protocol import OPEN
 
+from tether import offload
 from tether.bridge import common
 from tether.errors import HEADERS_TOO_LARGE, INVALID_REQUEST, TetherError
 
 log = logging.getLogger("tether.bridge")
+
+# The key of a `websocket.receive` message that carries a large text message as its UTF-8 bytes:
+# decoding megabytes to a str is the app's work (tether/bridge/ws.py), done off the event loop
+# with the JSON (`tether.offload`). Invalid UTF-8 there is an `invalid_json` error, not a close.
+TEXT_UTF8 = "tether.text_utf8"
 
 # A message this small is received even when the inflation budget is spent: it costs little,
 # and refusing it would close ordinary connections whenever one peer sends a bomb.
@@ -188,7 +197,13 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def send_receive_event_to_app(self) -> None:
         size = sum(len(frame) for frame in self.frames)
-        super().send_receive_event_to_app()
+        if self.curr_msg_data_type == "text" and size >= offload.OFF_LOOP_BYTES and not self.close_sent:
+            # Not decoded here, on the loop: the app decodes it with its JSON, off the loop.
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            self.frames = []
+            self.queue.put_nowait({"type": "websocket.receive", "text": None, TEXT_UTF8: data})
+        else:
+            super().send_receive_event_to_app()
         if self.queue.qsize() and not self.close_sent:
             self._held += size
             self.budget.held += size

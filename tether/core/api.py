@@ -46,12 +46,14 @@ class ResponsesAPI(Protocol):
     async def open_session(self, tenant: str, *, transport: str) -> SessionHandle: ...
 
     def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
+        nbytes: int | None = None,
     ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
         errors come back as a single `error` event (nothing is created); a refusal at admission
         (too many connections for the key, the server shutting down) is raised as `TetherError`
-        before any event. `lazy_deltas` as in `SessionHandle.events`."""
+        before any event. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in
+        `SessionHandle.send`."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...

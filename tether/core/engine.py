@@ -275,7 +275,8 @@ class Engine:
     # -- ResponsesAPI -----------------------------------------------------------------------------
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
+        nbytes: int | None = None,
     ) -> AsyncIterator[Outgoing]:
         """A stateless create: a one-turn session (hydrating from the store when continuing)."""
         session = await self.open_session(tenant, transport="http")
@@ -284,7 +285,7 @@ class Engine:
             request = service_pb2.SessionRequest()
             request.create.CopyFrom(params)
             request.create.ClearField("stream_id")
-            await session.send(request)
+            await session.send(request, nbytes=nbytes)
             async for batch in session.events(lazy_deltas=lazy_deltas):
                 for event in batch:
                     if type(event) is Delta:

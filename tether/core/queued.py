@@ -1,10 +1,10 @@
 """The bytes of creates a server holds before they are done: bounded per connection, per API key
 and per process, so that one tenant's backlog cannot take the memory every tenant shares.
 
-A create is charged its size as received (a WebSocket frame's JSON text; elsewhere its protobuf
-size, `ByteSize()`) when its connection accepts it, and released when its turn ends: while it
-waits in a lane, for a free `max_active_responses` slot, and while it generates (its input is
-held until then). Counts (`max_queued_responses`, `max_active_responses`) bound how many; these
+A create is charged its size as received (a WebSocket frame's or an HTTP body's JSON text; over
+gRPC its protobuf size, `ByteSize()`) when its connection accepts it, and released when its turn
+ends: while it waits in a lane, for a free `max_active_responses` slot, and while it generates
+(its input is held until then). Counts (`max_queued_responses`, `max_active_responses`) bound how many; these
 bound how much:
 
 - `max_queued_bytes_per_connection`: one WebSocket or gRPC session (an HTTP create is a session

@@ -204,7 +204,8 @@ class RemoteResponsesAPI:
         return RemoteSession(call)
 
     async def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
+        nbytes: int | None = None,  # the local transport's; the remote engine measures what it receives
     ) -> AsyncIterator[events_pb2.ServerEvent]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
