@@ -148,3 +148,31 @@ async def test_tool_loop_redoes_a_turn_lost_with_its_connection(tmp_path):
             assert len(created) == 3 and s.reconnects >= 1  # turn 2 was sent again and answered
     finally:
         await srv.stop()
+
+
+async def test_a_stored_response_resumes_after_its_connection_drops(tmp_path):
+    """The server drops the connection mid-response: the stored response runs on, and the typed
+    client follows it from the last event it saw (`StreamResponse`): every sequence number once,
+    no gap; a response that is not stored still ends with `ConnectionLost`."""
+    slow = {"sim": {**FAST, "tokens_per_s": 400, "output_tokens": 400}}
+    srv = await Server(server_config(tmp_path, backends=slow)).start()
+    try:
+        async with tc.connect(srv.target, retry=QUICK_RETRY) as s:
+            stream = await s.create("tether-sim", "long")
+            seqs = []
+            while len(seqs) < 6:
+                seqs.append((await anext(stream)).sequence_number)
+            for session in list(srv.engine.sessions):  # the server ends the connection
+                await session.close()
+            seqs += [ev.sequence_number async for ev in stream]
+            assert seqs == list(range(len(seqs))) and stream.resumed == 1
+            assert stream.response.status == "completed" and len(tc.output_text(stream.response)) > 0
+
+            unstored = await s.create("tether-sim", "long", store=False)
+            await unstored.wait_created()
+            for session in list(srv.engine.sessions):
+                await session.close()
+            with pytest.raises(tc.ConnectionLost):
+                await unstored.final_response()
+    finally:
+        await srv.stop()

@@ -9,8 +9,10 @@ without a response id on lane L answers it too. Lanes run concurrently; this gat
 the sending within one lane, which the server serialises anyway.
 
 When a connection ends it hands what it never started back to its owner (the client session,
-which resends with backoff) and ends what was generating with `ConnectionLost`. The owner is a
-narrow interface (`Owner`): the connection never reaches into the session.
+which resends with backoff), hands what was generating and is stored (`store` not false) to the
+owner to resume (the server runs it on: `StreamResponse` from the last sequence number seen), and
+ends the rest with `ConnectionLost`. The owner is a narrow interface (`Owner`): the connection
+never reaches into the session.
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ class Owner(Protocol):
 
     def lane_completed(self, lane: str, response_id: str) -> None:
         """`response_id` completed on `lane`: what the lane's next chained create continues."""
+
+    def resume(self, p: Pending, *, cause: TetherError) -> None:
+        """Follow the stored response `p` was generating from its last event on a new call;
+        end it with `cause` when that cannot be done."""
 
     def unrouted(self, ev: events_pb2.ServerEvent) -> None:
         """An event no create of this connection is waiting for (steer events, late errors)."""
@@ -289,7 +295,12 @@ class Connection:
                 else f"The connection ended while the response was generating ({reason.message if reason else 'no reason given'})."
             )
             for p in list(self.active.values()):
-                p.stream._end(error=ConnectionLost(code, message))
+                lost = ConnectionLost(code, message)
+                stored = not p.params.HasField("store") or p.params.store
+                if stored and not owner.closed and p.stream.id:
+                    owner.resume(p, cause=lost)  # the server runs a stored response on
+                else:
+                    p.stream._end(error=lost)
             self.active.clear()
             self.lane_active.clear()
         owner.connection_ended(self)

@@ -37,7 +37,7 @@ from tether.client._connection import (
 from tether.client._params import InputLike, ToolLike, build_params
 from tether.client._streams import Pending, ResponseStream
 from tether.errors import CONNECTION_LOST, TetherError
-from tether.protocol.wire import bearer, error_from_rpc, open_channel
+from tether.protocol.wire import TERMINAL_ARMS, bearer, error_from_rpc, open_channel
 from tether.responses.v1 import (
     events_pb2,
     items_pb2,
@@ -191,6 +191,41 @@ class ClientSession:
 
     def lane_completed(self, lane: str, response_id: str) -> None:
         self.lane(lane).last_response_id = response_id
+
+    def resume(self, p: Pending, *, cause: TetherError) -> None:
+        task = asyncio.create_task(self._resume(p, cause), name="tether-client-resume")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resume(self, p: Pending, cause: TetherError) -> None:
+        """`StreamResponse` from the last sequence number the stream saw, retried (with the
+        policy's backoff) while the server is unavailable; each event is fed once."""
+        stream = p.stream
+        for attempt in range(1, self.retry.max_attempts + 1):
+            request = service_pb2.StreamResponseRequest(response_id=stream.id or "")
+            if stream.last_seq >= 0:
+                request.starting_after = stream.last_seq
+            try:
+                async for batch in self.stub.StreamResponse(request, metadata=self._metadata):
+                    for ev in batch.events:
+                        if ev.sequence_number <= stream.last_seq:
+                            continue
+                        stream._feed(ev)
+                        arm = ev.WhichOneof("event")
+                        if arm in TERMINAL_ARMS:
+                            response = getattr(ev, arm).response
+                            if response.status in ("completed", "incomplete"):
+                                self.lane_completed(stream.stream_id, response.id)
+                            stream.resumed += 1
+                            stream._end(response=response)
+                            return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE_STATUS or self.closed:
+                    break
+            if stream.done:
+                return
+            await asyncio.sleep(self.retry.delay(attempt))
+        stream._end(error=cause)
 
     def resubmit(self, p: Pending, *, delay: float | None, cause: TetherError | None = None) -> None:
         """Send `p` on a (new) connection, after `delay` (None: the backoff for its attempts)."""

@@ -46,6 +46,8 @@ class ResponseStream:
         self.stream_id = stream_id
         self.params = params
         self.id: str | None = None
+        self.last_seq = -1  # the sequence number of the last event of the response fed to it
+        self.resumed = 0  # times it was resumed on a new call after its connection was lost
         self.response: response_pb2.Response | None = None  # the terminal event's Response
         self.error: TetherError | None = None
         self._cancel = cancel
@@ -67,6 +69,8 @@ class ResponseStream:
         self._created.set()
 
     def _feed(self, ev: events_pb2.ServerEvent) -> None:
+        if ev.response_id:
+            self.last_seq = ev.sequence_number
         self._queue.put_nowait(ev)
 
     def _end(self, *, response: response_pb2.Response | None = None, error: TetherError | None = None,
