@@ -31,8 +31,9 @@ Parts, each a separate process, so /proc attributes every CPU second:
 - **a byte relay** (`relay`, `ByteRelay`): the least a proxy process does, every byte it reads
   from the upstream written on to the client (a read and a write per token, no parsing), read by
   the `direct` client through it; its process CPU is the floor for anything that forwards.
-- **LiteLLM** where `litellm` is installed (`litellm --model openai/paced --api_base ...`), read
-  like Tether over its SSE. It is not a dependency; the run says when it is missing.
+- **LiteLLM** where `litellm[proxy]` is installed, here or in the Python `--litellm-python`
+  names (its proxy, `--model openai/paced --api_base ...`, one process), read over its
+  chat-completions SSE. It is not a dependency; the run says when it is missing.
 - **llama-cpp-python** (`--llama`, when the `real-model` extra is installed): the same rounds,
   one stream at a time (its server serves one request and interrupts it for the next), against
   SmolLM2-135M served by `python -m llama_cpp.server` on one thread; the model's text carries no
@@ -790,22 +791,31 @@ def start_upstream(pacing: Pacing, workdir: Path) -> tuple[subprocess.Popen, int
                         + ([] if pacing.stamp else ["--no-stamp"]), workdir, "upstream")
 
 
-def litellm_available() -> bool:
-    return importlib.util.find_spec("litellm") is not None
+def litellm_python(args: argparse.Namespace) -> str | None:
+    """A Python that has LiteLLM's proxy: `--litellm-python`, else this one when it has litellm."""
+    if args.litellm_python:
+        return args.litellm_python
+    return sys.executable if importlib.util.find_spec("litellm") is not None else None
 
 
-def start_litellm(upstream_url: str, workdir: Path) -> tuple[subprocess.Popen, int]:
+def start_litellm(python: str, upstream_url: str, workdir: Path) -> tuple[subprocess.Popen, int]:
+    """LiteLLM's proxy (one process, no master key, the local cost map: nothing leaves the
+    machine), its model `paced` routed to the upstream as an OpenAI-compatible server."""
     from tether_lab.processes import die_with_parent, free_ports
 
     port = free_ports(1)[0]
-    cmd = [sys.executable, "-m", "litellm", "--model", "openai/paced", "--api_base", upstream_url,
-           "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
-    env = {**os.environ, "OPENAI_API_KEY": "sk-lab", "LITELLM_LOG": "ERROR"}
+    cmd = [python, "-c", "from litellm.proxy.proxy_cli import run_server; run_server()",
+           "--model", "openai/paced", "--alias", "paced", "--api_base", upstream_url,
+           "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]  # fmt: skip
+    env = {**os.environ, "OPENAI_API_KEY": "sk-lab", "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
+    env.pop("PYTHONPATH", None)  # its own environment, not this checkout's
     log = open(workdir / "litellm.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
+                            preexec_fn=die_with_parent)
     import httpx
 
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"litellm exited with {proc.returncode}; see {workdir / 'litellm.log'}")
@@ -814,7 +824,7 @@ def start_litellm(upstream_url: str, workdir: Path) -> tuple[subprocess.Popen, i
                 return proc, port
         time.sleep(0.3)
     proc.kill()
-    raise RuntimeError("litellm did not start within 90 s")
+    raise RuntimeError("litellm did not start within 120 s")
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -983,13 +993,15 @@ def run(args: argparse.Namespace) -> int:
                 relay_proc, relay_port = start_helper(["relay", "--port", "0", "--to", str(port)], out, "relay")
                 relay = (relay_proc.pid, relay_port)
             if "litellm" in modes:
-                if not litellm_available():
+                ll_python = litellm_python(args)
+                if ll_python is None:
                     if not notes:
-                        notes.append("LiteLLM: not installed here (pip install 'litellm[proxy]' adds its rows)")
+                        notes.append("LiteLLM: not installed here (pip install 'litellm[proxy]', or "
+                                     "--litellm-python PATH, adds its rows)")
                         log(notes[-1])
                 else:
                     try:
-                        litellm, litellm_port = start_litellm(url, out)
+                        litellm, litellm_port = start_litellm(ll_python, url, out)
                     except RuntimeError as exc:
                         notes.append(f"LiteLLM: {exc}")
                         log(notes[-1])
@@ -1094,6 +1106,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"run: paths to measure, of {', '.join(MODES)} (direct is always run)")
     p.add_argument("--llama", action="store_true", help="run: also the llama-cpp-python phase (real-model extra)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run: a Tether setting (repeatable)")
+    p.add_argument("--litellm-python", metavar="PATH",
+                   help="run: a Python with litellm[proxy] installed (e.g. a separate venv's; default: this one's)")
     p.add_argument("--out", type=Path, help="run: results folder (default bench-results/upstream-<time>)")
     p.add_argument("--port", type=int, default=0, help="serve: the port (0: any free one)")
     p.add_argument("--no-stamp", action="store_true", help="serve: tokens ' w<i>' instead of send-time stamps")

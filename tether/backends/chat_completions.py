@@ -3,9 +3,9 @@
 `ChatCompletionsBackend` talks to one upstream over one `aiohttp.ClientSession` (its connection pool:
 keep-alive, `max_connections`). aiohttp rather than httpx because a streamed token is one network
 read, and the read is what costs: from a paced upstream (one token per SSE chunk, `python -m
-tether_lab.upstream`) a bare asyncio reader pays ~280 µs of CPU per read on a 2-vCPU VM, the
-same reader through aiohttp ~360 µs (a C HTTP parser, one timer per read), through httpx
-(httpcore, h11, anyio) ~860 µs. What differs between
+tether_lab.upstream`, 2-vCPU VM) a bare asyncio reader pays 200-220 µs of CPU per read at one
+stream and ~50 at ten, the same reader through aiohttp (a C HTTP parser) 335 / 66-78, through
+httpx (httpcore, h11 and anyio in Python) 620-690 / ~300. What differs between
 servers (vLLM, SGLang, llama.cpp, llama-cpp-python, Ollama, LM Studio, Cerebras, OpenAI) is
 declared in `tether.backends.chat.dialects` and chosen by the `dialect` option, or detected from
 `GET {base_url}/models` when it is "auto". The kinds "openai" and "cerebras" are this class with
