@@ -31,8 +31,9 @@ from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
-from tether.core.run import ReplayGap, ResponseRun, Runs, RunState
+from tether.core.run import ReplayGap, ResponseRun, Runs
 from tether.core.session import Session
+from tether.core.shared_runs import SharedRuns, not_retained
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
@@ -43,6 +44,7 @@ from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
+from tether.store.runbus import RunBus
 
 log = logging.getLogger("tether.engine")
 
@@ -55,7 +57,10 @@ _MAX_KEPT_ITEMS = 32
 
 class Engine:
     def __init__(self, config: TetherConfig, store: Store, backends: dict[str, Backend], *, telemetry: Telemetry,
-                 strategy: TurnStrategy = STANDARD_TURNS, clock: Clock = SYSTEM_CLOCK) -> None:  # fmt: skip
+                 strategy: TurnStrategy = STANDARD_TURNS, clock: Clock = SYSTEM_CLOCK,
+                 bus: RunBus | None = None) -> None:  # fmt: skip
+        """`bus`: the store engine's shared side of runs (Redis, PostgreSQL), for replicas that
+        answer for each other's runs (`tether.core.shared_runs`); None keeps runs in this process."""
         self.config = config
         self.store = store
         self.backends = backends
@@ -81,6 +86,10 @@ class Engine:
             clock=clock.monotonic,
             on_event=telemetry.run_event,
         )
+        self.shared: SharedRuns | None = None
+        if bus is not None:
+            self.shared = SharedRuns(bus, orphan_after_s=limits.run_orphan_after_s, on_event=self.runs.count)
+            self.runs.attach = self.shared.attach
         self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
         self._background_tasks: set[asyncio.Task] = set()
         self.services = TurnServices(
@@ -105,6 +114,11 @@ class Engine:
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
         self._stopping = False
 
+    async def start(self) -> None:
+        """Start what runs beside the sessions: the shared runs' heartbeat and cancel listener."""
+        if self.shared is not None:
+            await self.shared.bus.start(self._cancel_asked)
+
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
 
@@ -122,6 +136,9 @@ class Engine:
         if not self._stopping:
             await self.shutdown(grace=0)
         await self.post.aclose()
+        if self.shared is not None:
+            await self.shared.drain()
+            await self.shared.bus.close()
         for backend in self.backends.values():
             await backend.aclose()
         await self.store.close()
@@ -311,6 +328,8 @@ class Engine:
         if response is None:
             if run is not None:
                 return run.snapshot()
+            if self.shared is not None and (info := await self.shared.info(tenant, response_id)) is not None:
+                return self.shared.snapshot(response_id, info)  # in flight on another replica
             raise _not_found(response_id)
         return response
 
@@ -338,6 +357,8 @@ class Engine:
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
+        if run.mirror is not None:  # other replicas see it queued at once
+            run.mirror.touch()
         self.runs.count("background")
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
         self._background_tasks.add(task)
@@ -371,20 +392,21 @@ class Engine:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;
         again for a cancelled one (idempotent). A response that ended otherwise is a 400."""
         run = self.runs.get(tenant, response_id)
+        if run is None and self.shared is not None:  # another replica's run: its owner cancels it
+            info = await self.shared.info(tenant, response_id)
+            if info is not None:
+                if info.state not in ("queued", "in_progress"):
+                    return _cancelled_or_refused(self.shared.snapshot(response_id, info))
+                self.runs.count("cancelled")
+                info = await self.shared.cancel(tenant, response_id, self.config.limits.continuation_wait_s)
+                if info is not None:
+                    return self.shared.snapshot(response_id, info)
         if run is None:
-            response = await self.get_response(tenant, response_id)
-            if response.status != "cancelled":
-                raise _not_cancellable(response)
-            return response
+            return _cancelled_or_refused(await self.get_response(tenant, response_id))
         if run.state.final:
-            if run.state is not RunState.CANCELLED:
-                raise _not_cancellable(run.snapshot())
-            return run.snapshot()
+            return _cancelled_or_refused(run.snapshot())
         self.runs.count("cancelled")
-        if run.control is None:  # queued: it never starts
-            run.close(None)
-        else:
-            run.control.interrupt(Outcome.CANCELLED)
+        if _interrupt(run):
             try:
                 async with asyncio.timeout(self.config.limits.continuation_wait_s):
                     await run.wait_settled()
@@ -392,25 +414,31 @@ class Engine:
                 pass
         return run.snapshot()
 
+    def _cancel_asked(self, tenant: str, response_id: str) -> None:
+        """Another replica asked to cancel a run: this one acts when it runs it."""
+        run = self.runs.get(tenant, response_id)
+        if run is not None and not run.state.final:
+            _interrupt(run)
+
     async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
         """The events of a stored response numbered above `after` (all of them for -1), then the
         live ones until its terminal event. 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
         run = self.runs.get(tenant, response_id)
+        if run is None and self.shared is not None:  # another replica's run, from the shared log
+            try:
+                events = await self.shared.follow(tenant, response_id, after)
+            except ReplayGap as exc:
+                raise _gap(response_id, after, exc) from None
+            if events is not None:
+                self.runs.count("resumed")
+                return _follow(events, response_id)
         if run is None or run.log is None:
-            raise TetherError(
-                errors.REPLAY_UNAVAILABLE,
-                f"The events of response '{response_id}' are not retained on this server (a stored "
-                "response's events are kept while it runs and for a while after it ends).",
-                param="response_id",
-            )
+            raise not_retained(response_id)
         try:
             run.log.since(after)
         except ReplayGap as exc:
-            raise TetherError(
-                errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
-                param="starting_after",
-            ) from None
+            raise _gap(response_id, after, exc) from None
         self.runs.count("resumed")
         return _follow(run.follow(after), response_id)
 
@@ -543,6 +571,30 @@ async def _follow(events: AsyncIterator[Outgoing], response_id: str) -> AsyncIte
 async def _discard(events: AsyncIterator) -> None:
     async for _ in events:
         pass
+
+
+def _interrupt(run: ResponseRun) -> bool:
+    """Cancel a run in flight: a queued one ends at once (False), a running one's turn is
+    interrupted (True: it ends as its turn does)."""
+    if run.control is None:  # queued: it never starts
+        run.close(None)
+        return False
+    run.control.interrupt(Outcome.CANCELLED)
+    return True
+
+
+def _gap(response_id: str, after: int, exc: ReplayGap) -> TetherError:
+    return TetherError(
+        errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
+        param="starting_after",
+    )
+
+
+def _cancelled_or_refused(response: response_pb2.Response) -> response_pb2.Response:
+    """A cancel of a response that has ended: answered again when it was cancelled, else 400."""
+    if response.status != "cancelled":
+        raise _not_cancellable(response)
+    return response
 
 
 def _not_cancellable(response: response_pb2.Response) -> TetherError:

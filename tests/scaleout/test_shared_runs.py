@@ -1,0 +1,129 @@
+"""Two Tether replicas on one real Redis and on one real PostgreSQL: a run on either is answered
+by both (docs/background.md, "Many replicas").
+
+Real parts only: two `tether serve` subprocesses (ports 0) sharing a store private to the test
+(a PostgreSQL schema / a Redis key prefix), driven with the official openai SDK. A background
+response created on A is retrieved, resumed from a sequence number and cancelled on B; then
+`kill -9` of the replica running a response: the other replica's subscriber gets `failed`
+(`run_orphaned`) within `run_orphan_after_s` and a poll interval.
+
+Needs PostgreSQL (TETHER_TEST_PG_URL) and Redis (TETHER_TEST_REDIS_URL); a missing one skips
+with the reason (fails under TETHER_TEST_REQUIRE_SERVERS=1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from openai import AsyncOpenAI
+
+from tether_lab.processes import ServerProcess
+from tether_lab.scaleout import pg_reachable, redis_reachable, scratch_store, write_config
+
+from .conftest import unavailable
+
+MODEL = "tether-sim"
+ORPHAN_AFTER_S = 2.0
+SLOW = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 4000, "tick_ms": 1}  # ~100 s unless stopped
+
+
+@pytest.fixture(scope="module", params=["redis"])
+def pair(request, tmp_path_factory):
+    kind = request.param
+    why = pg_reachable() if kind == "postgres" else redis_reachable()
+    if why:
+        unavailable(why)
+    workdir = tmp_path_factory.mktemp(f"shared-runs-{kind}")
+    with scratch_store(kind, workdir) as url:
+        cfg = write_config(workdir / "tether.toml", url, sim=SLOW)
+        args = ["--set", f"limits.run_orphan_after_s={ORPHAN_AFTER_S}"]
+        a = ServerProcess(cfg, workdir, name="replica-a", args=args)
+        b = ServerProcess(cfg, workdir, name="replica-b", args=args)
+        try:
+            a.start()
+            b.start()
+            yield a, b
+        finally:
+            for r in (a, b):
+                r.stop(timeout=15)
+
+
+def _client(replica: ServerProcess) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=replica.api_url, api_key="unused-when-open", max_retries=0)
+
+
+async def _until_in_progress(client: AsyncOpenAI, response_id: str) -> None:
+    for _ in range(200):
+        if (await client.responses.retrieve(response_id)).status == "in_progress":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{response_id} never in_progress")
+
+
+async def test_a_run_on_one_replica_is_retrieved_resumed_and_cancelled_on_another(pair) -> None:
+    a, b = pair
+    on_a, on_b = _client(a), _client(b)
+    created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    assert created.status == "queued"
+    seen_on_b = await on_b.responses.retrieve(created.id)  # B knows it at once, from the store
+    assert seen_on_b.id == created.id and seen_on_b.status in ("queued", "in_progress")
+    await _until_in_progress(on_b, created.id)
+
+    # Resume on B from event 2: the numbers go on from 3, contiguous, while A generates.
+    stream = await on_b.responses.retrieve(created.id, stream=True, starting_after=2)
+    numbers = []
+    async for event in stream:
+        numbers.append(event.sequence_number)
+        if len(numbers) == 8:
+            break
+    await stream.close()
+    assert numbers == list(range(3, 11))
+
+    started = time.monotonic()
+    cancelled = await on_b.responses.cancel(created.id)
+    assert cancelled.status == "cancelled", cancelled
+    assert time.monotonic() - started < 5
+    assert (await on_b.responses.cancel(created.id)).status == "cancelled"  # idempotent, still on B
+    assert (await on_a.responses.retrieve(created.id)).status == "cancelled"
+
+    # The whole log from B: 0..n without a gap, the terminal event last.
+    replay = await on_b.responses.retrieve(created.id, stream=True)
+    events = [event async for event in replay]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.queued" or events[0].type == "response.created"
+    assert events[-1].type == "response.incomplete" and events[-1].response.status == "cancelled"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text  # the output generated before the cancel travelled with the log
+
+
+async def test_a_killed_replica_s_run_fails_for_the_other_replica_s_subscriber(pair) -> None:
+    a, b = pair
+    if a.proc is None or a.proc.poll() is not None:
+        a.start()
+    on_a, on_b = _client(a), _client(b)
+    created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    await _until_in_progress(on_b, created.id)
+    stream = await on_b.responses.retrieve(created.id, stream=True)
+    events = []
+    killed_at = None
+    async for event in stream:
+        events.append(event)
+        if killed_at is None and event.type == "response.output_text.delta":
+            a.kill()  # kill -9: no goodbye of any kind
+            killed_at = time.monotonic()
+    assert killed_at is not None
+    took = time.monotonic() - killed_at
+    last = events[-1]
+    assert last.type == "response.failed", last
+    # The Response's error codes are OpenAI's closed list: `run_orphaned` (docs/errors.md) is
+    # `server_error` there, and the message says what happened.
+    assert last.response.error.code == "server_error"
+    assert "stopped" in last.response.error.message
+    assert took < ORPHAN_AFTER_S + 2.0, f"failed after {took:.2f} s"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    retrieved = await on_b.responses.retrieve(created.id)
+    assert retrieved.status == "failed" and retrieved.error.code == "server_error"
+    with pytest.raises(Exception, match="400|cannot cancel|Cannot cancel"):  # ended: not cancellable
+        await on_b.responses.cancel(created.id)
