@@ -29,7 +29,7 @@ ORPHAN_AFTER_S = 2.0
 SLOW = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 4000, "tick_ms": 1}  # ~100 s unless stopped
 
 
-@pytest.fixture(scope="module", params=["redis"])
+@pytest.fixture(scope="module", params=["redis", "postgres"])
 def pair(request, tmp_path_factory):
     kind = request.param
     why = pg_reachable() if kind == "postgres" else redis_reachable()

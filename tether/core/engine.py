@@ -357,8 +357,8 @@ class Engine:
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
-        if run.mirror is not None:  # other replicas see it queued at once
-            run.mirror.touch()
+        if run.mirror is not None:  # any replica knows it once this answers
+            await run.mirror.publish_now()
         self.runs.count("background")
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
         self._background_tasks.add(task)

@@ -53,11 +53,13 @@ class RunMirror:
         if self._task is None:
             self._task = self.shared.spawn(self._flush())
 
-    def touch(self) -> None:
-        """Publish the run's state without new events (a queued background run)."""
+    async def publish_now(self) -> None:
+        """Publish the run's state (without new events: a queued background run) and wait until
+        it has landed, so any replica knows the run once its creator answers."""
         self._dirty = True
         if self._task is None:
             self._task = self.shared.spawn(self._flush())
+        await asyncio.shield(self._task)
 
     async def _flush(self) -> None:
         run, bus = self.run, self.shared.bus

@@ -114,6 +114,10 @@ def run_bus_for(store: Store, *, orphan_after_s: float, max_events: int, retenti
         from .redis_runs import RedisRunBus
 
         return RedisRunBus(store, **options)
+    if module == "tether.store.postgres":
+        from .postgres_runs import PostgresRunBus
+
+        return PostgresRunBus(store, **options)
     return None
 
 
