@@ -5,7 +5,8 @@ Real parts only: two `tether serve` subprocesses (ports 0) sharing a store priva
 (a PostgreSQL schema / a Redis key prefix), driven with the official openai SDK. A background
 response created on A is retrieved, resumed from a sequence number and cancelled on B; then
 `kill -9` of the replica running a response: the other replica's subscriber gets `failed`
-(`run_orphaned`) within `run_orphan_after_s` and a poll interval.
+(`run_orphaned`) within `run_orphan_after_s` and a poll interval, and a background response
+still queued there is taken over by the other replica and completes.
 
 Needs PostgreSQL (TETHER_TEST_PG_URL) and Redis (TETHER_TEST_REDIS_URL); a missing one skips
 with the reason (fails under TETHER_TEST_REQUIRE_SERVERS=1).
@@ -38,7 +39,7 @@ def pair(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp(f"shared-runs-{kind}")
     with scratch_store(kind, workdir) as url:
         cfg = write_config(workdir / "tether.toml", url, sim=SLOW)
-        args = ["--set", f"limits.run_orphan_after_s={ORPHAN_AFTER_S}"]
+        args = ["--set", f"limits.run_orphan_after_s={ORPHAN_AFTER_S}", "--set", "limits.max_background_running=1"]
         a = ServerProcess(cfg, workdir, name="replica-a", args=args)
         b = ServerProcess(cfg, workdir, name="replica-b", args=args)
         try:
@@ -48,6 +49,13 @@ def pair(request, tmp_path_factory):
         finally:
             for r in (a, b):
                 r.stop(timeout=15)
+
+
+def _ensure_up(replica: ServerProcess) -> None:
+    """Restart a replica an earlier test killed (on the ports it had: ready when /readyz says so)."""
+    if replica.proc is None or replica.proc.poll() is not None:
+        replica.start()
+        replica.wait_ready()
 
 
 def _client(replica: ServerProcess) -> AsyncOpenAI:
@@ -100,8 +108,7 @@ async def test_a_run_on_one_replica_is_retrieved_resumed_and_cancelled_on_anothe
 
 async def test_a_killed_replica_s_run_fails_for_the_other_replica_s_subscriber(pair) -> None:
     a, b = pair
-    if a.proc is None or a.proc.poll() is not None:
-        a.start()
+    _ensure_up(a)
     on_a, on_b = _client(a), _client(b)
     created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
     await _until_in_progress(on_b, created.id)
@@ -127,3 +134,29 @@ async def test_a_killed_replica_s_run_fails_for_the_other_replica_s_subscriber(p
     assert retrieved.status == "failed" and retrieved.error.code == "server_error"
     with pytest.raises(Exception, match="400|cannot cancel|Cannot cancel"):  # ended: not cancellable
         await on_b.responses.cancel(created.id)
+
+
+async def test_a_queued_run_of_a_killed_replica_is_taken_over_and_completes(pair) -> None:
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    busy = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    await _until_in_progress(on_b, busy.id)  # A's one background slot (max_background_running=1)
+    waiting = await on_a.responses.create(model=MODEL, input="a short one", background=True, max_output_tokens=16)
+    assert (await on_b.responses.retrieve(waiting.id)).status == "queued"
+    a.kill()
+    killed_at = time.monotonic()
+    while (status := (await on_b.responses.retrieve(waiting.id)).status) in ("queued", "in_progress"):
+        assert time.monotonic() - killed_at < ORPHAN_AFTER_S + 10, f"still {status}"
+        await asyncio.sleep(0.1)
+    took = time.monotonic() - killed_at
+    done = await on_b.responses.retrieve(waiting.id)
+    assert done.status in ("completed", "incomplete"), done
+    assert done.output_text  # generated on B
+    assert took < ORPHAN_AFTER_S + 6, f"taken over and done after {took:.2f} s"
+    replay = await on_b.responses.retrieve(waiting.id, stream=True)
+    events = [event async for event in replay]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    orphaned = await on_b.responses.retrieve(busy.id)  # the run in progress on A: failed, not rerun
+    assert orphaned.status == "failed" and orphaned.error.code == "server_error"

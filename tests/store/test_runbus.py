@@ -201,3 +201,25 @@ async def test_a_run_publishes_one_write_per_batch_of_numbered_events(replicas: 
     events = [events_pb2.ServerEvent.FromString(e) for _, e in await b.read(T, "resp_1", -1, 0)]
     assert [e.sequence_number for e in events] == list(range(22))
     assert "".join(e.output_text_delta.delta for e in events[1:21]) == "".join(f"t{n} " for n in range(20))
+
+
+async def test_a_queued_run_of_a_silent_replica_is_claimed_by_one_replica_once(replicas: Replicas) -> None:
+    dead = await replicas.bus(start=False)  # never heartbeats
+    alive = await replicas.bus()
+    b, c = await replicas.bus(), await replicas.bus()
+    params = b"serialized-params"
+    await dead.publish(T, "resp_q", [], state="queued", response=_response("queued", "resp_q"), next_seq=0,
+                       params=params)  # fmt: skip
+    await alive.publish(T, "resp_kept", [], state="queued", response=_response("queued", "resp_kept"), next_seq=0,
+                        params=params)  # fmt: skip
+    assert await b.claim(0) == []
+    first, second = await asyncio.gather(b.claim(8), c.claim(8))
+    claimed = first + second
+    assert [(x.tenant, x.run_id, x.params) for x in claimed] == [(T, "resp_q", params)]  # once; not resp_kept
+    assert response_pb2.Response.FromString(claimed[0].response).status == "queued"
+    winner = b if first else c
+    info = await alive.info(T, "resp_q")
+    assert info is not None and info.owner == winner.replica and info.owner_alive and info.state == "queued"
+    shared = SharedRuns(alive, orphan_after_s=5.0)
+    assert (await shared.info(T, "resp_q")).state == "queued"  # queued: taken over, never orphaned
+    assert await b.claim(8) == [] and await c.claim(8) == []

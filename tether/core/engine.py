@@ -92,6 +92,7 @@ class Engine:
             self.runs.attach = self.shared.attach
         self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
         self._background_tasks: set[asyncio.Task] = set()
+        self._takeover: asyncio.Task | None = None
         self.services = TurnServices(
             config=config,
             router=self.router,
@@ -115,9 +116,36 @@ class Engine:
         self._stopping = False
 
     async def start(self) -> None:
-        """Start what runs beside the sessions: the shared runs' heartbeat and cancel listener."""
+        """Start what runs beside the sessions: the shared runs' heartbeat, cancel listener and
+        takeover of queued background runs whose replica died."""
         if self.shared is not None:
             await self.shared.bus.start(self._cancel_asked)
+            self._takeover = asyncio.create_task(self._take_over(), name="tether-run-takeover")
+
+    async def _take_over(self) -> None:
+        """Every poll interval, while this replica has free background slots: take over queued
+        background runs of replicas that stopped heartbeating, and run them here."""
+        assert self.shared is not None
+        limits = self.config.limits
+        while not self._stopping:
+            await asyncio.sleep(self.shared.poll_s)
+            queued, running = self.runs.background_counts()
+            free = min(limits.max_background_running - running - queued,
+                       limits.max_background_per_process - self.runs.background_total)  # fmt: skip
+            if free <= 0 or self._stopping:
+                continue
+            try:
+                claimed = await self.shared.bus.claim(free)
+            except Exception as exc:  # noqa: BLE001 - the store is away: try again next time
+                log.warning("taking over queued runs failed: %s", exc)
+                continue
+            for c in claimed:
+                response = response_pb2.Response.FromString(c.response)
+                response.id, response.status = c.run_id, "queued"
+                run = self.runs.reserve(c.tenant, response)
+                self.runs.count("taken_over")
+                log.info("took over queued response %s", c.run_id)
+                self._spawn_background(c.tenant, request_pb2.ResponseCreateParams.FromString(c.params), run)
 
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
@@ -126,6 +154,8 @@ class Engine:
         """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
         self._stopping = True
         reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
+        if self._takeover is not None:
+            self._takeover.cancel()
         for task in list(self._background_tasks):  # queued ones; the running ones end with their sessions
             task.cancel()
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
@@ -357,13 +387,17 @@ class Engine:
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
-        if run.mirror is not None:  # any replica knows it once this answers
+        if run.mirror is not None:  # any replica knows it once this answers, and can take it over
+            run.mirror.params = params.SerializeToString()
             await run.mirror.publish_now()
         self.runs.count("background")
+        self._spawn_background(tenant, params, run)
+        return run.snapshot()
+
+    def _spawn_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
-        return run.snapshot()
 
     async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         try:

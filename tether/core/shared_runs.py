@@ -9,10 +9,12 @@ then answer for a run another one runs (`SharedRuns`): retrieve (`snapshot`), re
 and cancel (`cancel`: a signal the owner acts on, then the run as it ends).
 
 The local registry (`tether.core.run.Runs`) stays the fast path: a replica asks the bus only for
-runs it does not hold. Orphans: every replica heartbeats through the bus; a run not final whose
-owner stopped heartbeating for `run_orphan_after_s` is ended `failed` with code `run_orphaned`
-by whichever replica looks at it (a retrieve, a cancel, or a follower waiting for events), with
-a terminal event that every follower receives.
+runs it does not hold. Orphans: every replica heartbeats through the bus; a run in progress
+whose owner stopped heartbeating for `run_orphan_after_s` is ended `failed` with code
+`run_orphaned` by whichever replica looks at it (a retrieve, a cancel, or a follower waiting for
+events), with a terminal event that every follower receives. A queued background run whose
+owner stopped is taken over (`RunBus.claim`) by a replica with a free background slot, and runs
+there (`Engine`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RunMirror:
     """Publishes one run's events to the bus as they are numbered (`ResponseRun.stamp` calls
     `push`), batched: one write per outbox batch, never two in flight for one run (order)."""
 
-    __slots__ = ("shared", "run", "_pending", "_dirty", "_task")
+    __slots__ = ("shared", "run", "params", "_pending", "_dirty", "_task")
 
     def __init__(self, shared: SharedRuns, run: ResponseRun) -> None:
         self.shared = shared
@@ -45,6 +47,7 @@ class RunMirror:
         self._pending: list[Any] = []
         self._dirty = True  # the Response changed since the last write (the first write carries it)
         self._task: asyncio.Task | None = None
+        self.params: bytes | None = None  # a queued background run's create params, sent once (takeover)
 
     def push(self, entry: Any, arm: str | None) -> None:
         self._pending.append(entry)
@@ -70,10 +73,12 @@ class RunMirror:
                     (e.sequence_number, (e.to_event() if type(e) is Delta else e).SerializeToString()) for e in entries
                 ]
                 response = run.snapshot().SerializeToString() if self._dirty else None
+                params, self.params = self.params, None
                 self._dirty = False
                 try:
                     await bus.publish(run.tenant, run.id, events, state=run.state.value, response=response,
-                                      next_seq=run.next_seq if not entries else entries[-1].sequence_number + 1)  # fmt: skip
+                                      next_seq=run.next_seq if not entries else entries[-1].sequence_number + 1,
+                                      params=params)  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - the local run goes on; other replicas lag
                     log.warning("publishing run %s to the store failed: %s", run.id, exc)
                 if not self._pending and not self._dirty:
@@ -109,9 +114,10 @@ class SharedRuns:
     # -- reading another replica's run -----------------------------------------------------
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
-        """The run as the store has it; a run whose owner died is ended `run_orphaned` first."""
+        """The run as the store has it; a run in progress whose owner died is ended `run_orphaned`
+        first (a queued one waits to be taken over by a replica with capacity, `Engine`)."""
         info = await self.bus.info(tenant, run_id)
-        if info is not None and info.state not in FINAL_STATES and not info.owner_alive:
+        if info is not None and info.state not in FINAL_STATES and info.state != "queued" and not info.owner_alive:
             await self._fail_orphan(tenant, run_id, info)
             info = await self.bus.info(tenant, run_id)
         return info

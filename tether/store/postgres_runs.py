@@ -2,8 +2,10 @@
 
 Tables (`migrations/postgres/0004_runs.sql`):
 
-* `runs(tenant, id, owner, state, response, next_seq, expires_at)`: a run's state and its
-  Response as it stands.
+* `runs(tenant, id, owner, state, response, next_seq, expires_at, params)`: a run's state and
+  its Response as it stands; `params`, for a queued background run, lets a replica with
+  capacity take it over when its owner's heartbeat is gone (`claim`: `FOR UPDATE SKIP LOCKED`,
+  so one replica gets it).
 * `run_events(tenant, run_id, seq, event)`: its serialized events by sequence number; at most
   `replay_max_events` of them (older ones are deleted as it passes multiples of 256 beyond).
 * `run_replicas(id, seen_at)`: each replica's heartbeat, written every third of
@@ -30,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from .runbus import RunInfo
+from .runbus import Claimed, RunInfo
 
 log = logging.getLogger("tether.store.postgres_runs")
 
@@ -39,11 +41,11 @@ _TRIM_EVERY = 256
 
 _PUBLISH = f"""
 WITH up AS (
-  INSERT INTO runs AS r (tenant, id, owner, state, response, next_seq, expires_at)
-  VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+  INSERT INTO runs AS r (tenant, id, owner, state, response, next_seq, expires_at, params)
+  VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $14)
   ON CONFLICT (tenant, id) DO UPDATE SET
     owner = excluded.owner, state = excluded.state, response = coalesce(excluded.response, r.response),
-    next_seq = excluded.next_seq, expires_at = excluded.expires_at
+    next_seq = excluded.next_seq, expires_at = excluded.expires_at, params = coalesce(excluded.params, r.params)
   WHERE r.state NOT IN {_FINAL}
   RETURNING 1),
 ev AS (
@@ -73,6 +75,19 @@ ev AS (
   ON CONFLICT DO NOTHING
   RETURNING 1)
 SELECT pg_notify($7, $8) FROM up
+"""
+
+_CLAIM = """
+UPDATE runs SET owner = $1
+ WHERE (tenant, id) IN (
+   SELECT r.tenant, r.id FROM runs r
+    WHERE r.state = 'queued' AND r.params IS NOT NULL AND r.expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM run_replicas p
+                       WHERE p.id = r.owner AND p.seen_at > now() - make_interval(secs => $3))
+    ORDER BY r.expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+RETURNING tenant, id, params, response
 """
 
 _SWEEP = """
@@ -159,7 +174,7 @@ class PostgresRunBus:
     # -- the bus -----------------------------------------------------------------------------
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
         final = state in ("completed", "incomplete", "failed", "cancelled")
         start = events[0][0] if events else next_seq
         trim = next_seq > self.max_events and (next_seq // _TRIM_EVERY) != (start // _TRIM_EVERY)
@@ -167,8 +182,14 @@ class PostgresRunBus:
             _PUBLISH, tenant, run_id, self.replica, state, response, next_seq,
             self.retention_s if final else self.live_ttl_s,
             [s for s, _ in events], [e for _, e in events], trim, self.max_events,
-            self.channel, f"e{tenant}\x1f{run_id}",
+            self.channel, f"e{tenant}\x1f{run_id}", params,
         )  # fmt: skip
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        if limit <= 0:
+            return []
+        rows = await self._pool.fetch(_CLAIM, self.replica, limit, self.orphan_after_s)
+        return [Claimed(tenant, run_id, bytes(params), bytes(response or b"")) for tenant, run_id, params, response in rows]
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
         row = await self._pool.fetchrow(_INFO, tenant, run_id, self.orphan_after_s)

@@ -11,6 +11,10 @@ Keys (T: the tenant's hash tag, as the store's other keys of that tenant):
   third of it; gone means the replica stopped.
 * channel `P:{runs}:cancel`: cancels, `[tenant, run id]` as JSON; every replica listens and the
   owner acts.
+* `P:{runs}:queued`: a sorted set of the hash keys of queued background runs (their hash holds
+  `params`, `t` and `id` besides): a replica with capacity takes over one whose owner's
+  heartbeat is gone (`claim`, a Lua script: one replica gets it); entries no longer queued are
+  dropped as it scans.
 
 Both keys of a run expire `replay_retention_s` after it ends, and at the latest
 `live_ttl_s` after its last event while it runs (a run whose every replica died is gone then).
@@ -25,30 +29,52 @@ import contextlib
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from .runbus import RunInfo
+from .runbus import Claimed, RunInfo
 
 log = logging.getLogger("tether.store.redis_runs")
 
 _FINAL_LUA = "local final = {completed = true, incomplete = true, failed = true, cancelled = true}\n"
 
-# KEYS: hash, stream; ARGV: owner, state, response ('' keeps it), next, maxlen, ttl, then
-# (seq, event) pairs. -> 1 written | 0 the run is already final
+# KEYS: hash, stream, queued index; ARGV: owner, state, response ('' keeps it), next, maxlen,
+# ttl, params ('' none), score, then (seq, event) pairs. -> 1 written | 0 the run is already final
 _PUBLISH_LUA = _FINAL_LUA + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if st and final[st] then return 0 end
-for i = 7, #ARGV, 2 do
+for i = 9, #ARGV, 2 do
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '0-' .. (tonumber(ARGV[i]) + 1), 'e', ARGV[i + 1])
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', ARGV[2], 'next', ARGV[4])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'resp', ARGV[3]) end
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'params', ARGV[7])
+  redis.call('ZADD', KEYS[3], ARGV[8], KEYS[1])
+end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-if #ARGV >= 7 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
+if #ARGV >= 9 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
 return 1
+"""
+
+# KEYS: queued index; ARGV: replica key prefix, this replica, limit, scan.
+# -> {tenant, id, params, response, ...} of the runs taken over
+_CLAIM_LUA = """
+local out, taken = {}, 0
+for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
+  local r = redis.call('HMGET', key, 'state', 'owner', 'params', 'resp', 't', 'id')
+  if r[1] ~= 'queued' or not r[3] then
+    redis.call('ZREM', KEYS[1], key)
+  elseif taken < tonumber(ARGV[3]) and redis.call('EXISTS', ARGV[1] .. (r[2] or '')) == 0 then
+    redis.call('HSET', key, 'owner', ARGV[2])
+    taken = taken + 1
+    out[#out + 1] = r[5]; out[#out + 1] = r[6]; out[#out + 1] = r[3]; out[#out + 1] = r[4] or ''
+  end
+end
+return out
 """
 
 # KEYS: hash; ARGV: replica key prefix. -> false | {owner, state, resp, next, alive}
@@ -83,11 +109,13 @@ class RedisRunBus:
         prefix = store.prefix
         self.replica_prefix = f"{prefix}:{{runs}}:replica:"
         self.channel = f"{prefix}:{{runs}}:cancel"
+        self.queued_key = f"{prefix}:{{runs}}:queued"  # a sorted set of queued runs' hash keys
         client: aioredis.Redis = store.client
         self._client = client
         self._publish = client.register_script(_PUBLISH_LUA)
         self._info = client.register_script(_INFO_LUA)
         self._orphan = client.register_script(_ORPHAN_LUA)
+        self._claim = client.register_script(_CLAIM_LUA)
         self._tasks: list[asyncio.Task] = []
         self._pubsub: Any = None
 
@@ -146,12 +174,24 @@ class RedisRunBus:
             on_cancel(tenant, run_id)
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
         ttl = self.retention_s if state in ("completed", "incomplete", "failed", "cancelled") else self.live_ttl_s
-        args: list[Any] = [self.replica, state, response or b"", next_seq, self.max_events, ttl]
+        keys = [*self._keys(tenant, run_id), self.queued_key]
+        if params:  # the run's tenant and id, for a replica that takes it over
+            await self._client.hset(keys[0], mapping={"t": tenant, "id": run_id})
+        args: list[Any] = [self.replica, state, response or b"", next_seq, self.max_events, ttl, params or b"",
+                           time.time()]  # fmt: skip
         for seq, data in events:
             args += [seq, data]
-        await self._publish(keys=self._keys(tenant, run_id), args=args, client=self._client)
+        await self._publish(keys=keys, args=args, client=self._client)
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        if limit <= 0:
+            return []
+        res = await self._claim(keys=[self.queued_key], args=[self.replica_prefix, self.replica, limit, 64],
+                                client=self._client)  # fmt: skip
+        return [Claimed(res[i].decode(), res[i + 1].decode(), bytes(res[i + 2]), bytes(res[i + 3]))
+                for i in range(0, len(res), 4)]  # fmt: skip
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
         res = await self._info(keys=self._keys(tenant, run_id)[:1], args=[self.replica_prefix], client=self._client)

@@ -37,6 +37,16 @@ class RunInfo:
     owner_alive: bool  # the owner heartbeated within `run_orphan_after_s`
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A queued run taken over from a dead replica (`RunBus.claim`)."""
+
+    tenant: str
+    run_id: str
+    params: bytes  # serialized ResponseCreateParams
+    response: bytes  # serialized Response (queued)
+
+
 class RunBus(Protocol):
     """A run's shared side on one store engine (see the module docstring)."""
 
@@ -50,10 +60,17 @@ class RunBus(Protocol):
     async def close(self) -> None: ...
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
         """Append `events` ((sequence number, serialized ServerEvent), in order) to the run's log
         and set its state (and Response, when given), in one write; create the run when new. A
-        final state starts the log's retention. Nothing changes a run already final."""
+        final state starts the log's retention. Nothing changes a run already final. `params`
+        (a queued background run's serialized ResponseCreateParams) lets another replica take
+        the run over (`claim`) when this one dies before running it."""
+        ...
+
+    async def claim(self, limit: int) -> list[Claimed]:
+        """Take over at most `limit` queued runs whose owner stopped heartbeating: each becomes
+        this replica's, atomically (one replica gets it), with what it needs to run."""
         ...
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:

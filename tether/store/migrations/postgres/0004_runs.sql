@@ -8,9 +8,11 @@ CREATE TABLE runs (
     response   bytea,
     next_seq   bigint      NOT NULL DEFAULT 0,
     expires_at timestamptz NOT NULL,
+    params     bytea,                 -- a queued background run's ResponseCreateParams (takeover)
     PRIMARY KEY (tenant, id)
 );
 CREATE INDEX runs_expires_at ON runs (expires_at);
+CREATE INDEX runs_queued ON runs (expires_at) WHERE state = 'queued';
 
 CREATE TABLE run_events (
     tenant text   NOT NULL,
