@@ -160,3 +160,20 @@ async def test_a_queued_run_of_a_killed_replica_is_taken_over_and_completes(pair
     assert events[-1].type in ("response.completed", "response.incomplete")
     orphaned = await on_b.responses.retrieve(busy.id)  # the run in progress on A: failed, not rerun
     assert orphaned.status == "failed" and orphaned.error.code == "server_error"
+
+
+async def test_a_replica_that_stops_hands_its_queued_runs_over(pair) -> None:
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    busy = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    await _until_in_progress(on_b, busy.id)
+    waiting = await on_a.responses.create(model=MODEL, input="a short one", background=True, max_output_tokens=16)
+    assert a.terminate(timeout=30) == 0  # SIGTERM: a rolling restart
+    deadline = time.monotonic() + 15
+    while (status := (await on_b.responses.retrieve(waiting.id)).status) in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, f"still {status}"
+        await asyncio.sleep(0.1)
+    assert status in ("completed", "incomplete") and (await on_b.responses.retrieve(waiting.id)).output_text
+    stopped = await on_b.responses.retrieve(busy.id)  # the one running on A was cut by its shutdown
+    assert stopped.status == "failed", stopped

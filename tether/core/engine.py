@@ -414,6 +414,8 @@ class Engine:
                     await session.close()
                     await drain
         except asyncio.CancelledError:
+            if run.control is None and run.mirror is not None and not run.state.final:
+                raise  # still queued, shared: another replica takes it over once this one has stopped
             run.close(TetherError(errors.SERVER_SHUTTING_DOWN, "The server shut down before the response ran."))
             raise
         except TetherError as exc:
