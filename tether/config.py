@@ -314,6 +314,8 @@ def validate(cfg: TetherConfig) -> None:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:
         raise ValueError("limits.max_turn_s must be > 0")
+    if not limits.run_orphan_after_s > 0:
+        raise ValueError("limits.run_orphan_after_s must be > 0 (replicas heartbeat every third of it)")
     if limits.on_client_gone not in ("finish", "cancel"):
         raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
 

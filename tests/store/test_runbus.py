@@ -223,3 +223,21 @@ async def test_a_queued_run_of_a_silent_replica_is_claimed_by_one_replica_once(r
     shared = SharedRuns(alive, orphan_after_s=5.0)
     assert (await shared.info(T, "resp_q")).state == "queued"  # queued: taken over, never orphaned
     assert await b.claim(8) == [] and await c.claim(8) == []
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_run_orphan_after_s_must_be_positive(value: float) -> None:
+    from tether.config import from_dict
+
+    assert from_dict({"limits": {"run_orphan_after_s": 0.1}}).limits.run_orphan_after_s == 0.1
+    with pytest.raises(ValueError, match="limits.run_orphan_after_s"):
+        from_dict({"limits": {"run_orphan_after_s": value}})
+
+
+async def test_memory_and_sqlite_stores_keep_runs_in_one_process(tmp_path: Any) -> None:
+    from tether.store.memory import MemoryStore
+    from tether.store.sqlite import SqliteStore
+
+    options = {"orphan_after_s": 5.0, "max_events": 10, "retention_s": 1.0, "live_ttl_s": 1.0}
+    assert run_bus_for(MemoryStore(), **options) is None
+    assert run_bus_for(SqliteStore(str(tmp_path / "x.db")), **options) is None
