@@ -15,8 +15,10 @@ with the reason (fails under TETHER_TEST_REQUIRE_SERVERS=1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 
@@ -177,3 +179,37 @@ async def test_a_replica_that_stops_hands_its_queued_runs_over(pair) -> None:
     assert status in ("completed", "incomplete") and (await on_b.responses.retrieve(waiting.id)).output_text
     stopped = await on_b.responses.retrieve(busy.id)  # the one running on A was cut by its shutdown
     assert stopped.status == "failed", stopped
+
+
+async def test_a_websocket_turn_on_one_replica_is_resumed_and_cancelled_on_another(pair) -> None:
+    a, b = pair
+    _ensure_up(a)
+    on_b = _client(b)
+    async with _client(a).responses.connect() as conn:
+        await conn.response.create(model=MODEL, input="write a long story", store=True)
+        seen = []
+        async for event in conn:
+            seen.append(event)
+            if sum(e.type == "response.output_text.delta" for e in seen) == 5:
+                break
+        response_id = next(e.response.id for e in seen if e.type == "response.created")
+        for _ in range(100):  # published after each batch leaves A: visible on B within moments
+            with contextlib.suppress(openai.NotFoundError):
+                if (await on_b.responses.retrieve(response_id)).status == "in_progress":
+                    break
+            await asyncio.sleep(0.02)
+        stream = await on_b.responses.retrieve(response_id, stream=True, starting_after=1)
+        from_b = []
+        async for event in stream:
+            from_b.append(event)
+            if len(from_b) == len(seen) - 2:
+                break
+        await stream.close()
+        assert [(e.sequence_number, e.type) for e in from_b] == [(e.sequence_number, e.type) for e in seen[2:]]
+
+        cancelled = await on_b.responses.cancel(response_id)
+        assert cancelled.status == "cancelled"
+        async for event in conn:  # the WebSocket client on A sees its response end, cancelled
+            if event.type in ("response.completed", "response.incomplete", "response.failed"):
+                assert event.type == "response.incomplete" and event.response.status == "cancelled"
+                break
