@@ -213,3 +213,14 @@ async def test_a_websocket_turn_on_one_replica_is_resumed_and_cancelled_on_anoth
             if event.type in ("response.completed", "response.incomplete", "response.failed"):
                 assert event.type == "response.incomplete" and event.response.status == "cancelled"
                 break
+
+
+async def test_a_continuation_on_one_replica_waits_for_its_parent_running_on_another(pair) -> None:
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    parent = await on_a.responses.create(model=MODEL, input="a short one", background=True, max_output_tokens=40)
+    child = await on_b.responses.create(model=MODEL, input="go on", previous_response_id=parent.id,
+                                        max_output_tokens=5)  # fmt: skip
+    assert child.status in ("completed", "incomplete") and child.previous_response_id == parent.id
+    assert (await on_b.responses.retrieve(parent.id)).status in ("completed", "incomplete")

@@ -44,7 +44,7 @@ from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
-from tether.store.runbus import RunBus
+from tether.store.runbus import FINAL_STATES, RunBus
 
 log = logging.getLogger("tether.engine")
 
@@ -53,6 +53,9 @@ SUMMARY_INSTRUCTIONS = (
     "facts learned, tool results that still matter, and what remains to do. Be concise and complete."
 )
 _MAX_KEPT_ITEMS = 32
+# A response another replica ran has ended: how long a continuation waits for its store write
+# (written after its terminal event with store_durability = "overlap").
+_STORE_WRITE_WAIT_S = 5.0
 
 
 class Engine:
@@ -229,14 +232,11 @@ class Engine:
                 async with asyncio.timeout(wait_s):
                     await run.wait_settled()
             except TimeoutError:
-                raise TetherError(
-                    errors.PREVIOUS_RESPONSE_IN_PROGRESS,
-                    f"Previous response '{response_id}' is still in progress after {wait_s:g} s; "
-                    "continue it once it has ended.",
-                    param="previous_response_id",
-                ) from None
+                raise _still_in_progress(response_id, wait_s) from None
         await self.post.wait_durable(tenant, response_id)
         hydrated = await self.store.load_context(tenant, response_id)
+        if hydrated is None and self.shared is not None:  # in flight on another replica?
+            hydrated = await self._hydrate_shared(tenant, response_id)
         self.telemetry.hydration(hydrated is not None)
         if hydrated is None:
             return None
@@ -252,6 +252,33 @@ class Engine:
             nbytes=input_node.nbytes + context.nbytes,
             replica=hydrated.replica,
         )
+
+    async def _hydrate_shared(self, tenant: str, response_id: str) -> Hydrated | None:
+        """A response another replica runs: wait for it to end (at most `continuation_wait_s`,
+        else 400 `previous_response_in_progress`) and for its store write (at most
+        `_STORE_WRITE_WAIT_S` more), then load it; None when the store has no such run."""
+        assert self.shared is not None
+        info = await self.shared.info(tenant, response_id)
+        if info is None:
+            return None
+        wait_s = self.config.limits.continuation_wait_s
+        loop = asyncio.get_running_loop()
+        deadline, ended_by, delay = loop.time() + wait_s, None, 0.01
+        while True:
+            final = info is None or info.state in FINAL_STATES
+            if final:
+                hydrated = await self.store.load_context(tenant, response_id)
+                if hydrated is not None:
+                    return hydrated
+                ended_by = ended_by or min(deadline, loop.time() + _STORE_WRITE_WAIT_S)
+                if loop.time() >= ended_by:
+                    return None
+            elif loop.time() >= deadline:
+                raise _still_in_progress(response_id, wait_s)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.shared.poll_s)
+            if not final:
+                info = await self.shared.info(tenant, response_id)
 
     async def summarize(
         self,
@@ -638,6 +665,14 @@ def _not_cancellable(response: response_pb2.Response) -> TetherError:
         errors.INVALID_REQUEST,
         f"Cannot cancel response '{response.id}': it has already ended (status '{response.status}').",
         param="response_id",
+    )
+
+
+def _still_in_progress(response_id: str, wait_s: float) -> TetherError:
+    return TetherError(
+        errors.PREVIOUS_RESPONSE_IN_PROGRESS,
+        f"Previous response '{response_id}' is still in progress after {wait_s:g} s; continue it once it has ended.",
+        param="previous_response_id",
     )
 
 
