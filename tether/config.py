@@ -89,6 +89,10 @@ class Limits:
     max_background_per_key: int = 64
     max_background_per_process: int = 1024
     max_background_running: int = 64
+    # Replicas sharing a Redis or PostgreSQL store (docs/background.md "Many replicas"): each
+    # heartbeats every third of this; a response in flight on a replica silent this long is
+    # marked failed (`run_orphaned`) by whichever replica is asked about it.
+    run_orphan_after_s: float = 15.0
     # Per API key.
     max_connections_per_key: int = 1000
     requests_per_minute: int = 0  # 0 = unlimited
@@ -312,6 +316,8 @@ def validate(cfg: TetherConfig) -> None:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:
         raise ValueError("limits.max_turn_s must be > 0")
+    if not limits.run_orphan_after_s > 0:
+        raise ValueError("limits.run_orphan_after_s must be > 0 (replicas heartbeat every third of it)")
     if limits.on_client_gone not in ("finish", "cancel"):
         raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
     if limits.max_logprobs < 1:

@@ -85,6 +85,7 @@ INVALID_API_KEY = "invalid_api_key"
 PERMISSION_DENIED = "permission_denied"
 SERVER_ERROR = "server_error"
 SERVER_SHUTTING_DOWN = "server_shutting_down"
+RUN_ORPHANED = "run_orphaned"
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 BACKEND_ERROR = "backend_error"
 BACKEND_TIMEOUT = "backend_timeout"
@@ -169,6 +170,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     PERMISSION_DENIED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "the console's server view without an admin key"),
     SERVER_ERROR: ErrorKind(500, "INTERNAL", _SERVER, _SERVER_SIDE, "a bug: anything unexpected (logged; no traceback leaks)"),
     SERVER_SHUTTING_DOWN: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "SIGTERM: the server takes no new work"),
+    RUN_ORPHANED: ErrorKind(500, "INTERNAL", _SERVER, _SERVER_SIDE, "the replica running a response stopped heartbeating for run_orphan_after_s (Redis/PostgreSQL store)"),
     UPSTREAM_UNAVAILABLE: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "a standalone bridge's upstream Tether went away"),
     BACKEND_ERROR: ErrorKind(502, "INTERNAL", _SERVER, _SERVER_SIDE, "the model backend failed (after its retries)"),
     BACKEND_TIMEOUT: ErrorKind(504, "DEADLINE_EXCEEDED", _SERVER, _SERVER_SIDE, "the model backend did not answer in time"),

@@ -36,6 +36,7 @@ from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
 from tether.startup import check_tls, open_configured_store
+from tether.store.factory import run_bus_for
 
 if TYPE_CHECKING:
     from tether.bridge.listener import BridgeServer
@@ -54,7 +55,12 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
         for name, spec in config.backends.items()
     }
-    engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock)
+    limits = config.limits
+    bus = run_bus_for(store, orphan_after_s=limits.run_orphan_after_s, max_events=limits.replay_max_events,
+                      retention_s=limits.replay_retention_s,
+                      live_ttl_s=2 * limits.max_turn_s + limits.replay_retention_s)  # fmt: skip
+    engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock, bus=bus)
+    await engine.start()
     telemetry.watch_background(engine.runs.background_counts)
     render.encode("warm up the tokenizer")  # load the vocabulary now, not on the first turn
     for name, backend in backends.items():

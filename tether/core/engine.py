@@ -31,8 +31,9 @@ from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
-from tether.core.run import ReplayGap, ResponseRun, Runs, RunState
+from tether.core.run import ReplayGap, ResponseRun, Runs
 from tether.core.session import Session
+from tether.core.shared_runs import SharedRuns, not_retained
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
@@ -43,6 +44,7 @@ from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
+from tether.store.runbus import FINAL_STATES, RunBus
 
 log = logging.getLogger("tether.engine")
 
@@ -51,11 +53,17 @@ SUMMARY_INSTRUCTIONS = (
     "facts learned, tool results that still matter, and what remains to do. Be concise and complete."
 )
 _MAX_KEPT_ITEMS = 32
+# A response another replica ran has ended: how long a continuation waits for its store write
+# (written after its terminal event with store_durability = "overlap").
+_STORE_WRITE_WAIT_S = 5.0
 
 
 class Engine:
     def __init__(self, config: TetherConfig, store: Store, backends: dict[str, Backend], *, telemetry: Telemetry,
-                 strategy: TurnStrategy = STANDARD_TURNS, clock: Clock = SYSTEM_CLOCK) -> None:  # fmt: skip
+                 strategy: TurnStrategy = STANDARD_TURNS, clock: Clock = SYSTEM_CLOCK,
+                 bus: RunBus | None = None) -> None:  # fmt: skip
+        """`bus`: the store engine's shared side of runs (Redis, PostgreSQL), for replicas that
+        answer for each other's runs (`tether.core.shared_runs`); None keeps runs in this process."""
         self.config = config
         self.store = store
         self.backends = backends
@@ -81,8 +89,13 @@ class Engine:
             clock=clock.monotonic,
             on_event=telemetry.run_event,
         )
+        self.shared: SharedRuns | None = None
+        if bus is not None:
+            self.shared = SharedRuns(bus, orphan_after_s=limits.run_orphan_after_s, on_event=self.runs.count)
+            self.runs.attach = self.shared.attach
         self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
         self._background_tasks: set[asyncio.Task] = set()
+        self._takeover: asyncio.Task | None = None
         self.services = TurnServices(
             config=config,
             router=self.router,
@@ -105,6 +118,38 @@ class Engine:
         self.sessions_closed = 0  # ever; the memory reclaimer compares it with len(sessions)
         self._stopping = False
 
+    async def start(self) -> None:
+        """Start what runs beside the sessions: the shared runs' heartbeat, cancel listener and
+        takeover of queued background runs whose replica died."""
+        if self.shared is not None:
+            await self.shared.bus.start(self._cancel_asked)
+            self._takeover = asyncio.create_task(self._take_over(), name="tether-run-takeover")
+
+    async def _take_over(self) -> None:
+        """Every poll interval, while this replica has free background slots: take over queued
+        background runs of replicas that stopped heartbeating, and run them here."""
+        assert self.shared is not None
+        limits = self.config.limits
+        while not self._stopping:
+            await asyncio.sleep(self.shared.poll_s)
+            queued, running = self.runs.background_counts()
+            free = min(limits.max_background_running - running - queued,
+                       limits.max_background_per_process - self.runs.background_total)  # fmt: skip
+            if free <= 0 or self._stopping:
+                continue
+            try:
+                claimed = await self.shared.bus.claim(free)
+            except Exception as exc:  # noqa: BLE001 - the store is away: try again next time
+                log.warning("taking over queued runs failed: %s", exc)
+                continue
+            for c in claimed:
+                response = response_pb2.Response.FromString(c.response)
+                response.id, response.status = c.run_id, "queued"
+                run = self.runs.reserve(c.tenant, response)
+                self.runs.count("taken_over")
+                log.info("took over queued response %s", c.run_id)
+                self._spawn_background(c.tenant, request_pb2.ResponseCreateParams.FromString(c.params), run)
+
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
 
@@ -112,6 +157,8 @@ class Engine:
         """Stop taking work, let active turns finish within `grace`, flush post-inference work."""
         self._stopping = True
         reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
+        if self._takeover is not None:
+            self._takeover.cancel()
         for task in list(self._background_tasks):  # queued ones; the running ones end with their sessions
             task.cancel()
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
@@ -122,6 +169,9 @@ class Engine:
         if not self._stopping:
             await self.shutdown(grace=0)
         await self.post.aclose()
+        if self.shared is not None:
+            await self.shared.drain()
+            await self.shared.bus.close()
         for backend in self.backends.values():
             await backend.aclose()
         await self.store.close()
@@ -182,14 +232,11 @@ class Engine:
                 async with asyncio.timeout(wait_s):
                     await run.wait_settled()
             except TimeoutError:
-                raise TetherError(
-                    errors.PREVIOUS_RESPONSE_IN_PROGRESS,
-                    f"Previous response '{response_id}' is still in progress after {wait_s:g} s; "
-                    "continue it once it has ended.",
-                    param="previous_response_id",
-                ) from None
+                raise _still_in_progress(response_id, wait_s) from None
         await self.post.wait_durable(tenant, response_id)
         hydrated = await self.store.load_context(tenant, response_id)
+        if hydrated is None and self.shared is not None:  # in flight on another replica?
+            hydrated = await self._hydrate_shared(tenant, response_id)
         self.telemetry.hydration(hydrated is not None)
         if hydrated is None:
             return None
@@ -205,6 +252,33 @@ class Engine:
             nbytes=input_node.nbytes + context.nbytes,
             replica=hydrated.replica,
         )
+
+    async def _hydrate_shared(self, tenant: str, response_id: str) -> Hydrated | None:
+        """A response another replica runs: wait for it to end (at most `continuation_wait_s`,
+        else 400 `previous_response_in_progress`) and for its store write (at most
+        `_STORE_WRITE_WAIT_S` more), then load it; None when the store has no such run."""
+        assert self.shared is not None
+        info = await self.shared.info(tenant, response_id)
+        if info is None:
+            return None
+        wait_s = self.config.limits.continuation_wait_s
+        loop = asyncio.get_running_loop()
+        deadline, ended_by, delay = loop.time() + wait_s, None, 0.01
+        while True:
+            final = info is None or info.state in FINAL_STATES
+            if final:
+                hydrated = await self.store.load_context(tenant, response_id)
+                if hydrated is not None:
+                    return hydrated
+                ended_by = ended_by or min(deadline, loop.time() + _STORE_WRITE_WAIT_S)
+                if loop.time() >= ended_by:
+                    return None
+            elif loop.time() >= deadline:
+                raise _still_in_progress(response_id, wait_s)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.shared.poll_s)
+            if not final:
+                info = await self.shared.info(tenant, response_id)
 
     async def summarize(
         self,
@@ -312,6 +386,8 @@ class Engine:
         if response is None:
             if run is not None:
                 return run.snapshot()
+            if self.shared is not None and (info := await self.shared.info(tenant, response_id)) is not None:
+                return self.shared.snapshot(response_id, info)  # in flight on another replica
             raise _not_found(response_id)
         return response
 
@@ -339,11 +415,17 @@ class Engine:
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
+        if run.mirror is not None:  # any replica knows it once this answers, and can take it over
+            run.mirror.params = params.SerializeToString()
+            await run.mirror.publish_now()
         self.runs.count("background")
+        self._spawn_background(tenant, params, run)
+        return run.snapshot()
+
+    def _spawn_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
         self._background_tasks.add(task)
         task.add_done_callback(self._background_tasks.discard)
-        return run.snapshot()
 
     async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         try:
@@ -360,6 +442,8 @@ class Engine:
                     await session.close()
                     await drain
         except asyncio.CancelledError:
+            if run.control is None and run.mirror is not None and not run.state.final:
+                raise  # still queued, shared: another replica takes it over once this one has stopped
             run.close(TetherError(errors.SERVER_SHUTTING_DOWN, "The server shut down before the response ran."))
             raise
         except TetherError as exc:
@@ -372,20 +456,21 @@ class Engine:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;
         again for a cancelled one (idempotent). A response that ended otherwise is a 400."""
         run = self.runs.get(tenant, response_id)
+        if run is None and self.shared is not None:  # another replica's run: its owner cancels it
+            info = await self.shared.info(tenant, response_id)
+            if info is not None:
+                if info.state not in ("queued", "in_progress"):
+                    return _cancelled_or_refused(self.shared.snapshot(response_id, info))
+                self.runs.count("cancelled")
+                info = await self.shared.cancel(tenant, response_id, self.config.limits.continuation_wait_s)
+                if info is not None:
+                    return self.shared.snapshot(response_id, info)
         if run is None:
-            response = await self.get_response(tenant, response_id)
-            if response.status != "cancelled":
-                raise _not_cancellable(response)
-            return response
+            return _cancelled_or_refused(await self.get_response(tenant, response_id))
         if run.state.final:
-            if run.state is not RunState.CANCELLED:
-                raise _not_cancellable(run.snapshot())
-            return run.snapshot()
+            return _cancelled_or_refused(run.snapshot())
         self.runs.count("cancelled")
-        if run.control is None:  # queued: it never starts
-            run.close(None)
-        else:
-            run.control.interrupt(Outcome.CANCELLED)
+        if _interrupt(run):
             try:
                 async with asyncio.timeout(self.config.limits.continuation_wait_s):
                     await run.wait_settled()
@@ -393,25 +478,31 @@ class Engine:
                 pass
         return run.snapshot()
 
+    def _cancel_asked(self, tenant: str, response_id: str) -> None:
+        """Another replica asked to cancel a run: this one acts when it runs it."""
+        run = self.runs.get(tenant, response_id)
+        if run is not None and not run.state.final:
+            _interrupt(run)
+
     async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
         """The events of a stored response numbered above `after` (all of them for -1), then the
         live ones until its terminal event. 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
         run = self.runs.get(tenant, response_id)
+        if run is None and self.shared is not None:  # another replica's run, from the shared log
+            try:
+                events = await self.shared.follow(tenant, response_id, after)
+            except ReplayGap as exc:
+                raise _gap(response_id, after, exc) from None
+            if events is not None:
+                self.runs.count("resumed")
+                return _follow(events, response_id)
         if run is None or run.log is None:
-            raise TetherError(
-                errors.REPLAY_UNAVAILABLE,
-                f"The events of response '{response_id}' are not retained on this server (a stored "
-                "response's events are kept while it runs and for a while after it ends).",
-                param="response_id",
-            )
+            raise not_retained(response_id)
         try:
             run.log.since(after)
         except ReplayGap as exc:
-            raise TetherError(
-                errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
-                param="starting_after",
-            ) from None
+            raise _gap(response_id, after, exc) from None
         self.runs.count("resumed")
         return _follow(run.follow(after), response_id)
 
@@ -546,11 +637,43 @@ async def _discard(events: AsyncIterator) -> None:
         pass
 
 
+def _interrupt(run: ResponseRun) -> bool:
+    """Cancel a run in flight: a queued one ends at once (False), a running one's turn is
+    interrupted (True: it ends as its turn does)."""
+    if run.control is None:  # queued: it never starts
+        run.close(None)
+        return False
+    run.control.interrupt(Outcome.CANCELLED)
+    return True
+
+
+def _gap(response_id: str, after: int, exc: ReplayGap) -> TetherError:
+    return TetherError(
+        errors.REPLAY_UNAVAILABLE, f"Cannot stream response '{response_id}' from {after}: {exc}.",
+        param="starting_after",
+    )
+
+
+def _cancelled_or_refused(response: response_pb2.Response) -> response_pb2.Response:
+    """A cancel of a response that has ended: answered again when it was cancelled, else 400."""
+    if response.status != "cancelled":
+        raise _not_cancellable(response)
+    return response
+
+
 def _not_cancellable(response: response_pb2.Response) -> TetherError:
     return TetherError(
         errors.INVALID_REQUEST,
         f"Cannot cancel response '{response.id}': it has already ended (status '{response.status}').",
         param="response_id",
+    )
+
+
+def _still_in_progress(response_id: str, wait_s: float) -> TetherError:
+    return TetherError(
+        errors.PREVIOUS_RESPONSE_IN_PROGRESS,
+        f"Previous response '{response_id}' is still in progress after {wait_s:g} s; continue it once it has ended.",
+        param="previous_response_id",
     )
 
 

@@ -121,7 +121,7 @@ class ResponseRun:
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
     __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq",
-                 "terminal_produced", "settled", "sink", "finished_at", "_wake", "_settled", "_on_final")  # fmt: skip
+                 "terminal_produced", "settled", "sink", "finished_at", "mirror", "_wake", "_settled", "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
                  log: ReplayLog | None = None, background: bool = False,
@@ -139,6 +139,7 @@ class ResponseRun:
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
         self.sink: Any = None  # the outbox its events leave through (`Outbox.bind`)
         self.finished_at = 0.0
+        self.mirror: Any = None  # its shared side with a Redis/PostgreSQL store (core/shared_runs.RunMirror)
         self._wake: asyncio.Future | None = None
         self._settled: asyncio.Future | None = None
         self._on_final = on_final
@@ -158,11 +159,13 @@ class ResponseRun:
         if log is not None:
             log.append(entry, entry.size if arm is None else entry.ByteSize())
         ended = False
-        if arm is not None and arm in _RESPONSE_ARMS:
+        if arm is not None and arm in RESPONSE_ARMS:
             response = getattr(entry, arm).response
             self.response = response
             ended = arm in _TERMINAL
             self._move(state_of_status(response.status) if ended else RunState.IN_PROGRESS)
+        if self.mirror is not None:
+            self.mirror.push(entry, arm)
         if self._wake is not None:
             self._wake.set_result(None)
             self._wake = None
@@ -246,7 +249,7 @@ class ResponseRun:
 
 
 _TERMINAL = TERMINAL_ARMS
-_RESPONSE_ARMS = frozenset({"created", "in_progress", "queued", *TERMINAL_ARMS})
+RESPONSE_ARMS = frozenset({"created", "in_progress", "queued", *TERMINAL_ARMS})
 
 
 class Runs:
@@ -272,6 +275,9 @@ class Runs:
         self.background_total = 0
         self.counts: Counter[str] = Counter()  # background, resumed, cancelled, detached
         self._on_event = on_event  # the telemetry's `run_event`
+        # Called with each registered run (stored responses): the shared side with a Redis or
+        # PostgreSQL store (`SharedRuns.attach`); None keeps runs in this process.
+        self.attach: Callable[[ResponseRun], None] | None = None
 
     def count(self, kind: str) -> None:
         self.counts[kind] += 1
@@ -290,6 +296,8 @@ class Runs:
         elif response.store:
             run = ResponseRun(response.id, tenant, response=response, log=self._new_log(), on_final=self._final)
             self._live[(tenant, response.id)] = run
+            if self.attach is not None:
+                self.attach(run)
         else:
             run = ResponseRun(response.id, tenant, response=response)
         run.control = control
@@ -300,6 +308,8 @@ class Runs:
         run = ResponseRun(response.id, tenant, response=response, log=self._new_log(), background=True,
                           on_final=self._final, state=RunState.QUEUED)  # fmt: skip
         self._live[(tenant, response.id)] = run
+        if self.attach is not None:
+            self.attach(run)
         self._background[tenant] += 1
         self.background_total += 1
         return run

@@ -69,7 +69,9 @@ class Telemetry(Protocol):
     # -- runs (tether.core.run)
     def run_event(self, kind: str) -> None:
         """background (a background response created), resumed (a stream retrieve), cancelled (a
-        cancel of a run in flight), detached (a client went away; its stored response ran on)."""
+        cancel of a run in flight), detached (a client went away; its stored response ran on),
+        orphaned (a run whose replica stopped heartbeating, ended failed), taken_over (a queued
+        background run of such a replica, run here)."""
         ...
 
     # -- state

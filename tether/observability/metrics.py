@@ -147,7 +147,8 @@ class Metrics:
             self.mcp_approvals.labels(event)
         self.runs = Counter(
             "tether_runs", "Response runs by event: background (created), resumed (stream retrieves), "
-            "cancelled (cancels of runs in flight), detached (a client went away, its stored response ran on)",
+            "cancelled (cancels of runs in flight), detached (a client went away, its stored response ran on), orphaned (a run whose replica stopped, failed), "
+            "taken_over (a queued background run of a replica that stopped, run here)",
             ["event"], registry=r,
         )
         self.background_runs = Gauge("tether_background_runs", "Background responses now, by state (queued, running)",
@@ -168,7 +169,7 @@ class Metrics:
             self.hydrations.labels(result)
         for reason in ("retried", "repaired", "permanent"):
             self.post_failures.labels(reason)
-        for event in ("background", "resumed", "cancelled", "detached"):
+        for event in ("background", "resumed", "cancelled", "detached", "orphaned", "taken_over"):
             self.runs.labels(event)
         for state in ("queued", "running"):
             self.background_runs.labels(state)

@@ -33,6 +33,7 @@ from tether.logging_setup import redact_url
 
 from ._common import split_query_options
 from .base import Store
+from .runbus import RunBus
 
 SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "redis", "rediss")
 
@@ -100,6 +101,24 @@ def create_store(url: str, **options: Any) -> Store:
     merged = {**url_options, **options}
     _check_options(engine, url, merged)
     return require("tether.store.redis", "redis").RedisStore(clean, **merged)
+
+
+def run_bus_for(store: Store, *, orphan_after_s: float, max_events: int, retention_s: float,
+                live_ttl_s: float) -> RunBus | None:  # fmt: skip
+    """The shared side of runs on `store`'s engine (opened): Redis and PostgreSQL have one
+    (`tether.store.runbus`); memory and SQLite None (their runs stay in one process)."""
+    options = {"orphan_after_s": orphan_after_s, "max_events": max_events, "retention_s": retention_s,
+               "live_ttl_s": live_ttl_s}  # fmt: skip
+    module = type(store).__module__
+    if module == "tether.store.redis":
+        from .redis_runs import RedisRunBus
+
+        return RedisRunBus(store, **options)
+    if module == "tether.store.postgres":
+        from .postgres_runs import PostgresRunBus
+
+        return PostgresRunBus(store, **options)
+    return None
 
 
 async def open_store(url: str, **options: Any) -> Store:
