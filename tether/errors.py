@@ -152,7 +152,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     REPLAY_UNAVAILABLE: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "stream=true retrieve of a response whose events are not retained"),
     CONVERSATION_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation id"),
     ITEM_NOT_FOUND: ErrorKind(404, "NOT_FOUND", _BAD, _PROMPT, "an unknown conversation item id"),
-    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "background = true on a WebSocket or gRPC session"),
+    BACKGROUND_NOT_SUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "background = true on a WebSocket, a gRPC Session or CreateResponse"),
     INVALID_STREAM_ID: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "a stream_id outside 1-256 of [A-Za-z0-9_.-]"),
     STREAM_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _RATE_LIMITED, "a connection's named stream_ids past max_lanes"),
     CONNECTION_LIMIT_REACHED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _SERVER_SIDE, "the connection reached connection_lifetime_s"),

@@ -45,6 +45,7 @@ class RecordingOwner:
     def __init__(self) -> None:
         self.closed = False
         self.resubmitted: list[Pending] = []
+        self.resumed: list[Pending] = []
         self.completed: list[tuple[str, str]] = []
         self.unrouted_events: list[events_pb2.ServerEvent] = []
         self.ending: list[str] = []
@@ -55,6 +56,9 @@ class RecordingOwner:
 
     def lane_completed(self, lane: str, response_id: str) -> None:
         self.completed.append((lane, response_id))
+
+    def resume(self, p: Pending, *, cause: TetherError) -> None:
+        self.resumed.append(p)
 
     def unrouted(self, ev: events_pb2.ServerEvent) -> None:
         self.unrouted_events.append(ev)
@@ -170,4 +174,19 @@ async def test_the_server_going_away_hands_an_unstarted_create_back(wired: Any) 
     with pytest.raises(ConnectionLost) as lost:
         await generating.final_response()
     assert (lost.value.code, lost.value.reason) == (errors.CONNECTION_LOST, errors.SERVER_SHUTTING_DOWN)
-    assert owner.ended == 1
+    assert owner.ended == 1 and owner.resumed == []  # announced: not resumed
+
+
+async def test_an_unannounced_drop_hands_a_stored_generating_response_to_be_resumed(wired: Any) -> None:
+    call, owner, conn = wired
+    stored, unstored = create("a", "stored"), create("b", "unstored")
+    unstored.params.store = False
+    conn.submit(stored.pending)
+    conn.submit(unstored.pending)
+    call.deliver(created("a", "resp_1"), created("b", "resp_2"))
+    await settle()
+    call.cancel()  # the connection drops; the server said nothing
+    await settle()
+    assert owner.resumed == [stored.pending] and not stored.done
+    with pytest.raises(ConnectionLost):
+        await unstored.final_response()

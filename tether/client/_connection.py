@@ -297,8 +297,10 @@ class Connection:
             for p in list(self.active.values()):
                 lost = ConnectionLost(code, message)
                 stored = not p.params.HasField("store") or p.params.store
-                if stored and not owner.closed and p.stream.id:
-                    owner.resume(p, cause=lost)  # the server runs a stored response on
+                # An unannounced drop: the server runs a stored response on. (One that announced
+                # its end, e.g. `server_shutting_down`, ends its responses with the connection.)
+                if stored and not owner.closed and p.stream.id and self.end_error is None:
+                    owner.resume(p, cause=lost)
                 else:
                     p.stream._end(error=lost)
             self.active.clear()

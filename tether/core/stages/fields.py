@@ -101,8 +101,9 @@ CREATE_FIELDS: dict[str, Field] = {
     "service_tier": Field(E, "Tether has one tier; the requested value is validated and echoed."),
     "background": Field(H, "HTTP: true returns the Response `queued` at once and runs it; poll, stream "
                         "(`?stream=true&starting_after=N`) or cancel it by id (docs/background.md). Needs "
-                        "store=true (400 naming `store`); bounded per key and per process (429). On a "
-                        "WebSocket or gRPC session true is 400 `background_not_supported`."),
+                        "store=true (400 naming `store`); bounded per key and per process (429). gRPC: the "
+                        "`CreateBackgroundResponse` RPC. On a WebSocket, a gRPC Session or `CreateResponse` "
+                        "true is 400 `background_not_supported`."),
     "stream_options": Field(A, "`include_obfuscation`: Tether never pads deltas, so there is nothing to turn off."),
     "prompt_cache_options": Field(A, "Tether's prefix cache is per connection and automatic; `prewarm: true` makes the "
                                   "create a warm-up (`generate: false`)."),

@@ -55,8 +55,9 @@ def validate_params(
     if params.HasField("background") and params.background:
         raise TetherError(
             errors.BACKGROUND_NOT_SUPPORTED,
-            "background=true is served by POST /v1/responses over HTTP (then poll, stream or cancel it by id); "
-            "a WebSocket or gRPC session streams each response on its connection.",
+            "background=true is served by POST /v1/responses over HTTP and by the gRPC CreateBackgroundResponse "
+            "RPC (then poll, stream or cancel it by id); a WebSocket, a gRPC Session or CreateResponse streams "
+            "each response on its connection.",
             param="background",
         )
     check_stream_id(params.stream_id)
