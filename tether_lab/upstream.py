@@ -1,7 +1,7 @@
 """`python -m tether_lab.upstream`: Tether's CPU per streamed token from a paced upstream, next to
 the floor measured in the same run.
 
-    python -m tether_lab.upstream                          # the default run, ~1-2 minutes
+    python -m tether_lab.upstream                          # the default run, ~2 minutes (below)
     python -m tether_lab.upstream --streams 1,10 --tokens 100 --interval-ms 10 --burst 4
     python -m tether_lab.upstream --llama                  # + a phase through llama-cpp-python (CI model)
     python -m tether_lab.upstream serve --interval-ms 20   # only the paced upstream (READY <json>)
@@ -40,8 +40,12 @@ Parts, each a separate process, so /proc attributes every CPU second:
   stamps, so the added latency column is empty there, and tokens are counted per upstream chunk
   (direct) or from the response's usage (through Tether).
 
+The default run: 1, 10 and 100 concurrent streams of 100 tokens, 20 ms apart after 50 ms (a single
+stream three times in a row, for a TTFT p50), then the same in bursts of 4 at 1 and 100 streams.
+
 Figures per round: tokens delivered, CPU µs per token (the process that matters: Tether, LiteLLM,
-or the direct reader itself), its ratio to the `direct` floor of the same concurrency, client
+or the direct reader itself), its ratio to the `direct` floor of the same concurrency (and to
+LiteLLM's, where it ran), client
 TTFT p50, the latency added per token (arrival - upstream stamp) p50 / p99, and ITL p50 (gap
 between the client's reads). Results go to `bench-results/upstream-<time>/` (JSON + markdown).
 """
