@@ -21,6 +21,7 @@ from tether.config import Limits, TetherConfig
 from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
 from tether.core.conversations import Conversations
+from tether.core.deadlines import TurnDeadlines
 from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.queued import QueuedBytes
@@ -69,6 +70,7 @@ class TurnServices:
     telemetry: Telemetry
     clock: Clock
     coalesce: CoalesceWindow  # the outboxes' window, widened by the streams generating now
+    deadlines: TurnDeadlines  # `limits.max_turn_s` of every generating turn, on one timer
     queued: QueuedBytes  # bytes of creates pending per key and per process
     runs: Runs  # the process's response runs (tether.core.run)
 

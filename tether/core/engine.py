@@ -25,6 +25,7 @@ from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
+from tether.core.deadlines import TurnDeadlines
 from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, Delta, Outgoing
 from tether.core.outcome import Outcome
@@ -110,6 +111,7 @@ class Engine:
             telemetry=telemetry,
             clock=clock,
             coalesce=CoalesceWindow.from_limits(config.limits),
+            deadlines=TurnDeadlines(config.limits.max_turn_s),
             queued=QueuedBytes(config.limits),
             runs=self.runs,
         )

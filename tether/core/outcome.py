@@ -2,8 +2,9 @@
 
 A turn is RUNNING until it ends by itself (COMPLETED: the model stopped, or FAILED: the backend or
 a stage failed) or something outside it stops it: a steer (STEERED: it ends `incomplete`, reason
-`steered`), the client (CANCELLED: it ends `cancelled`), or the server ending the connection
-past its grace (CUT, with the error the response fails with). An interruption reaches the turn
+`steered`), the client (CANCELLED: it ends `cancelled`), or the server cutting it (CUT, with the
+error the response fails with: the connection ending past its grace, or the turn deadline
+`limits.max_turn_s`, tether.core.deadlines). An interruption reaches the turn
 as a `CancelledError` in the lane task that runs it; `TurnControl` records which interruption
 that cancel carries, so the turn (and the lane, when the turn was not generating yet) can tell
 it from the session being torn down, which no one handles.

@@ -156,7 +156,6 @@ class Turn:
         self.phase = Phase.PREPARING
         self.builder: OutputBuilder | None = None  # while generating
         self.output_cap: OutputCap | None = None  # while generating: the output cap Tether enforces
-        self.deadline = 0.0  # loop time by which the generation must end (`limits.max_turn_s`)
         self.replica = ""  # the backend-pool replica that served the turn (recorded with the response)
         self.mcp: McpLoop | None = None  # the create names remote MCP servers (tether.core.mcp)
         # The response's run: set once it is created (or before, by a background create that
@@ -408,34 +407,24 @@ class Turn:
         assert cap is not None
         started = time.perf_counter()
         builder.finish = None
-        deadline = asyncio.timeout_at(self.deadline)
         try:
             with self.services.coalesce.generating():  # counted: many streams widen the outboxes' window
-                async with deadline:
+                chunks = await reader.next()
+                if chunks:
+                    self.clock.add("backend_ttft", time.perf_counter() - started)
+                while chunks:
+                    for ev in builder.feed(chunks):
+                        if type(ev) is Delta:  # what the model generated in this wake-up
+                            cap.add("".join(ev.pieces))
+                        ev.stream_id, ev.response_id = stream_id, response_id
+                        await outbox.put(ev)
+                    if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                        break
+                    if cap.over():  # the upstream ignored the output cap: stop reading
+                        last = builder.finish or Finish()
+                        builder.finish = dataclasses.replace(last, reason="length")
+                        break
                     chunks = await reader.next()
-                    if chunks:
-                        self.clock.add("backend_ttft", time.perf_counter() - started)
-                    while chunks:
-                        for ev in builder.feed(chunks):
-                            if type(ev) is Delta:  # what the model generated in this wake-up
-                                cap.add("".join(ev.pieces))
-                            ev.stream_id, ev.response_id = stream_id, response_id
-                            await outbox.put(ev)
-                        if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
-                            break
-                        if cap.over():  # the upstream ignored the output cap: stop reading
-                            last = builder.finish or Finish()
-                            builder.finish = dataclasses.replace(last, reason="length")
-                            break
-                        chunks = await reader.next()
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            limit = self.services.limits.max_turn_s
-            raise BackendError(
-                errors.BACKEND_TIMEOUT,
-                f"The model did not finish within the turn deadline of {limit:g} s (limits.max_turn_s).",
-            ) from None
         finally:
             await reader.aclose()
             self.clock.add("backend_wait", reader.waited)
@@ -469,11 +458,15 @@ class Turn:
         `backend_timeout`)."""
         builder = self._builder()
         self.output_cap = OutputCap(self._output_limit())
-        self.deadline = asyncio.get_running_loop().time() + self.services.limits.max_turn_s
+        deadlines = self.services.deadlines
+        deadlines.watch(self.control)  # past `limits.max_turn_s`: interrupted as a CUT (backend_timeout)
         error: TetherError | None = None
         finish: Finish | None = None
         try:
-            finish = await self._steps(prepared, builder)
+            try:
+                finish = await self._steps(prepared, builder)
+            finally:
+                deadlines.forget(self.control)
         except TetherError as exc:  # a BackendError, or a rule of the steps (e.g. an append timeout)
             error = exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
