@@ -425,16 +425,21 @@ async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event,
         if resp.status_code != 200:
             tr.error = f"HTTP {resp.status_code}"
             return tr
-        sse, texts = bytearray(), []
-        async for data in resp.aiter_bytes():
-            sse += data
-            done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent, len(texts))
-            texts.clear()
-            if done:
-                tr.ok = True
-                break
+        await _take_sse(resp.aiter_bytes(), tr, sent)
     return tr
+
+
+async def _take_sse(chunks: Any, tr: StreamTrace, sent: float) -> None:
+    """Read an HTTP client's SSE body (`chunks`: its byte pieces) into `tr`, up to `[DONE]`."""
+    sse, texts = bytearray(), []
+    async for data in chunks:
+        sse += data
+        done = _sse_texts(sse, texts)
+        tr.took("".join(texts), time.monotonic(), sent, len(texts))
+        texts.clear()
+        if done:
+            tr.ok = True
+            break
 
 
 async def _direct_aiohttp(session: Any, url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
@@ -450,15 +455,7 @@ async def _direct_aiohttp(session: Any, url: str, model: str, ready: asyncio.Eve
         if resp.status != 200:
             tr.error = f"HTTP {resp.status}"
             return tr
-        sse, texts = bytearray(), []
-        async for data in resp.content.iter_any():
-            sse += data
-            done = _sse_texts(sse, texts)
-            tr.took("".join(texts), time.monotonic(), sent, len(texts))
-            texts.clear()
-            if done:
-                tr.ok = True
-                break
+        await _take_sse(resp.content.iter_any(), tr, sent)
     return tr
 
 
