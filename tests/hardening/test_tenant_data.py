@@ -67,5 +67,8 @@ async def test_a_lab_model_speed_that_is_no_speed_fails_cleanly(speed: str, capl
         ok = await client.responses.create(model="tether-lab/chat3@100000@0:0", input="x")
     assert r.status == "failed" and r.error.model_extra["tether_code"] == "invalid_request"
     assert "Invalid speed" in r.error.message and "tokens/s" in r.error.message
-    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR or rec.exc_info]
+    # Tether's own records: a client an earlier test left unclosed may be collected here, and
+    # asyncio then logs its task's error, which says nothing about this request.
+    assert not [rec for rec in caplog.records
+                if rec.name.startswith("tether") and (rec.levelno >= logging.ERROR or rec.exc_info)]
     assert ok.status == "completed"
