@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,14 @@ from tether.workers import Supervisor, WorkerConfigError, check_config
 POLITE = (
     "import signal, sys, time; sys.stdin.buffer.read();"
     "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)"
+)
+# The same, saying when its handler is in place (a file per worker in the directory it is given),
+# so a test signals it only then: on a loaded machine a worker's interpreter may not be up yet
+# 0.2 s after its start, and the default SIGTERM action would end it with -15.
+POLITE_READY = (
+    "import os, signal, sys, time; sys.stdin.buffer.read();"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0));"
+    "open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close(); time.sleep(60)"
 )
 STUBBORN = "import signal, sys, time; sys.stdin.buffer.read(); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
 CRASHING = "import sys; sys.stdin.buffer.read(); sys.exit(3)"
@@ -30,13 +39,16 @@ def _config(workers: int = 2, grace: float = 0.2) -> TetherConfig:
     return cfg
 
 
-def _signal_when_started(sup: Supervisor, n: int, sig: int = signal.SIGTERM) -> threading.Thread:
+def _signal_when_started(sup: Supervisor, n: int, sig: int = signal.SIGTERM, ready: Path | None = None) -> threading.Thread:
     """Send `sig` to this process once `n` workers were started (the supervisor's handler is in
-    place by then: it is installed before the first start)."""
+    place by then: it is installed before the first start), and with `ready`, once `n` workers
+    said there that their own handler is in place."""
 
     def run() -> None:
         deadline = time.monotonic() + 30
         while sup.starts < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while ready is not None and len(list(ready.iterdir())) < n and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
         os.kill(os.getpid(), sig)
@@ -46,9 +58,9 @@ def _signal_when_started(sup: Supervisor, n: int, sig: int = signal.SIGTERM) -> 
     return thread
 
 
-def test_sigterm_is_forwarded_and_the_supervisor_exits_zero() -> None:
-    sup = Supervisor(_config(), command=[sys.executable, "-c", POLITE])
-    _signal_when_started(sup, 2)
+def test_sigterm_is_forwarded_and_the_supervisor_exits_zero(tmp_path) -> None:
+    sup = Supervisor(_config(), command=[sys.executable, "-c", POLITE_READY, str(tmp_path)])
+    _signal_when_started(sup, 2, ready=tmp_path)
     assert sup.run() == 0
     assert all(slot.proc is not None and slot.proc.returncode == 0 for slot in sup.slots)
 
