@@ -57,7 +57,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
     }
     limits = config.limits
     bus = run_bus_for(store, orphan_after_s=limits.run_orphan_after_s, max_events=limits.replay_max_events,
-                      retention_s=limits.replay_retention_s,
+                      max_bytes=limits.replay_max_bytes, retention_s=limits.replay_retention_s,
                       live_ttl_s=2 * limits.max_turn_s + limits.replay_retention_s)  # fmt: skip
     engine = Engine(config, store, backends, telemetry=telemetry, strategy=strategy, clock=clock, bus=bus)
     await engine.start()

@@ -65,10 +65,10 @@ async def replicas(spec: Any):
         await r.close()
 
 
-def _event(seq: int, arm: str = "output_text_delta", rid: str = "resp_1") -> bytes:
+def _event(seq: int, arm: str = "output_text_delta", rid: str = "resp_1", text: str = "") -> bytes:
     ev = events_pb2.ServerEvent(response_id=rid, sequence_number=seq)
     if arm == "output_text_delta":
-        ev.output_text_delta.delta = f"t{seq}"
+        ev.output_text_delta.delta = f"t{seq}{text}"
     else:
         getattr(ev, arm).response.id = rid
         getattr(ev, arm).response.status = "completed" if arm == "completed" else "in_progress"
@@ -109,6 +109,24 @@ async def test_a_final_run_never_changes(replicas: Replicas) -> None:
     assert info is not None and (info.state, info.next_seq) == ("completed", 1)
     assert [s for s, _ in await b.read(T, "resp_1", -1, 0)] == [0]
     assert not await b.fail_orphan(T, "resp_1", 1, _event(1, "failed"), _response("failed"))
+
+
+async def test_the_shared_log_is_bounded_by_max_bytes(replicas: Replicas) -> None:
+    """`replay_max_bytes` bounds the shared log too: 400 events of ~1 KiB under a 64 KiB bound
+    keep about 64 KiB of the newest (Redis exactly; PostgreSQL within a quarter of the bound),
+    and a resume from before them is a gap."""
+    a = await replicas.bus(max_bytes=64 * 1024)
+    b = await replicas.bus()
+    pad = "x" * 1000
+    for start in range(0, 400, 4):
+        await a.publish(T, "resp_1", [(n, _event(n, text=pad)) for n in range(start, start + 4)], state="in_progress",
+                        response=_response("in_progress") if start == 0 else None, next_seq=start + 4)  # fmt: skip
+    retained = await b.read(T, "resp_1", -1, 0)
+    size = sum(len(e) for _, e in retained)
+    assert 48 * 1024 <= size <= 64 * 1024 + 16 * 1024 + 4 * 1100, size
+    assert [s for s, _ in retained] == list(range(retained[0][0], 400))
+    with pytest.raises(ReplayGap):
+        await SharedRuns(b, orphan_after_s=5.0).follow(T, "resp_1", 0)
 
 
 async def test_the_shared_log_is_bounded_by_max_events_and_a_gap_is_reported(replicas: Replicas) -> None:

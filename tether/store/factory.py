@@ -104,11 +104,11 @@ def create_store(url: str, **options: Any) -> Store:
 
 
 def run_bus_for(store: Store, *, orphan_after_s: float, max_events: int, retention_s: float,
-                live_ttl_s: float) -> RunBus | None:  # fmt: skip
+                live_ttl_s: float, max_bytes: int = 1 << 62) -> RunBus | None:  # fmt: skip
     """The shared side of runs on `store`'s engine (opened): Redis and PostgreSQL have one
     (`tether.store.runbus`); memory and SQLite None (their runs stay in one process)."""
     options = {"orphan_after_s": orphan_after_s, "max_events": max_events, "retention_s": retention_s,
-               "live_ttl_s": live_ttl_s}  # fmt: skip
+               "live_ttl_s": live_ttl_s, "max_bytes": max_bytes}  # fmt: skip
     module = type(store).__module__
     if module == "tether.store.redis":
         from .redis_runs import RedisRunBus

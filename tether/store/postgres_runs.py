@@ -7,7 +7,9 @@ Tables (`migrations/postgres/0004_runs.sql`):
   capacity take it over when its owner's heartbeat is gone (`claim`: `FOR UPDATE SKIP LOCKED`,
   so one replica gets it).
 * `run_events(tenant, run_id, seq, event)`: its serialized events by sequence number; at most
-  `replay_max_events` of them (older ones are deleted as it passes multiples of 256 beyond).
+  `replay_max_events` of them (older ones are deleted as it passes multiples of 256 beyond) and
+  about `replay_max_bytes` of them (the owner counts what it published since the last trim; past
+  a quarter of the bound, the oldest events go until the rest, this batch included, fit it).
 * `run_replicas(id, seen_at)`: each replica's heartbeat, written every third of
   `run_orphan_after_s`; a replica not seen for that long is gone.
 
@@ -54,7 +56,12 @@ ev AS (
   ON CONFLICT DO NOTHING
   RETURNING 1),
 trimmed AS (
-  DELETE FROM run_events WHERE $10 AND tenant = $1 AND run_id = $2 AND seq < $6 - $11
+  DELETE FROM run_events d WHERE d.tenant = $1 AND d.run_id = $2 AND (
+    ($10 AND d.seq < $6 - $11)
+    OR ($16 AND d.seq <= (SELECT coalesce(max(t.seq), -1) FROM (
+          SELECT seq, sum(length(event)) OVER (ORDER BY seq DESC) AS tail
+            FROM run_events WHERE tenant = $1 AND run_id = $2) AS t
+         WHERE t.tail > $15::bigint - $17::bigint)))
   RETURNING 1)
 SELECT pg_notify($12, $13) FROM up
 """
@@ -98,11 +105,14 @@ DELETE FROM run_events e USING gone WHERE e.tenant = gone.tenant AND e.run_id = 
 
 class PostgresRunBus:
     def __init__(self, store: Any, *, orphan_after_s: float, max_events: int, retention_s: float,
-                 live_ttl_s: float, replica: str | None = None) -> None:  # fmt: skip
+                 live_ttl_s: float, max_bytes: int = 1 << 62, replica: str | None = None) -> None:  # fmt: skip
         self.store = store  # a PostgresStore, open
         self.replica = replica or secrets.token_hex(8)
         self.orphan_after_s = float(orphan_after_s)
         self.max_events = max(1, max_events)
+        self.max_bytes = max(1, max_bytes)
+        # Bytes each run of this replica published since its log was last trimmed by size.
+        self._untrimmed: dict[tuple[str, str], int] = {}
         self.retention_s = float(max(1.0, retention_s))
         self.live_ttl_s = float(max(self.retention_s, live_ttl_s))
         self.channel = f"tether_runs:{store.schema or ''}"[:63]
@@ -178,11 +188,19 @@ class PostgresRunBus:
         final = state in ("completed", "incomplete", "failed", "cancelled")
         start = events[0][0] if events else next_seq
         trim = next_seq > self.max_events and (next_seq // _TRIM_EVERY) != (start // _TRIM_EVERY)
+        key = (tenant, run_id)
+        added = sum(len(e) for _, e in events)
+        untrimmed = self._untrimmed.get(key, 0) + added
+        trim_bytes = untrimmed > self.max_bytes // 4
+        if final:
+            self._untrimmed.pop(key, None)
+        else:
+            self._untrimmed[key] = 0 if trim_bytes else untrimmed
         await self._pool.execute(
             _PUBLISH, tenant, run_id, self.replica, state, response, next_seq,
             self.retention_s if final else self.live_ttl_s,
             [s for s, _ in events], [e for _, e in events], trim, self.max_events,
-            self.channel, f"e{tenant}\x1f{run_id}", params,
+            self.channel, f"e{tenant}\x1f{run_id}", params, self.max_bytes, trim_bytes, added,
         )  # fmt: skip
 
     async def claim(self, limit: int) -> list[Claimed]:

@@ -5,8 +5,9 @@ Keys (T: the tenant's hash tag, as the store's other keys of that tenant):
 * `P:{t:T}:run:<id>`: a hash: `owner` (replica id), `state`, `resp` (serialized Response as it
   stands), `next` (the next sequence number).
 * `P:{t:T}:run:<id>:ev`: a Stream, one entry per event, field `e` the serialized ServerEvent,
-  entry id `0-<sequence_number + 1>`: "the events above N" is `XREAD ... 0-<N + 1>`. XADD with
-  `MAXLEN ~ replay_max_events` bounds it.
+  entry id `0-<sequence_number + 1>`: "the events above N" is `XREAD ... 0-<N + 1>`. It holds at
+  most `replay_max_events` events and `replay_max_bytes` bytes of them (the hash's `nb` counts
+  them): the publish script drops the oldest past either bound.
 * `P:{runs}:replica:<replica id>`: a heartbeat, SET with a TTL of `run_orphan_after_s` every
   third of it; gone means the replica stopped.
 * channel `P:{runs}:cancel`: cancels, `[tenant, run id]` as JSON; every replica listens and the
@@ -42,12 +43,28 @@ log = logging.getLogger("tether.store.redis_runs")
 _FINAL_LUA = "local final = {completed = true, incomplete = true, failed = true, cancelled = true}\n"
 
 # KEYS: hash, stream, queued index; ARGV: owner, state, response ('' keeps it), next, maxlen,
-# ttl, params ('' none), score, then (seq, event) pairs. -> 1 written | 0 the run is already final
+# ttl, params ('' none), score, maxbytes, then (seq, event) pairs. -> 1 written | 0 the run is
+# already final. The oldest events go while the log holds more than maxlen of them or more than
+# maxbytes bytes (at least the newest stays).
 _PUBLISH_LUA = _FINAL_LUA + """
 local st = redis.call('HGET', KEYS[1], 'state')
 if st and final[st] then return 0 end
-for i = 9, #ARGV, 2 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '0-' .. (tonumber(ARGV[i]) + 1), 'e', ARGV[i + 1])
+local added = 0
+for i = 10, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[i]) + 1), 'e', ARGV[i + 1])
+  added = added + #ARGV[i + 1]
+end
+if added > 0 then
+  local nb = redis.call('HINCRBY', KEYS[1], 'nb', added)
+  local maxlen, maxbytes = tonumber(ARGV[5]), tonumber(ARGV[9])
+  local len = redis.call('XLEN', KEYS[2])
+  while len > 1 and (len > maxlen or nb > maxbytes) do
+    local oldest = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)[1]
+    redis.call('XDEL', KEYS[2], oldest[1])
+    nb = nb - #oldest[2][2]
+    len = len - 1
+  end
+  redis.call('HSET', KEYS[1], 'nb', nb)
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', ARGV[2], 'next', ARGV[4])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'resp', ARGV[3]) end
@@ -56,7 +73,7 @@ if ARGV[7] ~= '' then
   redis.call('ZADD', KEYS[3], ARGV[8], KEYS[1])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-if #ARGV >= 9 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
+if #ARGV >= 10 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
 return 1
 """
 
@@ -99,11 +116,12 @@ return 1
 
 class RedisRunBus:
     def __init__(self, store: Any, *, orphan_after_s: float, max_events: int, retention_s: float,
-                 live_ttl_s: float, replica: str | None = None) -> None:  # fmt: skip
+                 live_ttl_s: float, max_bytes: int = 1 << 62, replica: str | None = None) -> None:  # fmt: skip
         self.store = store  # a RedisStore, open
         self.replica = replica or secrets.token_hex(8)
         self.orphan_after_s = orphan_after_s
         self.max_events = max(1, max_events)
+        self.max_bytes = max(1, max_bytes)
         self.retention_s = max(1, int(retention_s))
         self.live_ttl_s = max(self.retention_s, int(live_ttl_s))
         prefix = store.prefix
@@ -180,7 +198,7 @@ class RedisRunBus:
         if params:  # the run's tenant and id, for a replica that takes it over
             await self._client.hset(keys[0], mapping={"t": tenant, "id": run_id})
         args: list[Any] = [self.replica, state, response or b"", next_seq, self.max_events, ttl, params or b"",
-                           time.time()]  # fmt: skip
+                           time.time(), self.max_bytes]  # fmt: skip
         for seq, data in events:
             args += [seq, data]
         await self._publish(keys=keys, args=args, client=self._client)
