@@ -117,9 +117,13 @@ class StepIO(Protocol):
     params: request_pb2.ResponseCreateParams
     clock: StageClock
     services: TurnServices  # the process-wide parts (telemetry, limits, classify, summarize)
-    mcp: Steps | None  # the hosted MCP loop, when the create names remote MCP servers
     stream_id: str
     response_id: str
+
+    @property
+    def mcp(self) -> Steps | None:
+        """The hosted MCP loop, when the create names remote MCP servers."""
+        ...
 
     @property
     def tenant(self) -> str: ...
