@@ -71,20 +71,6 @@ def ensure_hooks() -> list[str]:
     return installed
 
 
-class _FakeParams:
-    model = "tether-sim"
-    previous_response_id = "resp_0"
-    store = True
-
-    def HasField(self, name: str) -> bool:  # noqa: N802 - protobuf API
-        return False
-
-
-class _FakeSession:
-    transport = "grpc"
-    id = "sess_1"
-
-
 def _sdk_provider() -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -99,23 +85,24 @@ def _sdk_provider() -> Any:
 
 
 def bench_hooks(turns: int) -> dict[str, float]:
+    from tether.core.telemetry import TurnFacts
     from tether.core.timing import StageClock
     from tether.responses.v1 import response_pb2
 
     response = response_pb2.Response(id="resp_1", status="completed")
     response.usage.input_tokens, response.usage.output_tokens = 1200, 80
 
-    class Turn:
-        session, params, stream_id, response_id = _FakeSession(), _FakeParams(), "", "resp_1"
+    def facts() -> TurnFacts:
+        clock = StageClock()
+        clock.stages.update({
+            "validate": 2e-5, "resolve": 1e-6, "classify": 1e-5, "render": 3e-5, "route": 1e-6,
+            "backend": 0.2, "backend_ttft": 0.05, "backend_wait": 0.19, "finalize": 4e-5,
+        })
+        f = TurnFacts("grpc", "sess_1", "", "tether-sim", True, "resp_0", clock)
+        f.response_id = "resp_1"
+        return f
 
-        def __init__(self) -> None:
-            self.clock = StageClock()
-            self.clock.stages.update({
-                "validate": 2e-5, "resolve": 1e-6, "classify": 1e-5, "render": 3e-5, "route": 1e-6,
-                "backend": 0.2, "backend_ttft": 0.05, "backend_wait": 0.19, "finalize": 4e-5,
-            })
-
-    fakes = [Turn() for _ in range(turns)]
+    fakes = [facts() for _ in range(turns)]
 
     def run() -> float:
         t0 = time.perf_counter()

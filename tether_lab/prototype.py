@@ -9,8 +9,9 @@ model answers without tool calls. This module implements that shape as a turn st
 (`PrototypeTurns`, injected into the sessions through the composition root) and a per-create
 opt-in, so the lab can measure how far the launched shape is from it (`tether bench`, transport
 `ws-proto`). The runtime knows nothing of it: `python -m tether_lab.prototype serve ...` is
-`tether serve` with this strategy (the bench's server), and `PrototypeTurn` replaces only the
-backend steps of a `Turn` (`_steps`); preparing, ending, cancelling and finishing are the turn's.
+`tether serve` with this strategy (the bench's server), and `PrototypeKind` is a turn kind
+(tether.core.kinds): the backend steps of a plain `Turn`, over the turn's `StepIO`; preparing,
+ending, cancelling and finishing are the turn's.
 
 Protocol (opt-in per create: `include: ["tether:prototype_append"]`, honoured by a server started
 with this strategy):
@@ -40,10 +41,10 @@ with this strategy):
 
 The strategy's two hooks (`TurnStrategy`):
 
-- `turn(...)`: the `Turn` to run for a create (a `PrototypeTurn` when the create asks for it,
-  else a plain `Turn`);
+- `turn(...)`: the `Turn` to run for a create (of a new `PrototypeKind`, with a `PrototypeClock`,
+  when the create asks for it, else of the standard kind);
 - `deliver_append(session_id, append) -> bool`: offer a `response.append` to a waiting prototype
-  turn of that session; False means "not for a prototype turn", and the session handles it as
+  kind of that session; False means "not for a prototype turn", and the session handles it as
   before.
 """
 
@@ -59,11 +60,12 @@ from tether import errors, render
 from tether.backends.base import Finish, Usage
 from tether.core.builder import OutputBuilder
 from tether.core.context import TurnContext
+from tether.core.kinds import Prepared, StepIO
 from tether.core.lane import Lane
 from tether.core.outcome import TurnControl
 from tether.core.stages import validate
 from tether.core.timing import StageClock
-from tether.core.turn import Prepared, Turn
+from tether.core.turn import Turn
 from tether.errors import TetherError
 from tether.protocol.calls import answered_call_id, call_of
 from tether.protocol.wire import PROTOTYPE_APPEND_INCLUDE
@@ -78,27 +80,29 @@ def requested(params: request_pb2.ResponseCreateParams) -> bool:
 
 
 class PrototypeTurns:
-    """The prototype shape as a turn strategy: a `PrototypeTurn` for a create that asks for it,
-    a plain `Turn` otherwise; appends go to the waiting prototype turn whose calls they answer."""
+    """The prototype shape as a turn strategy: a `Turn` of a new `PrototypeKind` for a create that
+    asks for it, of the standard kind otherwise; appends go to the waiting prototype kind whose
+    calls they answer."""
 
     def __init__(self, append_timeout_s: float | None = None) -> None:
         self.append_timeout_s = append_timeout_s  # None: the connection's idle_timeout_s
-        self._waiting: dict[str, set[PrototypeTurn]] = {}  # session id -> its waiting turns
+        self._waiting: dict[str, set[PrototypeKind]] = {}  # session id -> its waiting turns' kinds
 
     def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
              control: TurnControl, event_id: str) -> Turn:  # fmt: skip
         if requested(params):
-            return PrototypeTurn(ctx, params, lane, control, event_id, waiting=self._waiting,
-                                 append_timeout_s=self.append_timeout_s)  # fmt: skip
+            timeout = ctx.services.limits.idle_timeout_s if self.append_timeout_s is None else self.append_timeout_s
+            kind = PrototypeKind(ctx.session_id, self._waiting, timeout)
+            return Turn(ctx, params, lane, control, event_id, kind=kind, clock=PrototypeClock())
         return Turn(ctx, params, lane, control, event_id)
 
     def deliver_append(self, session_id: str, append: service_pb2.AppendRequest) -> bool:
-        """Give `append` to the waiting prototype turn whose calls it answers; False if none."""
-        turns = self._waiting.get(session_id)
-        if not turns:
+        """Give `append` to the waiting prototype kind whose calls it answers; False if none."""
+        kinds = self._waiting.get(session_id)
+        if not kinds:
             return False
         items = list(append.input)
-        return any(turn.offer(items) for turn in list(turns))
+        return any(kind.offer(items) for kind in list(kinds))
 
     def waiting_turns(self, session_id: str) -> int:
         return len(self._waiting.get(session_id) or ())
@@ -123,18 +127,14 @@ class PrototypeClock(StageClock):
         return super().overhead() - self.stages.get(APPEND_WAIT_STAGE, 0.0)
 
 
-class PrototypeTurn(Turn):
-    """A turn that keeps its response open across tool calls (see the module docstring)."""
+class PrototypeKind:
+    """The prototype turn kind: one response's backend calls across tool calls, waiting for the
+    client's appends between them (see the module docstring). One per turn: it holds the wait."""
 
-    def __init__(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
-                 control: TurnControl, event_id: str = "", *, waiting: dict[str, set[PrototypeTurn]],
-                 append_timeout_s: float | None = None) -> None:  # fmt: skip
-        super().__init__(ctx, params, lane, control, event_id)
-        self.clock = PrototypeClock()
-        limits = ctx.services.limits
-        self.append_timeout_s = limits.idle_timeout_s if append_timeout_s is None else append_timeout_s
-        self.steps = 0  # backend calls made so far
-        self._waiting = waiting  # the strategy's waiting turns by session id
+    def __init__(self, session_id: str, waiting: dict[str, set[PrototypeKind]], append_timeout_s: float) -> None:
+        self.session_id = session_id
+        self.append_timeout_s = append_timeout_s
+        self._waiting = waiting  # the strategy's waiting kinds by session id
         self._pending: dict[str, None] = {}  # call ids waiting for output, in call order
         self._received: list[items_pb2.Item] = []
         self._texts: list[str] = []  # rendered text of the accepted appended items
@@ -160,7 +160,7 @@ class PrototypeTurn(Turn):
 
     # -- generation -----------------------------------------------------------------------------
 
-    async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
+    async def steps(self, io: StepIO, prepared: Prepared, builder: OutputBuilder) -> Finish:
         """Backend calls until the model answers without tool calls, each continuing the output
         so far with the appended tool outputs. Raises TetherError (`idle_timeout`) when no append
         comes within `append_timeout_s`."""
@@ -178,9 +178,8 @@ class PrototypeTurn(Turn):
 
         try:
             while True:
-                self.steps += 1
-                request = self._backend_request(prepared.route, [*base_items, *builder.output], input_tokens)
-                await self._stream_step(builder, prepared.route.backend, request)
+                request = io.backend_request(prepared.route, [*base_items, *builder.output], input_tokens)
+                await io.stream(builder, prepared.route.backend, request)
                 closing = builder.close_all("completed")
                 finish = builder.finish or Finish()
                 if finish.usage:
@@ -192,10 +191,10 @@ class PrototypeTurn(Turn):
                     # Waiting starts before the calls' done events go out, so an append sent as
                     # soon as the client sees them already finds this turn.
                     self._begin_wait(open_calls)
-                await self._emit_all(closing)
+                await io.emit_all(closing)
                 if not open_calls:
                     return so_far()
-                appended = await self._await_outputs(open_calls)
+                appended = await self._await_outputs(io, open_calls)
                 if appended is None:
                     raise TetherError(
                         errors.IDLE_TIMEOUT,
@@ -203,7 +202,7 @@ class PrototypeTurn(Turn):
                     )
                 for item in appended:
                     builder.add_finished_item(item)  # recorded in the output; no events echo it back
-                with self.clock.stage("render"):
+                with io.clock.stage("render"):
                     input_tokens += sum(len(render.encode(text)) for text in self._texts)
                 self._texts = []
         finally:
@@ -211,7 +210,7 @@ class PrototypeTurn(Turn):
             prepared.input_tokens = input_tokens
             self._so_far = so_far()
 
-    def _finish_so_far(self, builder: OutputBuilder) -> Finish | None:
+    def finish_so_far(self) -> Finish | None:
         """A loop that failed or was cancelled reports the usage of the steps it finished."""
         return self._so_far
 
@@ -219,17 +218,18 @@ class PrototypeTurn(Turn):
         self._pending = dict.fromkeys(open_calls)
         self._received = []
         self._texts = []
-        self._waiting.setdefault(self.ctx.session_id, set()).add(self)
+        self._waiting.setdefault(self.session_id, set()).add(self)
 
-    async def _await_outputs(self, open_calls: list[str]) -> list[items_pb2.Item] | None:
+    async def _await_outputs(self, io: StepIO, open_calls: list[str]) -> list[items_pb2.Item] | None:
         """Announce the wait, then collect appended items until every open call has an output.
         Returns the accepted items in arrival order, or None on timeout."""
-        ev = self._event()
+        ev = io.event()
         ev.other.type = AWAITING_EVENT
         ev.other.json = orjson.dumps(
-            {"type": AWAITING_EVENT, "response_id": self.response_id, "call_ids": open_calls}
+            {"type": AWAITING_EVENT, "response_id": io.response_id, "call_ids": open_calls}
         ).decode()
-        await self.ctx.outbox.put(ev)
+        await io.emit_all((ev,))
+        clock = io.clock
         accepted: list[items_pb2.Item] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.append_timeout_s
@@ -247,12 +247,12 @@ class PrototypeTurn(Turn):
                     except TimeoutError:
                         return None
                     continue
-                self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
+                clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
                 batch, self._received = self._received, []
                 try:
-                    self._check(batch)
+                    self._check(io, batch)
                 except TetherError as exc:
-                    await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
+                    await io.emit_error(exc)
                 else:
                     accepted.extend(batch)
                     for item in batch:
@@ -264,26 +264,27 @@ class PrototypeTurn(Turn):
             return accepted
         finally:
             if not done:
-                self.clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
+                clock.add(APPEND_WAIT_STAGE, time.perf_counter() - t_wait)
             self._stop_waiting()
 
-    def _check(self, items: list[items_pb2.Item]) -> None:
+    def _check(self, io: StepIO, items: list[items_pb2.Item]) -> None:
         """The stages a create runs on new input, for appended items: validate, render, classify."""
-        with self.clock.stage("validate"):
-            validate.validate_items(items, frozenset(self._pending), self.services.limits, param="input")
-        with self.clock.stage("render"):
+        clock = io.clock
+        with clock.stage("validate"):
+            validate.validate_items(items, frozenset(self._pending), io.services.limits, param="input")
+        with clock.stage("render"):
             texts = [render.render_item(item) for item in items]
-        with self.clock.stage("classify"):
-            self.services.classify(texts)
+        with clock.stage("classify"):
+            io.services.classify(texts)
         self._texts.extend(texts)
 
     def _stop_waiting(self) -> None:
         self._pending = {}
-        turns = self._waiting.get(self.ctx.session_id)
-        if turns is not None:
-            turns.discard(self)
-            if not turns:
-                self._waiting.pop(self.ctx.session_id, None)
+        kinds = self._waiting.get(self.session_id)
+        if kinds is not None:
+            kinds.discard(self)
+            if not kinds:
+                self._waiting.pop(self.session_id, None)
 
 
 def _open_calls(output: list[items_pb2.Item]) -> list[str]:

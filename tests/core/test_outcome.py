@@ -1,5 +1,6 @@
-"""How a turn ends: one outcome, one transition function, and the control the session interrupts
-a turn through (no server, no sleeps)."""
+"""How a turn ends: one outcome, one transition function, the control the session interrupts a
+turn through, and the one table from how it ended to the Response's status and terminal event
+(no server, no sleeps)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 
 from tether import errors
-from tether.core.outcome import Outcome, TurnControl, next_outcome
+from tether.core.outcome import Ending, Outcome, TurnControl, ending, next_outcome
 from tether.errors import TetherError
 
 RUNNING, STEERED, CANCELLED, CUT = Outcome.RUNNING, Outcome.STEERED, Outcome.CANCELLED, Outcome.CUT
@@ -80,3 +81,52 @@ def test_ending_after_an_interruption_keeps_the_interruption() -> None:
     control.interrupt(CANCELLED)
     control.end(FAILED)
     assert control.outcome is CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("outcome", "finish_reason", "expected"),
+    [
+        (COMPLETED, "stop", Ending("completed", "completed")),
+        (COMPLETED, "tool_calls", Ending("completed", "completed")),
+        (COMPLETED, None, Ending("completed", "completed")),  # a warm-up: nothing generated
+        (COMPLETED, "length", Ending("incomplete", "incomplete", "max_output_tokens")),
+        (COMPLETED, "content_filter", Ending("incomplete", "incomplete", "content_filter")),
+        (COMPLETED, "something_new", Ending("incomplete", "incomplete", "max_output_tokens")),
+        (STEERED, None, Ending("incomplete", "incomplete", "steered")),
+        (STEERED, "stop", Ending("incomplete", "incomplete", "steered")),  # a steer wins over the finish
+        (CANCELLED, None, Ending("cancelled", "incomplete")),  # no response.cancelled event exists
+    ],
+)
+def test_how_a_turn_ended_decides_status_event_and_reason(outcome: Outcome, finish_reason: str | None,
+                                                          expected: Ending) -> None:  # fmt: skip
+    assert ending(outcome, finish_reason) == expected
+
+
+@pytest.mark.parametrize("outcome", [FAILED, CUT])
+def test_a_failure_or_a_cut_fails_with_its_error(outcome: Outcome) -> None:
+    error = TetherError(errors.BACKEND_TIMEOUT, "too slow")
+    end = ending(outcome, "stop", error)
+    assert (end.status, end.arm, end.incomplete_reason) == ("failed", "failed", "")
+    assert end.error is error
+
+
+@pytest.mark.parametrize("outcome", [FAILED, CUT, CANCELLED])
+def test_an_end_with_nothing_to_report_is_a_cancel(outcome: Outcome) -> None:
+    assert ending(outcome, None, None) == Ending("cancelled", "incomplete")
+
+
+def test_a_cancel_keeps_no_error_on_the_response() -> None:
+    end = ending(CANCELLED, None, TetherError(errors.CANCELLED, "The response was cancelled by the client."))
+    assert end.status == "cancelled" and end.error is None
+
+
+def test_a_running_turn_has_no_ending() -> None:
+    with pytest.raises(ValueError):
+        ending(RUNNING)
+
+
+def test_the_common_endings_are_shared() -> None:
+    # The hot path allocates nothing to end a turn: completed and incomplete endings are constants.
+    assert ending(COMPLETED, "stop") is ending(COMPLETED, "tool_calls")
+    assert ending(COMPLETED, "length") is ending(COMPLETED, "length")
+    assert ending(STEERED) is ending(STEERED)

@@ -83,6 +83,8 @@ async def test_close_ends_a_run_without_terminal_event_with_one() -> None:
     cancelled = ResponseRun("resp_2", log=ReplayLog(100, 1 << 20), state=RunState.QUEUED)
     cancelled.close(None)
     assert cancelled.state is RunState.CANCELLED and cancelled.snapshot().status == "cancelled"
+    (last,) = cancelled.log.since(-1)
+    assert last.WhichOneof("event") == "incomplete"  # no response.cancelled event exists
 
 
 async def test_close_after_a_produced_terminal_event_only_settles() -> None:

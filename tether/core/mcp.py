@@ -2,7 +2,8 @@
 calls, and call the model again, all within one response (docs/mcp.md).
 
 A create whose `tools` hold `{"type": "mcp", ...}` entries gets an `McpLoop` (`McpLoop.of`); the
-turn hands its backend steps to `McpLoop.steps`:
+standard turn kind hands its backend steps to `McpLoop.steps`, a step function over the turn's
+`StepIO` like any kind (tether.core.kinds):
 
 1. approvals: each `mcp_approval_response` in the new input that approves a request of the
    history runs that call now (an `mcp_call` item with `approval_request_id`); a denial is left for
@@ -28,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 
@@ -37,6 +37,7 @@ from tether.backends.base import Finish, Usage
 from tether.config import McpConfig
 from tether.core.accounting import output_tokens
 from tether.core.builder import McpRoute, OutputBuilder
+from tether.core.kinds import Prepared, StepIO
 from tether.errors import TetherError
 from tether.mcp.client import (
     REFUSED,
@@ -50,10 +51,6 @@ from tether.mcp.client import (
 from tether.mcp.policy import McpPolicy
 from tether.protocol.calls import call_of
 from tether.responses.v1 import items_pb2, request_pb2
-
-# The turn and its Prepared are passed in (tether.core.turn imports this module, not the reverse).
-Turn = Any
-Prepared = Any
 
 _APPROVAL_MODES = ("always", "never")
 
@@ -281,12 +278,12 @@ class McpLoop:
 
     # -- the steps ----------------------------------------------------------------------------------
 
-    async def steps(self, turn: Turn, prepared: Prepared, builder: OutputBuilder) -> Finish:
+    async def steps(self, io: StepIO, prepared: Prepared, builder: OutputBuilder) -> Finish:
         history = prepared.node.items()
         new_items = [seg.item for seg in prepared.new_segments]
         input_tokens = prepared.input_tokens
-        approved = await self._run_approved(turn, builder, new_items, history)
-        await self._list(turn, builder, history)
+        approved = await self._run_approved(io, builder, new_items, history)
+        await self._list(io, builder, history)
         sums = [0, 0, 0]  # input, output, reasoning tokens of every model call
         first = not approved  # a forced tool_choice was honoured by the call just approved
         steps = 0
@@ -297,51 +294,51 @@ class McpLoop:
             builder.mcp_routes = self.routes() if with_mcp else {}
             context = [*history, *builder.output]
             estimate = input_tokens + sum(len(render.encode(render.render_item(i))) for i in builder.output)
-            request = turn._backend_request(prepared.route, context, estimate)
-            request.tools = self.backend_tools(turn.params.tools, with_mcp=with_mcp)
+            request = io.backend_request(prepared.route, context, estimate)
+            request.tools = self.backend_tools(io.params.tools, with_mcp=with_mcp)
             request.tool_choice = self.tool_choice(request.tool_choice, first)
             request.mcp_tools = frozenset(builder.mcp_routes)
-            await turn._stream_step(builder, prepared.route.backend, request)
-            await turn._emit_all(builder.close_all("completed"))
+            await io.stream(builder, prepared.route.backend, request)
+            await io.emit_all(builder.close_all("completed"))
             finish = builder.finish or Finish()
             produced = builder.output[before:]
             _add_usage(sums, finish.usage, estimate, produced)
             waiting = builder.waiting_mcp_calls()
             for index, item in waiting:
-                await self._run(turn, builder, index, item)
+                await self._run(io, builder, index, item)
             client_calls = any(call_of(it) is not None for it in produced)  # the client runs these
             first = False
             if (not waiting or builder.approvals_requested or client_calls or builder.capped
                     or finish.reason != "tool_calls"):  # fmt: skip
                 for _ in range(builder.approvals_requested):
-                    turn.services.telemetry.mcp_approval("requested")
+                    io.services.telemetry.mcp_approval("requested")
                 if steps == 1:
                     return finish
                 reason = "stop" if finish.reason == "tool_calls" and not client_calls else finish.reason
                 usage = Usage(input_tokens=sums[0], output_tokens=sums[1], reasoning_tokens=sums[2])
                 return Finish(reason=reason, usage=usage, timing=finish.timing, replica=finish.replica)
 
-    async def _list(self, turn: Turn, builder: OutputBuilder, history: Sequence[items_pb2.Item]) -> None:
+    async def _list(self, io: StepIO, builder: OutputBuilder, history: Sequence[items_pb2.Item]) -> None:
         listed = {it.mcp_list_tools.server_label: it.mcp_list_tools for it in history
                   if it.WhichOneof("item") == "mcp_list_tools" and not it.mcp_list_tools.HasField("error")}  # fmt: skip
         for label, server in self.servers.items():
             if label in listed:  # OpenAI's rule: the history's listing stands
                 server.tools = [t for t in listed[label].tools if allowed(server.tool, t.name, _read_only(t))]
                 continue
-            await self._list_one(turn, builder, server)
+            await self._list_one(io, builder, server)
 
-    async def _list_one(self, turn: Turn, builder: OutputBuilder, server: _Server) -> None:
+    async def _list_one(self, io: StepIO, builder: OutputBuilder, server: _Server) -> None:
         item = items_pb2.Item()
         lt = item.mcp_list_tools
         lt.id, lt.server_label = ids.new_id("mcpl"), server.tool.server_label
         index, events = builder.open_mcp_item(item)
-        progress = turn._event()
+        progress = io.event()
         progress.mcp_list_tools_in_progress.item_id, progress.mcp_list_tools_in_progress.output_index = lt.id, index
-        await turn._emit_all([*events, progress])
+        await io.emit_all([*events, progress])
         started = time.perf_counter()
         outcome = "listed"
         try:
-            session = await self._session(turn, server)
+            session = await self._session(io, server)
             if session.tools is not None:
                 outcome = "reused"
                 tools = session.tools
@@ -360,21 +357,21 @@ class McpLoop:
             outcome = "failed"
             del lt.tools[:]
             lt.error = exc.message
-        turn.clock.add("mcp", time.perf_counter() - started)
-        turn.services.telemetry.mcp_listing(lt.server_label, outcome, time.perf_counter() - started)
-        done = turn._event()
+        io.clock.add("mcp", time.perf_counter() - started)
+        io.services.telemetry.mcp_listing(lt.server_label, outcome, time.perf_counter() - started)
+        done = io.event()
         arm = done.mcp_list_tools_failed if outcome == "failed" else done.mcp_list_tools_completed
         arm.item_id, arm.output_index = lt.id, index
-        await turn._emit_all([done, builder.add_done(index, item)])
+        await io.emit_all([done, builder.add_done(index, item)])
 
     @staticmethod
-    async def _session(turn: Turn, server: _Server) -> McpServerSession:
+    async def _session(io: StepIO, server: _Server) -> McpServerSession:
         """The connection's session with this server (opened now if it has none)."""
         tool = server.tool
-        return await turn.ctx.mcp.get(tool.server_url, tool.headers,
+        return await io.mcp_sessions.get(tool.server_url, tool.headers,
                                       tool.authorization if tool.HasField("authorization") else None)  # fmt: skip
 
-    async def _run_approved(self, turn: Turn, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
+    async def _run_approved(self, io: StepIO, builder: OutputBuilder, new_items: Sequence[items_pb2.Item],
                             history: Sequence[items_pb2.Item]) -> int:  # fmt: skip
         """Run the calls the new input approves; returns how many ran."""
         answers = [it.mcp_approval_response for it in new_items if it.WhichOneof("item") == "mcp_approval_response"]
@@ -385,7 +382,7 @@ class McpLoop:
         ran = {it.mcp_call.approval_request_id for it in history if it.WhichOneof("item") == "mcp_call"}
         count = 0
         for answer in answers:
-            turn.services.telemetry.mcp_approval("approved" if answer.approve else "denied")
+            io.services.telemetry.mcp_approval("approved" if answer.approve else "denied")
             request = requests.get(answer.approval_request_id)
             if not answer.approve or request is None or request.id in ran:
                 continue
@@ -395,17 +392,17 @@ class McpLoop:
             mc.id, mc.server_label, mc.name, mc.arguments = ids.new_id("mcp"), request.server_label, request.name, request.arguments
             mc.status, mc.approval_request_id = "in_progress", request.id
             index, events = builder.open_mcp_item(item)
-            await turn._emit_all(events)
-            await self._run(turn, builder, index, item)
+            await io.emit_all(events)
+            await self._run(io, builder, index, item)
             count += 1
         return count
 
-    async def _run(self, turn: Turn, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
+    async def _run(self, io: StepIO, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
         mc = item.mcp_call
-        progress = turn._event()
+        progress = io.event()
         progress.mcp_call_in_progress.item_id, progress.mcp_call_in_progress.output_index = mc.id, index
-        await turn._emit_all([progress])
+        await io.emit_all([progress])
         started = time.perf_counter()
         outcome = "ok"
         server = self.servers.get(mc.server_label)
@@ -423,9 +420,9 @@ class McpLoop:
             if not isinstance(arguments, dict):
                 raise protocol_error(-32602, "the model's arguments are not a JSON object")
             try:
-                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
+                result = await (await self._session(io, server)).call_tool(mc.name, arguments)
             except SessionGone:  # the server restarted or dropped the session: once more on a new one
-                result = await (await self._session(turn, server)).call_tool(mc.name, arguments)
+                result = await (await self._session(io, server)).call_tool(mc.name, arguments)
             if result.error is not None:
                 outcome = "tool_error"
                 mc.error_json = orjson.dumps(result.error).decode()
@@ -436,9 +433,9 @@ class McpLoop:
             outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", REFUSED: "refused"}.get(code, "failed")  # type: ignore[arg-type]
             mc.error_json = orjson.dumps(exc.error).decode()
         mc.status = "completed" if outcome == "ok" else "failed"
-        turn.clock.add("mcp", time.perf_counter() - started)
-        turn.services.telemetry.mcp_call(mc.server_label, outcome, time.perf_counter() - started)
-        await turn._emit_all(builder.settle_mcp_call(index, item))
+        io.clock.add("mcp", time.perf_counter() - started)
+        io.services.telemetry.mcp_call(mc.server_label, outcome, time.perf_counter() - started)
+        await io.emit_all(builder.settle_mcp_call(index, item))
 
 
 def _add_usage(sums: list[int], reported: Usage | None, estimate: int, produced: list[items_pb2.Item]) -> None:

@@ -13,12 +13,17 @@ The ways (anything else leaves the outcome as it is):
   RUNNING   -> STEERED | CANCELLED | CUT | COMPLETED | FAILED
   STEERED   -> CUT        (a cut overrides a steer: the response fails with the cut's reason)
   CANCELLED -> CUT        (likewise)
+
+How it ended decides, in one pure function (`ending`), the Response's status, the terminal event
+and the incomplete reason; the turn and a response run closed without a terminal event
+(tether.core.run) both ask it, so the two can never disagree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+from dataclasses import dataclass
 
 from tether.errors import TetherError
 
@@ -48,6 +53,55 @@ def next_outcome(current: Outcome, wanted: Outcome) -> Outcome:
     """The one transition function of `Outcome`: `wanted` where the table allows it, else
     `current` (a cancel after the turn ended, a steer after a cancel: nothing changes)."""
     return wanted if wanted in _TRANSITIONS[current] else current
+
+
+# The finish reason of a generation a steer interrupted (not a backend's: the turn makes it), and
+# the incomplete reason its response reports.
+STEERED_REASON = "steered"
+# The finish reasons of a model that stopped by itself: anything else cut its output short.
+_ANSWERED = frozenset({"stop", "tool_calls"})
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a response ends: its `status`, the arm of its terminal event (`arm`: there is no
+    `response.cancelled` event, the `incomplete` one ends a cancelled response), the
+    `incomplete_details.reason` of an incomplete one, and the error a failed one reports."""
+
+    status: str
+    arm: str
+    incomplete_reason: str = ""
+    error: TetherError | None = None
+
+
+COMPLETED_ENDING = Ending("completed", "completed")
+CANCELLED_ENDING = Ending("cancelled", "incomplete")
+# Within the API's list: max_output_tokens | max_messages | content_filter | steered.
+_INCOMPLETE = {reason: Ending("incomplete", "incomplete", reason)
+               for reason in ("max_output_tokens", "content_filter", STEERED_REASON)}  # fmt: skip
+
+
+def ending(outcome: Outcome, finish_reason: str | None = None, error: TetherError | None = None) -> Ending:
+    """The one mapping from how a turn ended to how its response ends (no allocation but for a
+    failure):
+      COMPLETED  completed, when the model stopped by itself (`finish_reason` stop | tool_calls,
+                 or None: nothing was generated); else incomplete, reason content_filter for a
+                 filter, max_output_tokens for anything else that cut it (length)
+      STEERED    incomplete, reason steered
+      CANCELLED  cancelled (terminal event: incomplete)
+      FAILED,    failed with `error`; without one (nothing to report: a run nobody ran to its
+      CUT        end) the response is cancelled"""
+    if outcome is Outcome.COMPLETED:
+        if finish_reason is None or finish_reason in _ANSWERED:
+            return COMPLETED_ENDING
+        return _INCOMPLETE["content_filter" if finish_reason == "content_filter" else "max_output_tokens"]
+    if outcome is Outcome.STEERED:
+        return _INCOMPLETE[STEERED_REASON]
+    if outcome is Outcome.RUNNING:
+        raise ValueError("a running turn has not ended")
+    if outcome is Outcome.CANCELLED or error is None:
+        return CANCELLED_ENDING
+    return Ending("failed", "failed", error=error)
 
 
 class TurnControl:
@@ -92,5 +146,6 @@ class TurnControl:
         return self.outcome
 
     def end(self, wanted: Outcome) -> None:
-        """The turn ended by itself (COMPLETED or FAILED); an interruption that got there first stays."""
+        """The turn ended (COMPLETED or FAILED by itself, or the interruption it claimed); an
+        interruption that got there first stays."""
         self.outcome = next_outcome(self.outcome, wanted)

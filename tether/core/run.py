@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tether import errors
+from tether.core.outcome import Outcome, ending
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, response_pb2
@@ -183,21 +184,21 @@ class ResponseRun:
 
     def close(self, error: TetherError | None = None) -> None:
         """The turn is over (or never started). A run whose terminal event was queued is only
-        settled; a logged one that has none ends here, cancelled (`error` None or `cancelled`)
-        or failed with `error`, with a terminal event that says so: queued behind its other
-        events in the outbox it is bound to while that is open, else logged at once."""
+        settled; a logged one that has none ends here, as `ending` says: cancelled when nobody
+        ran it to its end (`error` None), else failed with `error`, with a terminal event that
+        says so: queued behind its other events in the outbox it is bound to while that is open,
+        else logged at once."""
         if not self.terminal_produced and not self.state.final and self.log is not None:
+            end = ending(Outcome.CANCELLED if error is None else Outcome.FAILED, None, error)
             response = response_pb2.Response()
             if self.response is not None:
                 response.CopyFrom(self.response)
             response.id = self.id
-            cancelled = error is None or error.code == errors.CANCELLED
-            response.status = "cancelled" if cancelled else "failed"
-            if not cancelled:
-                assert error is not None
-                response.error.code, response.error.message = error.code, error.message
+            response.status = end.status
+            if end.error is not None:
+                response.error.code, response.error.message = end.error.code, end.error.message
             ev = events_pb2.ServerEvent(response_id=self.id)
-            arm = "incomplete" if cancelled else "failed"
+            arm = end.arm
             getattr(ev, arm).response.CopyFrom(response)
             self.terminal_produced = True
             sink = self.sink

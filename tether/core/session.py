@@ -329,7 +329,7 @@ class Session:
             turn.response_run = preset
             crash: TetherError | None = None
             try:
-                with self.services.telemetry.turn_span(turn):
+                with self.services.telemetry.turn_span(turn.facts):
                     await turn.run()
             except asyncio.CancelledError:
                 # A cancel the turn did not claim: an interruption that came before it was

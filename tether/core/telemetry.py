@@ -1,7 +1,10 @@
 """What the core reports, as a port: the session, the turn, the engine and the post-inference
 worker call these methods and know nothing of how they are recorded. Prometheus metrics and
 OpenTelemetry spans implement it (`tether.observability.telemetry.Observability`); the core never
-imports them, and they never import the core."""
+imports them, and they never import the core.
+
+A turn span reads only `TurnFacts`, a small value the turn builds once (never the turn itself):
+what identifies the turn, its stage clock, and its response id once it is known."""
 
 from __future__ import annotations
 
@@ -10,15 +13,36 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 
+class TurnFacts:
+    """What telemetry may read of a turn: its connection's transport and session id, the
+    create's stream id, model, `store` and previous_response_id, the turn's stage clock (a
+    `tether.core.timing.StageClock`: `stages`, `elapsed()`), and the response id, set by the turn
+    once the response is created ("" for a create refused before it)."""
+
+    __slots__ = ("transport", "session_id", "stream_id", "model", "store", "previous_response_id", "clock",
+                 "response_id")  # fmt: skip
+
+    def __init__(self, transport: str, session_id: str, stream_id: str, model: str, store: bool,
+                 previous_response_id: str, clock: Any) -> None:  # fmt: skip
+        self.transport = transport
+        self.session_id = session_id
+        self.stream_id = stream_id
+        self.model = model
+        self.store = store
+        self.previous_response_id = previous_response_id
+        self.clock = clock
+        self.response_id = ""
+
+
 class Telemetry(Protocol):
     # -- connections
     def session_opened(self, transport: str) -> None: ...
     def session_closed(self, transport: str) -> None: ...
 
     # -- turns
-    def turn_span(self, turn: Any) -> AbstractContextManager[Any]:
-        """Around a turn: reads `turn.clock`, `.ctx` (transport, session id), `.params`,
-        `.stream_id` and `.response_id`."""
+    def turn_span(self, facts: TurnFacts) -> AbstractContextManager[Any]:
+        """Around a turn: reads only `facts` (the response id and the clock's stages when the
+        block ends)."""
         ...
 
     def active_turn(self) -> AbstractContextManager[None]:

@@ -14,9 +14,17 @@ timed, each incremental over the cached chain):
   finalize  terminal event; the new state goes into the connection cache; the store/ledger
             write is queued for the post-inference worker (overlapping the client's next turn)
 
-How a turn ends is its `TurnControl`'s outcome (tether.core.outcome): the session interrupts a
-turn only through it (steer, cancel, cut). `_steps` is the one part a turn kind replaces (the
-lab's prototype turn loops over tool calls in one response); everything else is shared.
+The backend stage is the turn's kind (tether.core.kinds): a step function over `StepIO`, the
+narrow interface a `Turn` provides (`backend_request`, `stream`, `event`, `emit_all`, ...). The
+standard kind makes one backend call (or runs the hosted MCP loop); the lab's prototype loops
+over tool calls in one response. `Turn` is never subclassed: a `TurnStrategy` picks the kind.
+
+How a turn ends is its `Outcome` (tether.core.outcome): the session interrupts a turn only through
+its `TurnControl` (steer, cancel, cut), and `ending(outcome, finish reason, error)` alone says the
+Response's status and terminal event. Finishing is named steps, in this order: settle the Response
+(status, usage, timing), append to the conversation, then publish: the terminal event and the
+bookkeeping (connection cache, store/ledger write), durable first or overlapped as
+`store_durability` says.
 """
 
 from __future__ import annotations
@@ -26,32 +34,34 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 
 from tether import errors, ids, offload, render
-from tether.backends.base import BackendError, BackendRequest, Finish
-from tether.compaction_codec import encode_payload
-from tether.core.accounting import OutputCap, account, capped
+from tether.backends.base import Backend, BackendError, BackendRequest, Finish
+from tether.core.accounting import OutputCap, TurnUsage, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.context import TurnContext
 from tether.core.conversations import check_new_ids
 from tether.core.items import assign_ids, item_key, request_input
+from tether.core.kinds import STANDARD, Prepared, Rendered, TurnKind, compact
 from tether.core.lane import Lane
 from tether.core.mcp import McpLoop, check_approval_responses, redacted_tools
 from tether.core.outbox import Delta
-from tether.core.outcome import Outcome, TurnControl
+from tether.core.outcome import COMPLETED_ENDING, Ending, Outcome, TurnControl, ending
 from tether.core.postinference import PostJob
 from tether.core.run import ResponseRun
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved
+from tether.core.telemetry import TurnFacts
 from tether.core.timing import StageClock
 from tether.core.wakeups import WakeupReader
 from tether.errors import TetherError
+from tether.mcp.sessions import McpSessions
 from tether.protocol.calls import answered_call_id
 from tether.protocol.wire import SERVER_TIMING_INCLUDE
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
@@ -60,8 +70,6 @@ from tether.store.base import KeyedItem, ResponseRecord, UsageRecord
 log = logging.getLogger("tether.turn")
 
 REASONING_INCLUDE = "reasoning.encrypted_content"
-# The finish reason of a generation a steer interrupted (not a backend's: the turn makes it).
-STEERED = "steered"
 
 
 class Phase(enum.Enum):
@@ -82,77 +90,27 @@ class Parent:
     node: Node | None
 
 
-@dataclass
-class Rendered:
-    """The new input tokenised onto the cached chain."""
-
-    new_segments: tuple[Segment, ...]
-    node: Node  # the effective input chain
-    input_tokens: int
-    cached_tokens: int
-
-
-class Prepared:
-    """Everything the stages before the backend produced.
-
-    The new input's tokens (`new_segments`, `node`, `input_tokens`, `cached_tokens`) come from
-    `render()`. `_prepare` calls it at once when something before the backend needs the exact
-    count; otherwise `_generate` calls it while the backend computes its first token, and any
-    earlier reader of those attributes renders on first access."""
-
-    def __init__(self, response: response_pb2.Response, parent: CachedResponse | None, parent_from_cache: bool,
-                 route: Resolved, request: BackendRequest, tokenise: Callable[[], Rendered]) -> None:  # fmt: skip
-        self.response = response
-        self.parent = parent
-        self.parent_from_cache = parent_from_cache
-        self.route = route
-        self.request = request  # the backend call, already checked by the backend (`prepare`)
-        self._tokenise: Callable[[], Rendered] | None = tokenise
-        self._rendered: Rendered | None = None
-
-    @property
-    def rendered(self) -> bool:
-        return self._rendered is not None
-
-    def render(self) -> Rendered:
-        if self._rendered is None:
-            assert self._tokenise is not None
-            self._rendered, self._tokenise = self._tokenise(), None
-        return self._rendered
-
-    @property
-    def new_segments(self) -> tuple[Segment, ...]:
-        return self.render().new_segments
-
-    @property
-    def node(self) -> Node:
-        return self.render().node
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.render().cached_tokens
-
-    @property
-    def input_tokens(self) -> int:
-        return self.render().input_tokens
-
-    @input_tokens.setter
-    def input_tokens(self, value: int) -> None:
-        self.render().input_tokens = value
-
-
 class Turn:
+    """One create's turn (see the module docstring). `kind`: its backend steps (tether.core.kinds);
+    `clock`: its stage clock (a kind may count some of its waits as not overhead)."""
+
     def __init__(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
-                 control: TurnControl, event_id: str = "") -> None:  # fmt: skip
+                 control: TurnControl, event_id: str = "", *, kind: TurnKind = STANDARD,
+                 clock: StageClock | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.services = ctx.services
         self.params = params
         self.lane = lane
         self.control = control  # how it ends; the session interrupts through it
         self.event_id = event_id  # the client's id of the create event (echoed on its error events)
+        self.kind = kind
         self.stream_id = params.stream_id
-        self.clock = StageClock()
+        self.clock = StageClock() if clock is None else clock
         self.response_id = ""
+        # What telemetry reads of this turn (its span: `Telemetry.turn_span`).
+        self.facts = TurnFacts(ctx.transport, ctx.session_id, self.stream_id, params.model,
+                               params.store if params.HasField("store") else True, params.previous_response_id,
+                               self.clock)  # fmt: skip
         self.phase = Phase.PREPARING
         self.builder: OutputBuilder | None = None  # while generating
         self.output_cap: OutputCap | None = None  # while generating: the output cap Tether enforces
@@ -166,13 +124,33 @@ class Turn:
         # what decides whether its input is checked and rendered off the event loop.
         self.size_hint = 0
 
-    # -- emission ---------------------------------------------------------------------------------
+    # -- what a kind sees (StepIO) -------------------------------------------------------------------
 
-    def _event(self) -> events_pb2.ServerEvent:
+    @property
+    def tenant(self) -> str:
+        return self.ctx.tenant
+
+    @property
+    def session_id(self) -> str:
+        return self.ctx.session_id
+
+    @property
+    def mcp_sessions(self) -> McpSessions:
+        return self.ctx.mcp
+
+    def event(self) -> events_pb2.ServerEvent:
         return events_pb2.ServerEvent(stream_id=self.stream_id, response_id=self.response_id)
 
+    async def emit_all(self, events: Sequence[events_pb2.ServerEvent]) -> None:
+        for ev in events:
+            ev.stream_id, ev.response_id = self.stream_id, self.response_id
+            await self.ctx.outbox.put(ev)
+
+    async def emit_error(self, error: TetherError) -> None:
+        await self.ctx.emit_error(error, stream_id=self.stream_id, event_id=self.event_id)
+
     async def _emit_response(self, arm: str, response: response_pb2.Response) -> None:
-        ev = self._event()
+        ev = self.event()
         getattr(ev, arm).response.CopyFrom(response)
         await self.ctx.outbox.put(ev)
 
@@ -195,7 +173,7 @@ class Turn:
             self.services.telemetry.turn_refused(exc.code)
             await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
             return
-        self.response_id = prepared.response.id
+        self.response_id = self.facts.response_id = prepared.response.id
         run = self.response_run = self.services.runs.open(self.ctx.tenant, prepared.response, self.control,
                                                           self.response_run)  # fmt: skip
         if run.state.final:  # a background run cancelled before it started: nothing is created
@@ -207,7 +185,7 @@ class Turn:
                 await self._emit_response("created", prepared.response)
                 await self._emit_response("in_progress", prepared.response)
                 if warm_up_only(self.params):
-                    await self._finish(prepared, [], "completed", None, None)
+                    await self._finish(prepared, [], COMPLETED_ENDING, None, None)
                 else:
                     await self._generate(prepared)
             except asyncio.CancelledError:
@@ -314,7 +292,7 @@ class Turn:
             defer = not large and not compacting and not limiter.charges_input_tokens and bound <= route.context_window
             items = [*(parent_node.items() if parent_node else ()), *new_items] if defer else []
             entry = parent.entry
-            request = self._backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
+            request = self.backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
             defer = defer and not route.backend.reads_input_tokens(request)
         prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
         if not defer:
@@ -363,7 +341,7 @@ class Turn:
 
     # -- generation -------------------------------------------------------------------------------
 
-    def _backend_request(
+    def backend_request(
         self, route: Resolved, items: list[items_pb2.Item], input_tokens: int, *, affinity: str | None = None
     ) -> BackendRequest:
         p = self.params
@@ -392,8 +370,9 @@ class Turn:
             tenant=self.ctx.tenant,
         )
 
-    async def _stream_step(
-        self, builder: OutputBuilder, backend, request: BackendRequest, while_waiting: Callable[[], None] | None = None
+    async def stream(
+        self, builder: OutputBuilder, backend: Backend, request: BackendRequest,
+        while_waiting: Callable[[], None] | None = None,
     ) -> None:
         """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
         (`WakeupReader`: their text deltas merge into one event); `while_waiting` runs once, when
@@ -450,9 +429,9 @@ class Turn:
         return p.max_output_tokens if p.HasField("max_output_tokens") else self.services.limits.max_output_tokens
 
     async def _generate(self, prepared: Prepared) -> None:
-        """Run `_steps` and end the response however they stop: the model's finish, a backend
-        error, or the interruption the control carries (steer, client cancel, server cut). Two
-        bounds hold over all the steps: the output cap (`OutputCap`: past it the stream is
+        """Run the kind's steps and end the response however they stop: the model's finish, a
+        backend error, or the interruption the control carries (steer, client cancel, server cut).
+        Two bounds hold over all the steps: the output cap (`OutputCap`: past it the stream is
         closed and the response ends incomplete, `max_output_tokens`, billed at most the cap) and
         the deadline (`limits.max_turn_s` from here: past it the response fails with
         `backend_timeout`)."""
@@ -460,121 +439,63 @@ class Turn:
         self.output_cap = OutputCap(self._output_limit())
         deadlines = self.services.deadlines
         deadlines.watch(self.control)  # past `limits.max_turn_s`: interrupted as a CUT (backend_timeout)
-        error: TetherError | None = None
+        outcome, error = Outcome.COMPLETED, None
         finish: Finish | None = None
         try:
             try:
-                finish = await self._steps(prepared, builder)
+                finish = await self.kind.steps(self, prepared, builder)
             finally:
                 deadlines.forget(self.control)
         except TetherError as exc:  # a BackendError, or a rule of the steps (e.g. an append timeout)
-            error = exc
+            outcome, error = Outcome.FAILED, exc
         except Exception:  # a bug in a backend adapter fails this response, not the session
             log.exception("backend %s failed", prepared.route.backend.name)
-            error = BackendError(errors.BACKEND_ERROR, "The model backend failed.")
+            outcome, error = Outcome.FAILED, BackendError(errors.BACKEND_ERROR, "The model backend failed.")
         except asyncio.CancelledError:
             interruption = self.control.claim()  # claimed here: the lane must not swallow a second cancel
             if interruption is None:  # the session is going away
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if interruption is Outcome.STEERED:
-                await self._end(prepared, builder, Finish(reason=STEERED), None)
-                return
-            error = self.control.reason if interruption is Outcome.CUT else None
-            error = error or TetherError(errors.CANCELLED, "The response was cancelled by the client.")
-        await self._end(prepared, builder, self._finish_so_far(builder) if error else finish, error)
-
-    async def _steps(self, prepared: Prepared, builder: OutputBuilder) -> Finish:
-        """The backend calls of this turn: one, tokenising the new input while the backend
-        computes its first token when nothing before needed the count; with remote MCP servers,
-        the MCP loop's calls (`tether.core.mcp`). Returns how it stopped."""
-        if self.mcp is not None:
-            return await self.mcp.steps(self, prepared, builder)
-        request = prepared.request
-
-        def render_while_waiting() -> None:
-            with self.clock.stage("render_overlapped"):
-                request.input_tokens = prepared.render().input_tokens
-
-        while_waiting = None if prepared.rendered else render_while_waiting
-        await self._stream_step(builder, prepared.route.backend, request, while_waiting)
-        return builder.finish or Finish()
-
-    def _finish_so_far(self, builder: OutputBuilder) -> Finish | None:
-        """What a response that failed or was cancelled reports as its finish (usage): none for a
-        single backend call (the usage is estimated from the output)."""
-        return None
-
-    async def _end(
-        self, prepared: Prepared, builder: OutputBuilder, finish: Finish | None, error: TetherError | None
-    ) -> None:
-        """Close the open items and finish: the one ending of every generation (`error` set: it
-        failed or was cancelled; else `finish` says how the model stopped)."""
-        self.phase = Phase.FINISHING
-        self.control.end(Outcome.FAILED if error is not None else Outcome.COMPLETED)
+            outcome, error = interruption, self.control.reason if interruption is Outcome.CUT else None
+            if interruption is not Outcome.STEERED and error is None:
+                outcome, error = Outcome.CANCELLED, TetherError(errors.CANCELLED, "The response was cancelled by the client.")
         if error is not None:
-            await self._emit_all(builder.close_all("incomplete"))
+            finish = self.kind.finish_so_far()
+        await self._end(prepared, builder, outcome, finish, error)
+
+    async def _end(self, prepared: Prepared, builder: OutputBuilder, outcome: Outcome, finish: Finish | None,
+                   error: TetherError | None) -> None:  # fmt: skip
+        """Close the open items and finish: the one ending of every generation. `outcome`: how
+        the steps ended (`error`: what a failed or cancelled one reports; `finish`: how the model
+        stopped, or the usage so far of steps that failed)."""
+        self.phase = Phase.FINISHING
+        self.control.end(outcome)
+        end = ending(outcome, finish.reason if finish is not None and error is None else None, error)
+        if error is not None:
+            await self.emit_all(builder.close_all("incomplete"))
             self.services.telemetry.error(error.code)
-            status = "cancelled" if error.code == errors.CANCELLED else "failed"
-            await self._finish(prepared, builder.output, status, finish, error)
+            await self._finish(prepared, builder.output, end, finish, error)
             return
-        finish = finish or Finish()
         # A message cut by the output cap (or a filter) is itself incomplete, not just the response.
-        status = "completed" if finish.reason in ("stop", "tool_calls") else "incomplete"
-        await self._emit_all(builder.close_all(status))
-        output = await self._maybe_compact(prepared, builder, builder.output, finish)
-        await self._finish(prepared, output, status, finish, None)
+        await self.emit_all(builder.close_all(end.status))
+        output = await compact(self, prepared, builder, finish)
+        await self._finish(prepared, output, end, finish, None)
 
-    async def _emit_all(self, events: list[events_pb2.ServerEvent]) -> None:
-        for ev in events:
-            ev.stream_id, ev.response_id = self.stream_id, self.response_id
-            await self.ctx.outbox.put(ev)
+    # -- finalisation: named steps, in order ------------------------------------------------------
 
-    # -- compaction -------------------------------------------------------------------------------
+    async def _finish(self, prepared: Prepared, output: list[items_pb2.Item], end: Ending, finish: Finish | None,
+                      error: TetherError | None) -> None:  # fmt: skip
+        """Settle the Response, append to the conversation, publish (terminal event and bookkeeping)."""
+        usage = self._settle(prepared.response, prepared, output, end, finish)
+        if self._joins_conversation(prepared, end):
+            await self._append_to_conversation(prepared, output)
+        await self._publish(prepared, output, end, error, usage)
 
-    def _compact_threshold(self) -> int | None:
-        for cm in self.params.context_management:
-            if cm.type == "compaction":
-                return cm.compact_threshold if cm.HasField("compact_threshold") else None
-        return None
-
-    async def _maybe_compact(self, prepared: Prepared, builder: OutputBuilder, output: list, finish: Finish):
-        threshold = self._compact_threshold()
-        if threshold is None:
-            return output
-        produced = (finish.usage.output_tokens if finish.usage else None) or 0
-        if prepared.input_tokens + produced <= threshold:
-            return output
-        item_id = ids.compaction_id()
-        ev = self._event()
-        ev.compaction_compacting.item_id = item_id
-        ev.compaction_compacting.output_index = builder.next_index
-        await self.ctx.outbox.put(ev)
-        context = [*prepared.node.items(), *output]
-        summary = await self.services.summarize(
-            self.ctx.tenant, prepared.route, context, self.params.instructions or None,
-            ledger_id=item_id, store=prepared.response.store, affinity=finish.replica or None,
-        )  # fmt: skip
-        item = items_pb2.Item()
-        item.compaction.id = item_id
-        item.compaction.encrypted_content = encode_payload(summary.text, summary.keep)
-        _, events = builder.add_finished_item(item)
-        await self._emit_all(events)
-        return builder.output
-
-    # -- finalisation -----------------------------------------------------------------------------
-
-    async def _finish(
-        self,
-        prepared: Prepared,
-        output: list[items_pb2.Item],
-        status: str,
-        finish: Finish | None,
-        error: TetherError | None,
-    ) -> None:
-        clock = self.clock
-        r = prepared.response
-        r.status = status
+    def _settle(self, r: response_pb2.Response, prepared: Prepared, output: list[items_pb2.Item], end: Ending,
+                finish: Finish | None) -> TurnUsage:  # fmt: skip
+        """The finished Response: status, output, usage (charged to the rate limiter), backend
+        timing, error or incomplete reason, server_timing when asked. Returns the usage."""
+        r.status = end.status
         r.completed_at = int(self.services.clock.wall())
         del r.output[:]
         r.output.extend(output)
@@ -588,40 +509,47 @@ class Turn:
         u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
         u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
         u.total_tokens = usage.input_tokens + usage.output_tokens
-        services, tenant = self.services, self.ctx.tenant
-        services.rate_limiter.charge_output(tenant, usage.output_tokens)
+        self.services.rate_limiter.charge_output(self.ctx.tenant, usage.output_tokens)
         self.replica = finish.replica if finish else ""
         if finish and finish.timing:
             t = finish.timing
             r.backend_timing.queue_time, r.backend_timing.prompt_time = t.queue_time, t.prompt_time
             r.backend_timing.completion_time, r.backend_timing.total_time = t.completion_time, t.total_time
-        arm = "completed"
-        if error is not None and status == "failed":
+        error = end.error
+        if error is not None:
             r.error.code, r.error.message = error.code, error.message
             if error.retry_after:
                 r.error.retry_after_s = error.retry_after
-            arm = "failed"
-        elif status == "cancelled":  # no `response.cancelled` event exists: the incomplete one ends it
-            arm = "incomplete"
-        elif status == "incomplete":
-            # Within the API's list: max_output_tokens | max_messages | content_filter | steered.
-            reason = finish.reason if finish and finish.reason in (STEERED, "content_filter") else "max_output_tokens"
-            r.incomplete_details.reason = reason
-            arm = "incomplete"
+        elif end.incomplete_reason:
+            r.incomplete_details.reason = end.incomplete_reason
         if SERVER_TIMING_INCLUDE in self.params.include:
-            st = r.server_timing
+            clock, st = self.clock, r.server_timing
             for name, seconds in clock.stages.items():
                 st.stages_ms[name] = seconds * 1000
             st.overhead_ms = clock.overhead() * 1000
             st.usage_sources.update(usage.sources)
-        if (self.params.conversation and status in ("completed", "incomplete") and prepared.response.store
-                and not warm_up_only(self.params)):  # fmt: skip
-            # A warm-up generated nothing and leaves the conversation as it was: the real turn
-            # that follows sends the same input with `conversation` and appends it once.
-            # `store: false` keeps nothing: the conversation is read, not written.
-            with clock.stage("finalize"):  # before the terminal event: the next create reads them
-                added = [seg.item for seg in prepared.new_segments]
-                await services.conversations.append(tenant, self.params.conversation, [*added, *output])
+        return usage
+
+    def _joins_conversation(self, prepared: Prepared, end: Ending) -> bool:
+        """A create with `conversation` adds its input and output to it when it completed or is
+        incomplete, and stored. `store: false` keeps nothing: the conversation is read, not
+        written. A warm-up generated nothing and leaves the conversation as it was: the real
+        turn that follows sends the same input with `conversation` and appends it once."""
+        return (bool(self.params.conversation) and end.status in ("completed", "incomplete")
+                and prepared.response.store and not warm_up_only(self.params))  # fmt: skip
+
+    async def _append_to_conversation(self, prepared: Prepared, output: list[items_pb2.Item]) -> None:
+        with self.clock.stage("finalize"):  # before the terminal event: the next create reads them
+            added = [seg.item for seg in prepared.new_segments]
+            await self.services.conversations.append(self.ctx.tenant, self.params.conversation, [*added, *output])
+
+    async def _publish(self, prepared: Prepared, output: list[items_pb2.Item], end: Ending, error: TetherError | None,
+                       usage: TurnUsage) -> None:  # fmt: skip
+        """The terminal event and the bookkeeping, while continuations of this response wait
+        for it (`parents.begin_finishing`): the store write first, then the event, when
+        `store_durability` is `before_terminal`; else the event first, the bookkeeping paced
+        with other turns ending (the write overlapping the client's next turn)."""
+        r, services, clock = prepared.response, self.services, self.clock
         parents = self.ctx.parents
         finishing = parents.begin_finishing(r.id)
         if self.response_run is not None:
@@ -633,20 +561,20 @@ class Turn:
                 with clock.stage("finalize"):
                     out_segments, context = self._state_after(prepared, output)
                     await services.post.write_now(self._post_job(prepared, out_segments, context))
-                await self._emit_response(arm, r)
-                self._remember(prepared, status, error, context)
+                await self._emit_response(end.arm, r)
+                self._remember(prepared, end, error, context)
             else:
-                await self._emit_response(arm, r)
+                await self._emit_response(end.arm, r)
 
                 def bookkeeping() -> None:
                     with clock.stage("finalize"):
                         out_segments, context = self._state_after(prepared, output)
-                        self._remember(prepared, status, error, context)
+                        self._remember(prepared, end, error, context)
                         services.post.submit(self._post_job(prepared, out_segments, context))
 
                 await services.post.after_terminal(bookkeeping)  # paced with other turns ending
             services.telemetry.turn_finished(
-                self.ctx.transport, arm, clock.stages, clock.overhead(), clock.elapsed(), u, usage.sources
+                self.ctx.transport, end.arm, clock.stages, clock.overhead(), clock.elapsed(), r.usage, usage.sources
             )
         finally:
             finishing.set_result(None)
@@ -657,12 +585,12 @@ class Turn:
         out_segments = tuple(Segment.of(item_key(item), item) for item in output)
         return out_segments, Node.continue_with(prepared.node, out_segments)
 
-    def _remember(self, prepared: Prepared, status: str, error: TetherError | None, context: Node) -> None:
+    def _remember(self, prepared: Prepared, end: Ending, error: TetherError | None, context: Node) -> None:
         """Put the finished response into the connection cache (or evict its parent on error)."""
         r = prepared.response
         if error is not None:
             self._evict_parent_after_error()
-        elif status in ("completed", "incomplete"):
+        elif end.status in ("completed", "incomplete"):
             entry = CachedResponse(
                 response=r,
                 input_node=prepared.node,
@@ -716,7 +644,8 @@ class Turn:
 
 class TurnStrategy(Protocol):
     """The kind of turn a session runs (injected through the engine by the composition root):
-    which `Turn` answers a create, and whether a `response.append` belongs to one of its turns."""
+    the `Turn` that answers a create (a plain `Turn` with the kind, tether.core.kinds, the create
+    asks for), and whether a `response.append` belongs to one of its turns."""
 
     def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
              control: TurnControl, event_id: str) -> Turn: ...  # fmt: skip
@@ -728,7 +657,7 @@ class TurnStrategy(Protocol):
 
 
 class StandardTurns:
-    """The launched WebSocket mode: every create is a `Turn`, ended by its response."""
+    """The launched WebSocket mode: every create is a `Turn` of the standard kind, ended by its response."""
 
     def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
              control: TurnControl, event_id: str) -> Turn:  # fmt: skip

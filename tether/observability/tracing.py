@@ -19,13 +19,14 @@ Hooks (called by the transports, and by the core through its telemetry port: `tu
   metadata or HTTP/WebSocket headers with W3C `traceparent` / `tracestate`. It is kept in a
   context variable, so every turn started from that task, and from the session's lane tasks it
   creates, becomes a child of the caller's span.
-- `with turn_span(turn):` around `Turn.run`: starts the turn span (the current span while the
+- `with turn_span(facts):` around `Turn.run` (`facts`: the turn's `TurnFacts`, the only thing
+  of the turn it reads): starts the turn span (the current span while the
   turn runs, so instrumented HTTP clients of the backends nest under it) and, when the turn
   ends, records its stages as child spans *after the fact* from the StageClock durations,
   laid out back to back in pipeline order (validate, resolve, classify, render, route, backend
   with backend_ttft and stream children, finalize). Durations are exact; start offsets are
   approximate where a stage ran in pieces (validate runs before and after resolve).
-- `annotate_response(response)`: in `Turn._finish`, puts the outcome, usage and ids on the span;
+- `annotate_response(response)`: as a turn finishes, puts the outcome, usage and ids on the span;
   `annotate_error(code)`: a create refused with an in-band error before `response.created`.
 """
 
@@ -172,25 +173,24 @@ NOOP = _NoopTurn()
 
 
 class _LiveTurn:
-    __slots__ = ("_st", "_turn", "_span", "_token", "_start_ns")
+    __slots__ = ("_st", "_facts", "_span", "_token", "_start_ns")
 
-    def __init__(self, st: _State, turn: Any) -> None:
+    def __init__(self, st: _State, facts: Any) -> None:
         self._st = st
-        self._turn = turn
+        self._facts = facts
 
     def __enter__(self) -> _LiveTurn:
-        st, turn = self._st, self._turn
-        self._start_ns = time.time_ns() - int(turn.clock.elapsed() * 1e9)
-        ctx, params = turn.ctx, turn.params
+        st, facts = self._st, self._facts
+        self._start_ns = time.time_ns() - int(facts.clock.elapsed() * 1e9)
         attrs = {
-            "tether.transport": ctx.transport,
-            "tether.session.id": ctx.session_id,
-            "tether.model": params.model,
-            "tether.stream_id": turn.stream_id,
-            "tether.store": params.store if params.HasField("store") else True,
+            "tether.transport": facts.transport,
+            "tether.session.id": facts.session_id,
+            "tether.model": facts.model,
+            "tether.stream_id": facts.stream_id,
+            "tether.store": facts.store,
         }
-        if params.previous_response_id:
-            attrs["tether.previous_response_id"] = params.previous_response_id
+        if facts.previous_response_id:
+            attrs["tether.previous_response_id"] = facts.previous_response_id
         self._span = st.tracer.start_span(
             TURN_SPAN, context=_PARENT.get(), kind=st.kind, attributes=attrs, start_time=self._start_ns
         )
@@ -198,27 +198,28 @@ class _LiveTurn:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        st, span, turn = self._st, self._span, self._turn
+        st, span, facts = self._st, self._span, self._facts
         st.context.detach(self._token)
-        if turn.response_id:
-            span.set_attribute("tether.response.id", turn.response_id)
+        if facts.response_id:
+            span.set_attribute("tether.response.id", facts.response_id)
         if exc is not None:
             span.record_exception(exc)
             span.set_status(st.Status(st.StatusCode.ERROR, type(exc).__name__))
-        elif not turn.response_id:  # refused before `created` (an in-band error answered it)
+        elif not facts.response_id:  # refused before `created` (an in-band error answered it)
             span.set_status(st.Status(st.StatusCode.ERROR, "refused"))
-        record_stages(span, turn.clock.stages, self._start_ns)
+        record_stages(span, facts.clock.stages, self._start_ns)
         span.end()
         return False
 
 
-def turn_span(turn: Any) -> Any:
-    """`with turn_span(turn):` around a turn. Reads `turn.clock`, `.ctx` (transport, session id),
-    `.params`, `.stream_id` and `.response_id`; a shared no-op when tracing is off."""
+def turn_span(facts: Any) -> Any:
+    """`with turn_span(facts):` around a turn (`facts`: its `tether.core.telemetry.TurnFacts`:
+    transport, session id, stream id, model, store, previous_response_id, the stage clock, the
+    response id once known); a shared no-op when tracing is off."""
     st = _state
     if st is None:
         return NOOP
-    return _LiveTurn(st, turn)
+    return _LiveTurn(st, facts)
 
 
 def annotate_response(response: Any) -> None:
