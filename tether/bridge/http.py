@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -42,6 +42,7 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
 from tether.core.outbox import Outgoing
+from tether.core.pump import Pump, PumpEnd, Until, singles
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
@@ -53,8 +54,7 @@ from tether.errors import (
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
-from tether.protocol.wire import TERMINAL_ARMS
-from tether.responses.v1 import events_pb2, service_pb2
+from tether.responses.v1 import service_pb2
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [
@@ -165,48 +165,53 @@ class HttpHandlers:
                 await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(response)))
             return
         events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes)
+        source = singles(events)
+        pump = Pump(Until.RESPONSE_END)  # it says when the response ended, and whether it was refused
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
-                first = await anext(aiter(events), None)
-                if first is not None and first.WhichOneof("event") == "error":
-                    raise common.InBandError.from_proto(first.error.error)
                 if stream:
-                    await self._stream_sse(req, first, events, watch)
+                    await self._stream_sse(req, pump, source, watch)
                 else:
-                    body, retry_after = await _final_response(first, events)
+                    await pump.run(source, _DISCARD)
+                    body, retry_after = _final_response(pump)
                     watch.finishing()
                     await send_json(req.send, 200, body, common.retry_after_headers(retry_after or None))
             finally:
+                await _aclose(source)
                 await _aclose(events)
 
     async def _stream_sse(
         self,
         req: HttpRequest,
-        first: events_pb2.ServerEvent | None,
-        events: AsyncIterator[events_pb2.ServerEvent],
+        pump: Pump,
+        source: AsyncIterator[Sequence[Outgoing]],
         watch: _DisconnectWatch,
         *,
-        started: bool = True,
+        started: bool = False,
     ) -> None:
-        """`first` (the create's first event, already read) and the rest of `events` as SSE;
-        `started=False`: no event was read yet (a run followed by id)."""
-        send = req.send
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        """`source` through `pump` as SSE. The headers go out with the first event (a refused
+        create is answered with its error's HTTP status instead), or at once with `started`
+        (a run followed by id)."""
+        writer = _SseWriter(req.send)
+        if started:
+            await writer.start()
         try:
-            if first is not None:
-                await send({"type": "http.response.body", "body": sse_frame(first), "more_body": True})
-            if first is not None or not started:
-                async for ev in events:
-                    await send({"type": "http.response.body", "body": sse_frame(ev), "more_body": True})
+            end = await pump.run(source, writer)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the headers are out: report in-band, as the core would
-            err = common.as_tether_error(exc)
+        except Exception as exc:
+            if not writer.started:  # nothing is out yet: the error is the answer's status
+                raise
+            err = common.as_tether_error(exc)  # the headers are out: report in-band, as the core would
             self.ctx.count_error(err)
-            frame = sse_frame(common.error_event(err))
-            await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await writer.write((common.error_event(err),))
+        else:
+            if end is PumpEnd.REFUSED:
+                assert pump.error is not None
+                raise common.InBandError.from_proto(pump.error)
+            await writer.start()  # a stream that ended without any event
         watch.finishing()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await req.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # GET /v1/responses (without an upgrade)
     async def upgrade_required(self, req: HttpRequest) -> None:
@@ -231,10 +236,12 @@ class HttpHandlers:
     async def _follow(self, req: HttpRequest, response_id: str, after: int) -> None:
         """SSE: a run's events numbered above `after`, then the live ones until its end."""
         events = await self.ctx.api.follow_response(req.tenant, response_id, after)
+        source = singles(events)
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
-                await self._stream_sse(req, None, events, watch, started=False)
+                await self._stream_sse(req, Pump(), source, watch, started=True)
             finally:
+                await _aclose(source)
                 await _aclose(events)
 
     # POST /v1/responses/{id}/cancel
@@ -400,26 +407,47 @@ def sse_frame(ev: Outgoing) -> bytes:
     return b"event: " + obj["type"].encode() + b"\ndata: " + json_codec.dumps(obj) + b"\n\n"
 
 
-async def _final_response(
-    first: events_pb2.ServerEvent | None, events: AsyncIterator[events_pb2.ServerEvent]
-) -> tuple[bytes, float]:
+def _final_response(pump: Pump) -> tuple[bytes, float]:
     """The terminal Response of a non-streamed create, as JSON, and its retry hint in seconds
     (`error.retry_after_s` of a rate-limited failure, 0 without one)."""
-
-    async def all_events() -> AsyncIterator[events_pb2.ServerEvent]:
-        if first is not None:
-            yield first
-            async for ev in events:
-                yield ev
-
-    async for ev in all_events():
-        arm = ev.WhichOneof("event")
-        if arm in TERMINAL_ARMS:
-            response = getattr(ev, arm).response
-            return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
-        if arm == "error":
-            raise common.InBandError.from_proto(ev.error.error)
+    response = pump.response
+    if response is not None:
+        return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
+    if pump.error is not None:  # refused, or ended by an error on the way
+        raise common.InBandError.from_proto(pump.error)
     raise TetherError(SERVER_ERROR, "The response ended without a terminal event.")
+
+
+class _SseWriter:
+    """The pump's writer for SSE: the headers once (`start`), then a frame per event."""
+
+    __slots__ = ("_send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+
+    async def start(self) -> None:
+        if not self.started:
+            self.started = True
+            await self._send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        if not self.started:
+            await self.start()
+        body = b"".join([sse_frame(ev) for ev in batch])
+        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        return True
+
+
+class _Discard:
+    """The pump's writer for a non-streamed create: nothing goes out before the final Response."""
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        return True
+
+
+_DISCARD = _Discard()
 
 
 def _int_param(q: dict[str, str], name: str) -> int:

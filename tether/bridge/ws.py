@@ -7,15 +7,16 @@ and `json_codec.client_event_from_json`, then `session.send`. A frame that fails
 SDK's lane wrapper delivers it to the right lane; the session and its state are untouched. A large
 frame is decoded in the offload thread (`tether.offload`), not on the event loop.
 
-Outbound: every batch of `session.events()` is written event by event, one text frame each. When
-`events()` ends the socket closes: 1001 (going away) if the session's last `error` was
-`server_shutting_down`, otherwise 1000 (lifetime limit, idle timeout). When the client goes away,
-`session.close()` cancels whatever the session was generating and frees its state.
+Outbound: the core's pump (`tether.core.pump`) moves the batches of `session.events()` into this
+connection, which writes each event as one text frame. How the stream ended is the pump's answer:
+the session ended after `server_shutting_down` -> close 1001 (going away); it ended otherwise
+(lifetime limit, idle timeout) -> 1000. When the client goes away, `session.close()` cancels
+whatever the session was generating and frees its state.
 
 Draining (server stop): a connection with no response in flight closes at once (an `error`
 `server_shutting_down`, then 1001); one with responses in flight closes when they end, or when the
-grace period runs out. "In flight" is counted from the event stream itself (`response.created`
-up to the terminal event), which is bookkeeping, not protocol logic.
+grace period runs out. What is in flight is the pump's count (the session's runs), not this
+module's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tether import offload
@@ -32,11 +33,11 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.ws_transport import TEXT_UTF8
 from tether.config import Limits
 from tether.core.api import SessionHandle
-from tether.core.outbox import Delta
+from tether.core.outbox import Outgoing
+from tether.core.pump import Pump, PumpEnd
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing
 from tether.protocol import json_codec
-from tether.protocol.wire import TERMINAL_ARMS
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
@@ -83,15 +84,14 @@ class WsConnection:
         self._send_lock = asyncio.Lock()
         self._closed = False  # our close frame is out (or the client is gone)
         self._stop = asyncio.Event()  # the server wants this connection closed
-        self._draining = False
-        self.in_flight: set[str] = set()
+        self._pump = Pump(in_flight=session.responses_in_flight)
         self.close_code: int | None = None
 
     # -- server side controls -------------------------------------------------------------
 
     def begin_drain(self) -> None:
-        self._draining = True
-        if not self.in_flight:
+        """Close once no response is in flight (at once when none is)."""
+        if self._pump.drain():
             self._stop.set()
 
     def force_close(self) -> None:
@@ -111,8 +111,7 @@ class WsConnection:
                 done, _ = await asyncio.wait({writer, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done and writer not in done:
                 await _cancel(writer, reader)
-                shutdown = TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.")
-                await self._close(CLOSE_GOING_AWAY, shutdown)
+                await self._close(CLOSE_GOING_AWAY, _shutting_down())
         finally:
             await _cancel(*tasks)
             self._closed = True
@@ -145,28 +144,22 @@ class WsConnection:
                 return True
 
     async def _write_events(self) -> None:
-        last_error = ""
-        in_flight = self.in_flight
+        end = await self._pump.run(self._session.events(lazy_deltas=True), self)
+        if end is PumpEnd.DRAINED:
+            await self._close(CLOSE_GOING_AWAY, _shutting_down())
+        elif end is not PumpEnd.WRITER_GONE:
+            await self._close(CLOSE_GOING_AWAY if end is PumpEnd.SHUTTING_DOWN else CLOSE_NORMAL)
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        """One batch of the pump: a text frame per event. False: the client is gone."""
+        frames = [common.encode_event(ev, ws=True).decode() for ev in batch]
         send = self._send
-        async for batch in self._session.events(lazy_deltas=True):
-            frames = []
-            for ev in batch:
-                arm = "delta" if type(ev) is Delta else ev.WhichOneof("event")
-                if arm == "created":
-                    in_flight.add(ev.created.response.id)
-                elif arm in TERMINAL_ARMS:
-                    in_flight.discard(getattr(ev, arm).response.id)
-                elif arm == "error":
-                    last_error = ev.error.error.code
-                frames.append(common.encode_event(ev, ws=True).decode())
-            async with self._send_lock:
-                if self._closed:
-                    return
-                for text in frames:
-                    await send({"type": "websocket.send", "text": text})
-            if self._draining and not in_flight:
-                self._stop.set()
-        await self._close(CLOSE_GOING_AWAY if last_error == SERVER_SHUTTING_DOWN else CLOSE_NORMAL)
+        async with self._send_lock:
+            if self._closed:
+                return False
+            for text in frames:
+                await send({"type": "websocket.send", "text": text})
+        return True
 
     async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
         self._ctx.count_error(err)
@@ -219,6 +212,10 @@ def _lane_of(obj: Any, err: TetherError, text: str | bytes) -> str:
     return sid if isinstance(sid, str) and _LANE.fullmatch(sid) else ""
 
 
+def _shutting_down() -> TetherError:
+    return TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down.")
+
+
 async def _cancel(*tasks: asyncio.Task[Any]) -> None:
     for task in tasks:
         task.cancel()
@@ -233,7 +230,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
     if message["type"] != "websocket.connect":
         return
     if app.draining:
-        await deny(ctx, scope, send, TetherError(SERVER_SHUTTING_DOWN, "The server is shutting down."))
+        await deny(ctx, scope, send, _shutting_down())
         return
     try:
         tenant, subprotocol = console.ws_credentials(app.console, ctx, scope)

@@ -35,6 +35,12 @@ class SessionHandle(Protocol):
 
     def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]: ...
 
+    def responses_in_flight(self) -> int | None:
+        """Responses begun and not ended yet, from the session's runs; None when this side
+        cannot tell (a session forwarded to a remote engine: the pump counts from its events,
+        `tether.core.pump`)."""
+        ...
+
     async def close(self) -> None:
         """Client went away: cancel active and queued responses, free the session's state."""
         ...

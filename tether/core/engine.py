@@ -27,9 +27,10 @@ from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.deadlines import TurnDeadlines
 from tether.core.items import request_input
-from tether.core.outbox import CoalesceWindow, Delta, Outgoing
+from tether.core.outbox import CoalesceWindow, Outgoing
 from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
+from tether.core.pump import RESPONSE_ENDS, Pump, Until
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.run import ReplayGap, ResponseRun, Runs
@@ -41,7 +42,6 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.telemetry import Telemetry
 from tether.core.turn import STANDARD_TURNS, TurnStrategy, response_skeleton
 from tether.errors import TetherError
-from tether.protocol.wire import TERMINAL_ARMS
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
@@ -354,26 +354,22 @@ class Engine:
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None,
     ) -> AsyncIterator[Outgoing]:
-        """A stateless create: a one-turn session (hydrating from the store when continuing)."""
+        """A stateless create: a one-turn session (hydrating from the store when continuing),
+        whose events end where the pump says its one response ended (`tether.core.pump`)."""
         session = await self.open_session(tenant, transport="http")
-        ended = False
+        pump = Pump(Until.RESPONSE_END)
         try:
             request = service_pb2.SessionRequest()
             request.create.CopyFrom(params)
             request.create.ClearField("stream_id")
             await session.send(request, nbytes=nbytes)
             async for batch in session.events(lazy_deltas=lazy_deltas):
-                for event in batch:
-                    if type(event) is Delta:
-                        yield event
-                        continue
-                    arm = event.WhichOneof("event")
-                    ended = arm in TERMINAL_ARMS or (arm == "error" and not event.response_id)
+                for event in pump.feed(batch):
                     yield event
-                    if ended:
-                        return
+                if pump.end is not None:
+                    return
         finally:
-            if ended:  # the caller may stop at the terminal event; the turn still files its state
+            if pump.end in RESPONSE_ENDS:  # the caller may stop at the end; the turn still files its state
                 await session.wait_idle()
             await session.close()  # otherwise the caller went away: cancel the generation
 

@@ -237,6 +237,10 @@ class Outbox:
         self._runs[run.id] = run
         run.sink = self
 
+    def runs_in_flight(self) -> int:
+        """Bound runs whose terminal event has not left yet (a run leaves `_runs` with it)."""
+        return sum(1 for run in self._runs.values() if not run.state.final)
+
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
         """Queue a last event past the bound (connection-fatal errors) so close never blocks."""
         if not self._closed:

@@ -165,6 +165,11 @@ class Session:
                 return
             yield batch
 
+    def responses_in_flight(self) -> int:
+        """Responses of this session whose terminal event has not left its outbox yet (their runs
+        are bound to it from just before `response.created`): what a draining transport waits for."""
+        return self.outbox.runs_in_flight()
+
     async def close(self) -> None:
         """The client went away: cancel everything and free the connection's state, except the
         turns of stored responses in flight: those the session detaches (module docstring) and

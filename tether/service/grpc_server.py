@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -22,7 +22,8 @@ from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.core.conversations import RPCS as CONVERSATION_RPCS
-from tether.core.outbox import Delta
+from tether.core.outbox import Delta, Outgoing
+from tether.core.pump import Pump, PumpEnd, singles
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
@@ -78,6 +79,27 @@ async def _end_call(context: grpc.aio.ServicerContext, exc: TetherError) -> None
     await context.abort(wire.grpc_status_for(exc), exc.message)
 
 
+class _MessageWriter:
+    """The pump's writer for a streaming RPC: one `message_type` (its repeated `events`) per
+    batch. `records`: the batches may hold `Delta` records (a run's log keeps merged deltas so),
+    sent as events; a session's or a create's batches are protobuf events already."""
+
+    __slots__ = ("_context", "_message_type", "_records")
+
+    def __init__(self, context: grpc.aio.ServicerContext, message_type: type, *, records: bool = False) -> None:
+        self._context = context
+        self._message_type = message_type
+        self._records = records
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        message = self._message_type()
+        if self._records:
+            batch = [ev.to_event() if type(ev) is Delta else ev for ev in batch]
+        message.events.extend(batch)
+        await self._context.write(message)
+        return True
+
+
 def _uncounted(code: str) -> None:
     return None
 
@@ -120,7 +142,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
 
         malformed: list[_Undecodable] = []
 
-        async def pump() -> None:
+        async def read_requests() -> None:
             try:
                 async for request in request_iterator:
                     if isinstance(request, _Undecodable):
@@ -136,21 +158,16 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await session.close()
 
         tracing.adopt_parent(context.invocation_metadata())
-        reader = asyncio.create_task(pump())
-        last: list = []
+        reader = asyncio.create_task(read_requests())
         try:
-            async for batch in session.events():
-                response = service_pb2.SessionResponse()
-                response.events.extend(batch)
-                last = batch
-                yield response
+            end = await Pump().run(session.events(), _MessageWriter(context, service_pb2.SessionResponse))
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
             await session.close()
         if malformed:
             await self._abort(context, _malformed(malformed[0]))
-        if last and last[-1].error.error.code == errors.SERVER_SHUTTING_DOWN:
+        if end is PumpEnd.SHUTTING_DOWN:
             # The reason went in-band; the status (with its metadata) says the same to the channel.
             await _end_call(context, TetherError(errors.SERVER_SHUTTING_DOWN, "server shutting down; reconnect"))
 
@@ -163,9 +180,9 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await self._abort(context, exc)
             return
         tracing.adopt_parent(context.invocation_metadata())
-        try:
-            async for event in self._api.create(tenant, request.params):
-                yield service_pb2.CreateResponseResponse(events=[event])
+        try:  # one message per event: the engine's create yields them one by one
+            await Pump().run(singles(self._api.create(tenant, request.params)),
+                             _MessageWriter(context, service_pb2.CreateResponseResponse))  # fmt: skip
         except TetherError as exc:  # refused at admission (connections per key, shutting down)
             await self._abort(context, exc)
 
@@ -189,8 +206,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             tenant = self._tenant(context)
             after = request.starting_after if request.HasField("starting_after") else -1
             events = await self._api.follow_response(tenant, request.response_id, after)
-            async for ev in events:  # a run's log holds merged deltas as records: sent as events
-                yield service_pb2.StreamResponseResponse(events=[ev.to_event() if type(ev) is Delta else ev])
+            await Pump().run(singles(events), _MessageWriter(context, service_pb2.StreamResponseResponse, records=True))
         except TetherError as exc:
             await self._abort(context, exc)
 

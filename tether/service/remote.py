@@ -39,6 +39,7 @@ from typing import Any
 import grpc
 
 from tether.auth import Authenticator, _bearer
+from tether.core.pump import connection_error
 from tether.errors import (
     INVALID_API_KEY,
     INVALID_REQUEST,
@@ -134,9 +135,12 @@ class RemoteSession:
                 return
             events = message.events
             if events:
-                last = events[-1]
-                ended_with_error = last.WhichOneof("event") == "error" and not last.response_id
+                ended_with_error = connection_error(events[-1]) is not None
             yield events
+
+    def responses_in_flight(self) -> None:
+        """Not known on this side: the runs are the upstream's (the pump counts from the events)."""
+        return None
 
     async def close(self) -> None:
         if not self._closed:

@@ -1,0 +1,220 @@
+"""The pump: the one loop that moves server events from a source to a transport, and the one
+place that knows a stream's lifecycle.
+
+Every transport drains something: a session's batches (WebSocket, the gRPC `Session` RPC), a
+one-response stream (a stateless create: HTTP `POST /v1/responses`, gRPC `CreateResponse`), or a
+run followed from `after=n` (`GET /v1/responses/{id}?stream=true`, gRPC `StreamResponse`). Each
+of them needs the same answers: when has a one-response stream ended (its terminal event, or a
+connection-scoped `error` instead of a response), why did a session's stream end (the server
+shutting down says so in its last event: WebSocket close 1001, a gRPC status), and, while the
+server drains, when is nothing in flight any more. Those answers live here, so no transport
+pattern-matches event arms for them; a transport only encodes and writes (`Writer`).
+
+Where "in flight" comes from: a session in this process answers from its runs
+(`SessionHandle.responses_in_flight`: the runs bound to its outbox whose terminal event has not
+left it, `ResponseRun.state`). A session that cannot tell (one forwarded to a remote engine)
+answers None, and the pump counts `response.created` up to the terminal event itself.
+
+Cost: nothing per event on a session's stream (the hot path): per batch a few attribute reads
+and the writer's one await; the last batch is kept to read its last event once the source ends.
+A one-response stream looks at each of its non-delta events (as the create path always did),
+and a remote session's stream at each of its events, to count what is in flight.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from typing import Protocol
+
+from tether.core.outbox import Delta, Outgoing
+from tether.errors import SERVER_SHUTTING_DOWN
+from tether.protocol.wire import TERMINAL_ARMS
+from tether.responses.v1 import events_pb2, response_pb2
+
+
+class Until(enum.Enum):
+    """What ends a stream besides its source running dry."""
+
+    SOURCE_END = "source_end"  # a session, a followed run: whatever the source gives
+    RESPONSE_END = "response_end"  # a one-response stream: its terminal event, or an error instead
+
+
+class PumpEnd(enum.Enum):
+    """How a pump ended."""
+
+    TERMINAL = "terminal"  # one-response stream: its terminal event went out
+    REFUSED = "refused"  # one-response stream: its first event is an `error` (not written by `run`)
+    ABORTED = "aborted"  # one-response stream: a connection-scoped `error` after it began
+    SHUTTING_DOWN = "shutting_down"  # the source ended after a `server_shutting_down` error
+    DRAINED = "drained"  # draining, and no response is in flight any more
+    SOURCE_ENDED = "source_ended"  # the source has nothing more (lifetime, idle, a run's end)
+    WRITER_GONE = "writer_gone"  # the writer's peer is gone
+
+
+RESPONSE_ENDS = frozenset({PumpEnd.TERMINAL, PumpEnd.REFUSED, PumpEnd.ABORTED})
+
+
+class PumpState(enum.Enum):
+    """RUNNING moves batches; DRAINING (the server stops) moves them until nothing is in flight;
+    ENDED is final. The only ways: RUNNING -> DRAINING -> ENDED and RUNNING -> ENDED
+    (`next_pump_state`)."""
+
+    RUNNING = "running"
+    DRAINING = "draining"
+    ENDED = "ended"
+
+
+_TRANSITIONS = {
+    PumpState.RUNNING: {PumpState.DRAINING, PumpState.ENDED},
+    PumpState.DRAINING: {PumpState.DRAINING, PumpState.ENDED},  # asked to drain twice: no-op
+    PumpState.ENDED: {PumpState.ENDED},  # a drain that comes after the end changes nothing
+}
+
+
+def next_pump_state(current: PumpState, wanted: PumpState) -> PumpState:
+    """The one transition function of `PumpState`: `wanted`, or ValueError for a way back."""
+    if wanted not in _TRANSITIONS[current]:
+        raise ValueError(f"pump cannot go from {current.value} to {wanted.value}")
+    return wanted
+
+
+class Writer(Protocol):
+    """A transport's side: encode and write one batch (a transport opens its source with the
+    event form its encoding wants: `Delta` records for JSON, protobuf events for gRPC)."""
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        """Write `batch`; False when the peer is gone (the pump stops)."""
+        ...
+
+
+def connection_error(event: Outgoing) -> events_pb2.Error | None:
+    """The error of a connection-scoped `error` event (one that names no response), else None."""
+    if type(event) is Delta or event.response_id or event.WhichOneof("event") != "error":  # type: ignore[union-attr]
+        return None
+    return event.error.error  # type: ignore[union-attr]
+
+
+async def singles(events: AsyncIterable[Outgoing]) -> AsyncIterator[Sequence[Outgoing]]:
+    """A source of one-event batches, for an API that yields events one by one."""
+    async for event in events:
+        yield (event,)
+
+
+class Pump:
+    """One stream's pump (module docstring). `feed` is the lifecycle, pure and synchronous, for
+    a caller that drives the source itself (the engine's one-turn create); `run` drives a
+    source into a `Writer`. `in_flight`: the source's count of responses in flight
+    (`SessionHandle.responses_in_flight`; one that answers None has them counted from the
+    events), for a pump that may be drained; without it `drain` is a programming error."""
+
+    __slots__ = ("until", "state", "end", "last", "error", "_in_flight", "_ids", "_started")
+
+    def __init__(self, until: Until = Until.SOURCE_END, in_flight: Callable[[], int | None] | None = None) -> None:
+        self.until = until
+        self.state = PumpState.RUNNING
+        self.end: PumpEnd | None = None
+        self.last: events_pb2.ServerEvent | None = None  # the event that ended a one-response stream
+        self.error: events_pb2.Error | None = None  # the last connection-scoped error seen at an end
+        self._in_flight = in_flight
+        # Response ids between `created` and their terminal event, when the source cannot count them.
+        self._ids: set[str] | None = None
+        if until is Until.SOURCE_END and in_flight is not None and in_flight() is None:
+            self._ids = set()
+        self._started = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Responses of the source in flight now."""
+        if self._ids is not None:
+            return len(self._ids)
+        if self._in_flight is None:
+            raise ValueError("this pump does not know what is in flight (no `in_flight` given)")
+        return self._in_flight() or 0
+
+    @property
+    def response(self) -> response_pb2.Response | None:
+        """The Response of a one-response stream's terminal event (None before, or without one)."""
+        last = self.last
+        if self.end is not PumpEnd.TERMINAL or last is None:
+            return None
+        return getattr(last, last.WhichOneof("event")).response  # type: ignore[arg-type]
+
+    def drain(self) -> bool:
+        """The server stops: end once nothing is in flight. True when nothing is now."""
+        if self.state is PumpState.ENDED:
+            return True
+        self.state = next_pump_state(self.state, PumpState.DRAINING)
+        return self.in_flight == 0
+
+    def _finish(self, end: PumpEnd) -> PumpEnd:
+        self.state = next_pump_state(self.state, PumpState.ENDED)
+        self.end = end
+        return end
+
+    def feed(self, batch: Sequence[Outgoing]) -> Sequence[Outgoing]:
+        """Account for `batch`; what of it goes to the transport (a one-response stream's batch
+        is cut after the event that ended it). Sets `end` when the stream ended with it."""
+        if self.until is Until.SOURCE_END:
+            ids = self._ids
+            if ids is not None:
+                for ev in batch:
+                    if type(ev) is Delta:
+                        continue
+                    arm = ev.WhichOneof("event")  # type: ignore[union-attr]
+                    if arm == "created":
+                        ids.add(ev.created.response.id)  # type: ignore[union-attr]
+                    elif arm in TERMINAL_ARMS:
+                        ids.discard(getattr(ev, arm).response.id)  # type: ignore[arg-type]
+            return batch
+        for i, ev in enumerate(batch):
+            if type(ev) is Delta:
+                continue
+            arm = ev.WhichOneof("event")  # type: ignore[union-attr]
+            if arm in TERMINAL_ARMS:
+                end = PumpEnd.TERMINAL
+            elif arm != "error":
+                continue
+            elif not (self._started or i):  # an error instead of the response
+                end = PumpEnd.REFUSED
+            elif not ev.response_id:  # type: ignore[union-attr]
+                end = PumpEnd.ABORTED
+            else:  # a request-scoped error along the way (the response goes on)
+                continue
+            if end is not PumpEnd.TERMINAL:
+                self.error = ev.error.error  # type: ignore[union-attr]
+            self.last = ev  # type: ignore[assignment]
+            self._finish(end)
+            return batch if i == len(batch) - 1 else batch[: i + 1]
+        self._started = True
+        return batch
+
+    def _source_ended(self, last: Sequence[Outgoing]) -> PumpEnd:
+        """The source ran dry; its last batch says whether the server was shutting down."""
+        error = connection_error(last[-1]) if last else None
+        if error is not None:
+            self.error = error
+            if error.code == SERVER_SHUTTING_DOWN:
+                return self._finish(PumpEnd.SHUTTING_DOWN)
+        return self._finish(PumpEnd.SOURCE_ENDED)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self, source: AsyncIterable[Sequence[Outgoing]], writer: Writer) -> PumpEnd:
+        """Move `source`'s batches into `writer` until one of the ends of `PumpEnd`. A refused
+        one-response stream's error is not written: the transport answers it (`error`)."""
+        last: Sequence[Outgoing] = ()
+        async for batch in source:
+            out = self.feed(batch)
+            if self.end is PumpEnd.REFUSED:
+                return self.end
+            if not await writer.write(out):
+                return self._finish(PumpEnd.WRITER_GONE)
+            if self.end is not None:
+                return self.end
+            if self.state is PumpState.DRAINING and self.in_flight == 0:
+                return self._finish(PumpEnd.DRAINED)
+            last = batch
+        return self._source_ended(last)
