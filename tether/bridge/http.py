@@ -4,10 +4,11 @@ Each handler takes an `HttpRequest` and either sends its response or raises `Tet
 app renders every error the same way (`common.http_error_body`). Create streams SSE frames
 (`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape) or collects the final Response
 (HTTP 200 also for a failed response: the failure is in the body, with `Retry-After` when the
-upstream rate-limited it). A request error of a create
-arrives as the stream's first event, or is raised by the API's `create` (a refusal at admission:
-too many connections for the key, shutting down; over gRPC, the call's status), before anything is
-sent, so it still becomes a proper HTTP status. Errors answered here are counted once
+upstream rate-limited it), through the core's pump (`tether.core.pump`), which says where the
+one response ended and whether it was refused. A request error of a create
+arrives as the stream's first event (the pump's `REFUSED`), or is raised by the API's `create` (a
+refusal at admission: too many connections for the key, shutting down; over gRPC, the call's
+status), before anything is sent, so it still becomes a proper HTTP status. Errors answered here are counted once
 (`BridgeContext.count_error`). A client that disconnects cancels its create (the generator is closed, which cancels the
 generation in the core).
 

@@ -206,14 +206,21 @@ class Pump:
         """Move `source`'s batches into `writer` until one of the ends of `PumpEnd`. A refused
         one-response stream's error is not written: the transport answers it (`error`)."""
         last: Sequence[Outgoing] = ()
+        # A session whose runs say what is in flight needs nothing from each batch: not even a call.
+        feed = None if self.until is Until.SOURCE_END and self._ids is None else self.feed
+        write = writer.write
         async for batch in source:
-            out = self.feed(batch)
-            if self.end is PumpEnd.REFUSED:
-                return self.end
-            if not await writer.write(out):
-                return self._finish(PumpEnd.WRITER_GONE)
-            if self.end is not None:
-                return self.end
+            if feed is None:
+                if not await write(batch):
+                    return self._finish(PumpEnd.WRITER_GONE)
+            else:
+                out = feed(batch)
+                if self.end is PumpEnd.REFUSED:
+                    return self.end
+                if not await write(out):
+                    return self._finish(PumpEnd.WRITER_GONE)
+                if self.end is not None:
+                    return self.end
             if self.state is PumpState.DRAINING and self.in_flight == 0:
                 return self._finish(PumpEnd.DRAINED)
             last = batch

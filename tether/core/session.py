@@ -1,6 +1,7 @@
 """A session: one agent connection's state and its lanes, independent of any transport.
 
-Transports feed it client events (`send`) and drain server events (`events`); it never touches a
+Transports feed it client events (`send`) and drain server events (`events`, through the pump,
+`tether.core.pump`, which asks `responses_in_flight` while the server drains); it never touches a
 socket. It owns:
 - the connection cache of recent responses (`ResponseCache`), so `previous_response_id` costs
   O(new input);

@@ -1,7 +1,10 @@
 """The gRPC adapter: `ResponsesService` over a `ResponsesAPI`, plus health and reflection.
 
-Nothing here interprets the protocol. The Session RPC pumps client events into the session and
-session batches out (one SessionResponse per batch); unary RPCs call the API and map a
+Nothing here interprets the protocol. The Session RPC feeds client events into the session; the
+core's pump (`tether.core.pump`) moves its batches out (one SessionResponse per batch) and says
+whether the session ended with the server shutting down (then the call's status says so too).
+`CreateResponse` and `StreamResponse` go through the same pump, one event per message. Unary
+RPCs call the API and map a
 `TetherError` to a gRPC status with `tether-error-code`, `tether-error-param` and
 `tether-error-status` trailing metadata. The API key travels as `authorization: Bearer <key>`.
 """
