@@ -92,8 +92,9 @@ async def run_turns(wl: workloads.Workload, tps: float, reps: int) -> dict:
                 if previous:
                     body["previous_response_id"] = previous
                 cpu0 = time.process_time()
-                request = json_codec.client_event_from_json(common.decode_object(orjson.dumps(body), limits))
-                await session.send(request)
+                text = orjson.dumps(body)
+                request = json_codec.client_event_from_json(common.decode_object(text, limits))
+                await session.send(request, nbytes=len(text))  # as the WebSocket transport does
                 response, _ = await _until_terminal(events)
                 cpu_per_turn.append(time.process_time() - cpu0)
                 timing = response.get("server_timing") or {}

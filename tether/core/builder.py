@@ -298,9 +298,13 @@ class OutputBuilder:
             call.name = chunk.name
         if chunk.arguments:
             call.pieces.append(chunk.arguments)
-            if call.kind == "mcp_approval_request":
+            kind = call.kind
+            if kind == "function_call":
+                arm = "function_call_arguments_delta"
+            elif kind == "mcp_approval_request":
                 return  # sent whole when it closes
-            arm = _ARGUMENT_DELTAS.get(call.kind, "function_call_arguments_delta")
+            else:
+                arm = _ARGUMENT_DELTAS[kind]
             _delta(events, arm, call, chunk.arguments)
 
     def _mcp_open(self, chunk: ToolCallDelta, route: McpRoute, events: list[Emitted]) -> None:

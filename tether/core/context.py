@@ -140,9 +140,11 @@ class Memo:
 
     async def header_tokens(self, instructions: str | None, tools: Sequence) -> tuple[int, bool]:
         """Tokens of the instructions+tools header: (count, was_cached). A large header is hashed
-        and tokenised off the event loop (`tether.offload`); the memo itself is only touched here."""
-        size = len(instructions or "") + sum(tool.ByteSize() for tool in tools)
-        key = await offload.run(size, _header_key, instructions, tools)
+        and tokenised off the event loop (`tether.offload`); the memo itself is only touched here.
+        Each tool is serialised once: its bytes are both its share of the size and what is hashed."""
+        blobs = [tool.SerializeToString() for tool in tools]
+        size = len(instructions or "") + sum(map(len, blobs))
+        key = await offload.run(size, _header_key, instructions, blobs)
         count = self._headers.get(key)
         if count is not None:
             self._headers.move_to_end(key)
@@ -164,12 +166,10 @@ class Memo:
         return resolved
 
 
-def _header_key(instructions: str | None, tools: Sequence) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update((instructions or "").encode())
-    for tool in tools:
-        digest.update(tool.SerializeToString())
-    return digest.digest()
+def _header_key(instructions: str | None, blobs: list[bytes]) -> bytes:
+    """The memo's key of a header: a digest of the instructions and the serialised tools, in one
+    pass (SHA-256 has hardware support where blake2b has none: about half the time per byte)."""
+    return hashlib.sha256(b"".join([(instructions or "").encode(), *blobs])).digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,8 +120,14 @@ def check_approval_responses(items: Sequence[items_pb2.Item], history: Iterable[
                               "in this conversation.", param=f"input[{i}].approval_request_id")  # fmt: skip
 
 
-def redacted_tools(tools: Iterable[request_pb2.Tool]) -> list[request_pb2.Tool]:
-    """The tools as a Response echoes (and the store keeps) them: MCP credentials removed."""
+def redacted_tools(tools: Sequence[request_pb2.Tool]) -> Sequence[request_pb2.Tool]:
+    """The tools as a Response echoes (and the store keeps) them: MCP credentials removed. With
+    no MCP tool (the common case) `tools` themselves, not a copy."""
+    for tool in tools:
+        if tool.WhichOneof("tool") == "mcp":
+            break
+    else:
+        return tools
     out = []
     for tool in tools:
         if tool.WhichOneof("tool") == "mcp" and (tool.mcp.headers or tool.mcp.HasField("authorization")):

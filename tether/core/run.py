@@ -50,6 +50,10 @@ class RunState(enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    # Members are singletons compared by identity: hash them as objects (in C), not by name as
+    # Enum does (a Python call for every lookup in FINAL and _TRANSITIONS, on every run's events).
+    __hash__ = object.__hash__
+
     @property
     def final(self) -> bool:
         return self in FINAL
@@ -163,8 +167,11 @@ class ResponseRun:
         if arm is not None and arm in RESPONSE_ARMS:
             response = getattr(entry, arm).response
             self.response = response
-            ended = arm in _TERMINAL
-            self._move(state_of_status(response.status) if ended else RunState.IN_PROGRESS)
+            if arm in _TERMINAL:
+                ended = True
+                self._move(state_of_status(response.status))
+            elif self.state is not RunState.IN_PROGRESS:  # created / in_progress of a queued run
+                self._move(RunState.IN_PROGRESS)
         if self.mirror is not None:
             self.mirror.push(entry, arm)
         if self._wake is not None:

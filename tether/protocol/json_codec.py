@@ -86,15 +86,10 @@ _QUOTED = re.compile(rb'"[^"]*"')
 # answer's log probabilities are megabytes, and the events that end a message each carry them)
 # is embedded as it is instead (`orjson.Fragment`: written verbatim, never parsed). The texts
 # were written by Tether (from parsed JSON, or by `orjson.dumps`), so they are valid JSON.
+# The generated encoders (`_Json.emit`) make the choice inline, without a function call per
+# field: every event that carries the Response re-encodes its tools' schemas.
 _VERBATIM_CHARS = 64 * 1024
-
-
-def _stored_json(text: str) -> Any:
-    """The value of a JSON text kept in a string field, for serialising: parsed, or (when large)
-    an `orjson.Fragment` that `dumps` writes as it is. Callers serialise it, never read it."""
-    if len(text) < _VERBATIM_CHARS:
-        return orjson.loads(text)
-    return orjson.Fragment(text)
+_STORED_JSON = f"(loads(v) if len(v) < {_VERBATIM_CHARS} else verbatim(v))"  # the value of `v`, for serialising
 
 
 def dumps(obj: Any) -> bytes:
@@ -347,11 +342,11 @@ class _Json(_Field):
     def emit(self, name: str, ns: dict) -> list[str]:
         k, a = repr(self.key), self.attr
         if self.policy == NULLABLE:
-            return [f"v = m.{a}", f"out[{k}] = loads(v) if v else None"]
+            return [f"v = m.{a}", f"out[{k}] = {_STORED_JSON} if v else None"]
         if self.policy != ALWAYS:
-            return [f"v = m.{a}", f"if v: out[{k}] = loads(v)"]
+            return [f"v = m.{a}", f"if v: out[{k}] = {_STORED_JSON}"]
         empty = "None" if self.shape is None else repr(self.shape())
-        return [f"v = m.{a}", f"out[{k}] = loads(v) if v else {empty}"]
+        return [f"v = m.{a}", f"out[{k}] = {_STORED_JSON} if v else {empty}"]
 
 
 class _Const(_Field):
@@ -405,7 +400,7 @@ class _Codec:
     def _compile(
         self, name: str, fields: tuple[_Field, ...], typed_wins: bool
     ) -> Callable[[Any, dict], dict]:
-        ns: dict[str, Any] = {"loads": _stored_json, "merge": _merge_extra}
+        ns: dict[str, Any] = {"loads": orjson.loads, "verbatim": orjson.Fragment, "merge": _merge_extra}
         body = [line for i, f in enumerate(fields) for line in f.emit(f"f{i}", ns)]
         if self.has_extra:
             body.append(f"if m.extra_json: merge(out, m.extra_json, {typed_wins})")
