@@ -122,7 +122,7 @@ async def test_subscribers_replay_after_n_then_follow_live_until_the_end() -> No
     run.stamp(_delta("a"), None)
 
     async def read(after: int) -> list[int]:
-        return [e.sequence_number async for e in run.follow(after)]
+        return [e.sequence_number async for batch in run.follow(after) for e in batch]
 
     early, late = asyncio.create_task(read(-1)), asyncio.create_task(read(0))
     await asyncio.sleep(0)
@@ -139,7 +139,7 @@ async def test_a_cancelled_subscriber_does_not_stop_the_others() -> None:
     run.stamp(_event("created"), "created")
 
     async def read() -> list[int]:
-        return [e.sequence_number async for e in run.follow(0)]
+        return [e.sequence_number async for batch in run.follow(0) for e in batch]
 
     gone, stays = asyncio.create_task(read()), asyncio.create_task(read())
     await asyncio.sleep(0)
@@ -231,3 +231,26 @@ def test_finished_runs_are_bounded_by_their_bytes_per_process() -> None:
     assert runs.get("t", "resp_2") is not None
     runs.forget("t", "resp_2")  # a deleted response's log goes at once
     assert runs.get("t", "resp_2") is None
+
+
+async def test_each_subscriber_batches_what_was_logged_since_its_last_batch() -> None:
+    """A subscriber keeping up gets each event as it is logged; one that comes late (or reads
+    slowly) gets everything logged meanwhile as one batch: its own view, same numbers."""
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    live: list[list[int]] = []
+
+    async def keep_up() -> None:
+        async for batch in run.follow(-1):
+            live.append([e.sequence_number for e in batch])
+
+    reader = asyncio.create_task(keep_up())
+    await asyncio.sleep(0.01)
+    for text in "abcd":
+        run.stamp(_delta(text), None)
+        await asyncio.sleep(0.01)  # the live subscriber takes each one before the next
+    run.stamp(_event("completed", "completed"), "completed")
+    await reader
+    late = [[e.sequence_number for e in batch] async for batch in run.follow(0)]
+    assert live == [[0], [1], [2], [3], [4], [5]]
+    assert late == [[1, 2, 3, 4, 5]]

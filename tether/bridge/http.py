@@ -236,14 +236,12 @@ class HttpHandlers:
 
     async def _follow(self, req: HttpRequest, response_id: str, after: int) -> None:
         """SSE: a run's events numbered above `after`, then the live ones until its end."""
-        events = await self.ctx.api.follow_response(req.tenant, response_id, after)
-        source = singles(events)
+        source = await self.ctx.api.follow_response(req.tenant, response_id, after)  # batches
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 await self._stream_sse(req, Pump(), source, watch, started=True)
             finally:
                 await _aclose(source)
-                await _aclose(events)
 
     # POST /v1/responses/{id}/cancel
     async def cancel(self, req: HttpRequest) -> None:

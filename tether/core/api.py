@@ -73,9 +73,10 @@ class ResponsesAPI(Protocol):
         and run it (docs/background.md). 400 for `store: false`; 429 past the background bounds."""
         ...
 
-    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
+    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Sequence[Outgoing]]:
         """A stored response's events numbered above `after` (all for -1), then the live ones
-        until its terminal event. Raises (before any event) `replay_unavailable` when they are
+        until its terminal event, in batches (each subscriber's own: what was logged since its
+        last batch). Raises (before any event) `replay_unavailable` when they are
         not retained."""
         ...
 

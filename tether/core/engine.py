@@ -482,9 +482,10 @@ class Engine:
         if run is not None and not run.state.final:
             _interrupt(run)
 
-    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Outgoing]:
+    async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Sequence[Outgoing]]:
         """The events of a stored response numbered above `after` (all of them for -1), then the
-        live ones until its terminal event. 404 for an unknown id; 400 `replay_unavailable` when
+        live ones until its terminal event, in batches (this subscriber's view: everything
+        logged since its last batch). 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
         run = self.runs.get(tenant, response_id)
         if run is None and self.shared is not None:  # another replica's run, from the shared log
@@ -621,10 +622,10 @@ def _item_id(item: items_pb2.Item) -> str:
     return getattr(getattr(item, arm), "id", "") if arm else ""
 
 
-async def _follow(events: AsyncIterator[Outgoing], response_id: str) -> AsyncIterator[Outgoing]:
+async def _follow(batches: AsyncIterator[Sequence[Outgoing]], response_id: str) -> AsyncIterator[Sequence[Outgoing]]:
     try:
-        async for event in events:
-            yield event
+        async for batch in batches:
+            yield batch
     except ReplayGap as exc:  # a reader that fell behind the log's bound
         message = f"Stream of response '{response_id}' fell behind: {exc}."
         raise TetherError(errors.REPLAY_UNAVAILABLE, message) from None

@@ -240,15 +240,19 @@ class ResponseRun:
             r.status = self.state.value
         return r
 
-    async def follow(self, after: int = -1) -> AsyncIterator[Any]:
+    async def follow(self, after: int = -1) -> AsyncIterator[list[Any]]:
         """The logged events numbered above `after`, then the live ones, until the run has
-        ended and its last event was given. Raises ReplayGap when the log no longer holds them
-        (asked too late, or a subscriber that fell behind the log's bound)."""
+        ended and its last event was given, in batches: each batch is everything logged since
+        this subscriber's last one (its own view: a subscriber that reads slowly gets fewer,
+        larger batches, and never holds up the run or another subscriber). Raises ReplayGap
+        when the log no longer holds them (asked too late, or a subscriber that fell behind the
+        log's bound)."""
         assert self.log is not None, "a run without a log has nothing to follow"
         while True:
-            for entry in self.log.since(after):
-                after = entry.sequence_number
-                yield entry
+            batch = self.log.since(after)
+            if batch:
+                after = batch[-1].sequence_number
+                yield batch
             if self.state.final and after >= self.next_seq - 1:
                 return
             if self._wake is None:

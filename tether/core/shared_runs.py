@@ -144,8 +144,9 @@ class SharedRuns:
             response.status = info.state
         return response
 
-    async def follow(self, tenant: str, run_id: str, after: int) -> AsyncIterator[events_pb2.ServerEvent] | None:
-        """The run's events above `after`, then the live ones until its terminal event; None when
+    async def follow(self, tenant: str, run_id: str, after: int) -> AsyncIterator[list[events_pb2.ServerEvent]] | None:
+        """The run's events above `after`, then the live ones until its terminal event, in
+        batches (what each read of the shared log returned); None when
         the store has no such run. ReplayGap (before anything is yielded) when the log no longer
         holds event `after + 1`."""
         info = await self.info(tenant, run_id)
@@ -157,18 +158,21 @@ class SharedRuns:
         return self._follow(tenant, run_id, after, first)
 
     async def _follow(self, tenant: str, run_id: str, after: int,
-                      entries: list[tuple[int, bytes]]) -> AsyncIterator[events_pb2.ServerEvent]:  # fmt: skip
+                      entries: list[tuple[int, bytes]]) -> AsyncIterator[list[events_pb2.ServerEvent]]:  # fmt: skip
         bus = self.bus
         while True:
             if entries:
                 if entries[0][0] > after + 1:
                     raise ReplayGap(f"events {after + 1}..{entries[0][0] - 1} are no longer retained")
+                batch = []  # one read's events: this follower's batch
                 for seq, data in entries:
                     event = events_pb2.ServerEvent.FromString(data)
                     after = seq
-                    yield event
+                    batch.append(event)
                     if event.WhichOneof("event") in TERMINAL_ARMS:
+                        yield batch
                         return
+                yield batch
             else:
                 info = await self.info(tenant, run_id)  # between waits: has its owner died?
                 if info is None:

@@ -209,7 +209,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             tenant = self._tenant(context)
             after = request.starting_after if request.HasField("starting_after") else -1
             events = await self._api.follow_response(tenant, request.response_id, after)
-            await Pump().run(singles(events), _MessageWriter(context, service_pb2.StreamResponseResponse, records=True))
+            await Pump().run(events, _MessageWriter(context, service_pb2.StreamResponseResponse, records=True))
         except TetherError as exc:
             await self._abort(context, exc)
 

@@ -242,7 +242,7 @@ class RemoteResponsesAPI:
         return (await self._unary(self._stub.CancelResponse, request, tenant)).response
 
     async def follow_response(self, tenant: str, response_id: str, after: int = -1) -> AsyncIterator[Any]:
-        """The remote run's events; a refusal (unknown id, events not retained) is raised here,
+        """The remote run's events, a batch per message; a refusal (unknown id, events not retained) is raised here,
         with the first message, before the caller answers anything."""
         request = service_pb2.StreamResponseRequest(response_id=response_id)
         if after >= 0:
@@ -254,13 +254,13 @@ class RemoteResponsesAPI:
             call.cancel()
             raise error_from_rpc(exc) from None
 
-        async def events() -> AsyncIterator[events_pb2.ServerEvent]:
-            batch = first
+        async def events() -> AsyncIterator[list[events_pb2.ServerEvent]]:
+            message = first
             try:
-                while batch is not grpc.aio.EOF:
-                    for ev in batch.events:
-                        yield ev
-                    batch = await call.read()
+                while message is not grpc.aio.EOF:
+                    if message.events:
+                        yield list(message.events)
+                    message = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise error_from_rpc(exc) from None
             finally:
