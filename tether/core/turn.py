@@ -171,7 +171,7 @@ class Turn:
             self.refusal = exc
             self._evict_parent_after_error()
             self.services.telemetry.turn_refused(exc.code)
-            await self.ctx.emit_error(exc, stream_id=self.stream_id, event_id=self.event_id)
+            await self.emit_error(exc)
             return
         self.response_id = self.facts.response_id = prepared.response.id
         run = self.response_run = self.services.runs.open(self.ctx.tenant, prepared.response, self.control,
