@@ -175,7 +175,10 @@ def test_the_memo_tokenises_a_header_once_and_resolves_a_model_once():
         router = Router({"m": Route(backend="b")}, {"b": object()}, 1000)  # type: ignore[dict-item]
 
     memo = Memo("t", Services())  # type: ignore[arg-type]
-    count, cached = asyncio.run(memo.header_tokens("be brief", []))
-    assert not cached and count == len(render.encode(render.render_header("be brief", [])))
-    assert asyncio.run(memo.header_tokens("be brief", [])) == (count, True)
+    header, cached = asyncio.run(memo.header("be brief", []))
+    assert not cached and header.tokens == len(render.encode(render.render_header("be brief", [])))
+    assert asyncio.run(memo.header("be brief", [])) == (header, True)
+    other, cached = asyncio.run(memo.header("be terse", []))  # not the last header: looked up by its key
+    assert not cached and other is not header
+    assert asyncio.run(memo.header("be brief", [])) == (header, True)
     assert memo.route("m") is memo.route("m")

@@ -114,37 +114,68 @@ class OutputBuilder:
         return self._next_index
 
     def feed(self, chunks: list[Chunk]) -> list[Emitted]:
-        """The events of a run of chunks (what one backend wake-up delivered), in order."""
+        """The events of a run of chunks (what one backend wake-up delivered), in order.
+
+        The common case is a run of chunks that all continue one item: text, reasoning, or one
+        tool call's arguments. Once a chunk has made (or extended) that item's delta event, the
+        chunks after it of the same kind, for the same item and changing nothing else, are
+        appended to it directly (`tail`: the delta, `tail_item`: its open item), without the
+        item-lifecycle checks; anything else goes the full way and ends the run."""
         events: list[Emitted] = []
-        tail: Delta | None = None  # the text delta this run is appending to (the common case)
+        tail: Delta | None = None  # the delta this run is appending to
+        tail_item: _OpenItem | None = None
+        tail_kind: type | None = None  # TextDelta, ReasoningDelta or ToolCallDelta
+        tail_call = -1  # ToolCallDelta: the call's index
         for chunk in chunks:
             kind = type(chunk)
             if kind is TextDelta:
                 if chunk.logprobs and self.logprobs_left is not None and not self._pay_logprobs(chunk.logprobs):
                     break
-                if tail is not None:
+                if tail_kind is TextDelta:
                     piece = chunk.text
-                    self._text.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.pieces.append(piece)
-                    tail.size += len(piece)
+                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.size += len(piece)  # type: ignore[union-attr]
                     if chunk.logprobs:
-                        _add_logprobs(self._text, tail, chunk.logprobs)  # type: ignore[arg-type]
+                        _add_logprobs(tail_item, tail, chunk.logprobs)  # type: ignore[arg-type]
                     continue
                 self._text_delta(chunk.text, events, logprobs=chunk.logprobs)
-                last = events[-1]
-                tail = last if type(last) is Delta and self._reasoning is None else None
-                continue
-            tail = None
-            if kind is ReasoningDelta:
-                self._reasoning_delta(chunk.text, events)
-            elif kind is RefusalDelta:
-                self._text_delta(chunk.text, events, refusal=True)
+                tail_item = self._text
             elif kind is ToolCallDelta:
+                if tail_kind is ToolCallDelta and chunk.index == tail_call and chunk.arguments and not chunk.name:
+                    piece = chunk.arguments
+                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.size += len(piece)  # type: ignore[union-attr]
+                    continue
                 self._tool_delta(chunk, events)
-            elif kind is Finish:
-                self.finish = chunk
+                tail_item, tail_call = self._calls.get(chunk.index), chunk.index
+            elif kind is ReasoningDelta:
+                if tail_kind is ReasoningDelta:
+                    piece = chunk.text
+                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.pieces.append(piece)  # type: ignore[union-attr]
+                    tail.size += len(piece)  # type: ignore[union-attr]
+                    continue
+                self._reasoning_delta(chunk.text, events)
+                tail_item = self._reasoning
             else:
-                raise TypeError(f"unknown chunk {chunk!r}")
+                tail_kind = None
+                if kind is RefusalDelta:
+                    self._text_delta(chunk.text, events, refusal=True)
+                elif kind is Finish:
+                    self.finish = chunk
+                else:
+                    raise TypeError(f"unknown chunk {chunk!r}")
+                continue
+            # The chunk went the full way: the run may go on appending to its item's delta when
+            # that delta is the last event (a text delta only once no reasoning is open).
+            last = events[-1] if events else None
+            if (type(last) is Delta and tail_item is not None and last.item_id == tail_item.item_id  # type: ignore[union-attr]
+                    and (kind is not TextDelta or self._reasoning is None)):  # fmt: skip
+                tail, tail_kind = last, kind  # type: ignore[assignment]
+            else:
+                tail = tail_kind = None
         return events
 
     def _pay_logprobs(self, logprobs: list[dict]) -> bool:

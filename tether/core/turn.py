@@ -45,7 +45,7 @@ from tether.backends.base import Backend, BackendError, BackendRequest, Finish
 from tether.core.accounting import OutputCap, TurnUsage, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
-from tether.core.context import TurnContext
+from tether.core.context import Header, TurnContext
 from tether.core.conversations import check_new_ids
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.kinds import STANDARD, Prepared, Rendered, TurnKind, compact
@@ -243,24 +243,26 @@ class Turn:
             findings = self.services.classify(texts)
         return texts, findings, sum(len(t.encode()) for t in texts)
 
-    async def _render_header(self) -> tuple[int, bool]:
-        """The instructions+tools header's tokens (count, memoised on the connection)."""
+    async def _render_header(self) -> tuple[Header, bool]:
+        """The instructions+tools header (its tokens and echo, memoised on the connection), and
+        whether it was memoised already."""
         params = self.params
         with self.clock.stage("render"):
             instructions = params.instructions if params.HasField("instructions") else None
-            return await self.ctx.memo.header_tokens(instructions, params.tools)
+            return await self.ctx.memo.header(instructions, params.tools)
 
     def _route(self) -> Resolved:
         with self.clock.stage("route"):
             return self.ctx.memo.route(self.params.model)
 
     async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], checked: tuple[list[str], int, int],
-                    header: tuple[int, bool], route: Resolved) -> Prepared:  # fmt: skip
+                    header: tuple[Header, bool], route: Resolved) -> Prepared:  # fmt: skip
         """The backend request: the new input tokenised now, or while the backend computes its
         first token when nothing before needs the count; the backend's own check; admission."""
         params, ctx, services, clock = self.params, self.ctx, self.services, self.clock
         texts, findings, new_bytes = checked
-        header_tokens, header_cached = header
+        memo, header_cached = header
+        header_tokens = memo.tokens
         parent_node, from_cache = parent.node, parent.from_cache
 
         def tokenise() -> Rendered:
@@ -294,7 +296,7 @@ class Turn:
             entry = parent.entry
             request = self.backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
             defer = defer and not route.backend.reads_input_tokens(request)
-        prepared = Prepared(self._response_skeleton(), entry, from_cache, route, request, tokenise)
+        prepared = Prepared(self._response_skeleton(memo), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
                 await offload.run(new_bytes, prepared.render)
@@ -332,8 +334,10 @@ class Turn:
                 self.services.reasoning.open_item(self.ctx.tenant, item, f"input[{i}]")
         return items
 
-    def _response_skeleton(self) -> response_pb2.Response:
-        r = response_skeleton(self.params, self.services.clock.wall())
+    def _response_skeleton(self, header: Header) -> response_pb2.Response:
+        if header.echo is None:
+            header.echo = header_echo(self.params)
+        r = response_skeleton(self.params, self.services.clock.wall(), header.echo)
         run = self.response_run
         if run is not None and run.response is not None:  # reserved by a background create
             r.id, r.created_at, r.background = run.id, run.response.created_at, run.background
@@ -399,7 +403,7 @@ class Turn:
                         await outbox.put(ev)
                     if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
                         break
-                    if cap.over():  # the upstream ignored the output cap: stop reading
+                    if cap.room < 0 and cap.over():  # the upstream ignored the output cap: stop reading
                         last = builder.finish or Finish()
                         builder.finish = dataclasses.replace(last, reason="length")
                         break
@@ -670,8 +674,20 @@ class StandardTurns:
 STANDARD_TURNS = StandardTurns()
 
 
-def response_skeleton(p: request_pb2.ResponseCreateParams, now: float) -> response_pb2.Response:
-    """The Response a create starts as (`in_progress`, a new id, created `now`)."""
+def header_echo(p: request_pb2.ResponseCreateParams) -> response_pb2.Response:
+    """The part of a Response that echoes the create's header: its instructions and tools (MCP
+    credentials are never echoed nor stored)."""
+    r = response_pb2.Response()
+    if p.HasField("instructions"):
+        r.instructions = p.instructions
+    r.tools.extend(redacted_tools(p.tools))
+    return r
+
+
+def response_skeleton(p: request_pb2.ResponseCreateParams, now: float,
+                      echo: response_pb2.Response | None = None) -> response_pb2.Response:  # fmt: skip
+    """The Response a create starts as (`in_progress`, a new id, created `now`). `echo`: its
+    header's `header_echo` (memoised per connection: a turn copies it whole), else made here."""
     r = response_pb2.Response(
         id=ids.response_id(),
         created_at=int(now),
@@ -688,8 +704,7 @@ def response_skeleton(p: request_pb2.ResponseCreateParams, now: float) -> respon
         safety_identifier=p.safety_identifier,
         service_tier=p.service_tier or "default",
     )
-    if p.HasField("instructions"):
-        r.instructions = p.instructions
+    r.MergeFrom(header_echo(p) if echo is None else echo)
     if p.HasField("max_output_tokens"):
         r.max_output_tokens = p.max_output_tokens
     if p.HasField("max_tool_calls"):
@@ -699,7 +714,6 @@ def response_skeleton(p: request_pb2.ResponseCreateParams, now: float) -> respon
     if p.HasField("prompt"):
         r.prompt.CopyFrom(p.prompt)
     r.top_logprobs = p.top_logprobs
-    r.tools.extend(redacted_tools(p.tools))  # MCP credentials are never echoed nor stored
     if p.HasField("tool_choice"):
         r.tool_choice.CopyFrom(p.tool_choice)
     else:
