@@ -4,13 +4,14 @@ strings, and JSON is encoded straight from them (counters and equality, no timin
 from __future__ import annotations
 
 import asyncio
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.configs import make_config
 from tether import render
-from tether.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, runs_of
+from tether.backends.base import Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, runs_of
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
 from tether.core.outbox import DELTA_ARMS, CoalesceWindow, Delta, Outbox
@@ -122,6 +123,58 @@ def test_builder_merges_a_runs_deltas_per_item_and_keeps_the_text():
              b.output[2].function_call.arguments]  # fmt: skip
     assert texts == ["think more", "Hello, world", '{"a":1}']
     assert b.finish is not None and b.finish.reason == "tool_calls"
+
+
+class _CountingIds:
+    """Stands in for `tether.ids` in the builder: ids numbered in the order they are asked for,
+    so two builders fed the same chunks name their items alike."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __getattr__(self, kind: str):
+        def new_id(*_: object) -> str:
+            self.n += 1
+            return f"{kind}_{self.n}"
+
+        return new_id
+
+
+CHUNK = st.one_of(
+    st.builds(TextDelta, st.sampled_from(["a", "b c", "", "é"])),
+    st.builds(ReasoningDelta, st.sampled_from(["r", "s t", ""])),
+    st.builds(RefusalDelta, st.sampled_from(["no", ""])),
+    st.builds(ToolCallDelta, st.integers(0, 1), st.sampled_from(["", '{"x"', ":1}"]), st.none(),
+              st.sampled_from([None, "f"]), st.booleans()),  # fmt: skip
+)
+
+
+def _fed(runs: list[list]) -> tuple[list[str], dict[tuple[str, str], str], list[bytes]]:
+    """What a builder makes of `runs`: its other events (serialised), each item's delta text by
+    (item id, arm), and its output once closed."""
+    from tether.core import builder as builder_module
+
+    with patch.object(builder_module, "ids", _CountingIds()):
+        b = OutputBuilder(max_tool_calls=1)
+        events = [e for run in runs for e in b.feed(run)]
+        events += b.close_all()
+    texts: dict[tuple[str, str], str] = {}
+    others = []
+    for e in events:
+        if type(e) is Delta:
+            texts[(e.item_id, e.arm)] = texts.get((e.item_id, e.arm), "") + e.delta
+        else:
+            others.append(e.SerializeToString(deterministic=True))
+    return others, texts, [item.SerializeToString(deterministic=True) for item in b.output]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(CHUNK, max_size=14))
+def test_a_run_of_chunks_builds_what_the_same_chunks_one_by_one_build(chunks: list) -> None:
+    """A wake-up's run appends its further chunks of one item to that item's delta directly
+    (`OutputBuilder.feed`'s tail); chunk by chunk, every chunk goes the full way. Both make the
+    same items, the same other events and the same text."""
+    assert _fed([chunks]) == _fed([[c] for c in chunks])
 
 
 async def test_lazy_batches_keep_deltas_as_records_with_contiguous_sequence_numbers():
