@@ -175,10 +175,31 @@ def test_the_memo_tokenises_a_header_once_and_resolves_a_model_once():
         router = Router({"m": Route(backend="b")}, {"b": object()}, 1000)  # type: ignore[dict-item]
 
     memo = Memo("t", Services())  # type: ignore[arg-type]
-    header, cached = asyncio.run(memo.header("be brief", []))
-    assert not cached and header.tokens == len(render.encode(render.render_header("be brief", [])))
-    assert asyncio.run(memo.header("be brief", [])) == (header, True)
-    other, cached = asyncio.run(memo.header("be terse", []))  # not the last header: looked up by its key
-    assert not cached and other is not header
-    assert asyncio.run(memo.header("be brief", [])) == (header, True)
+    count, cached, last = asyncio.run(memo.header("be brief", []))
+    assert not cached and count == len(render.encode(render.render_header("be brief", [])))
+    assert last is not None  # small: kept as the connection's last header
+    assert asyncio.run(memo.header("be brief", [])) == (count, True, last)  # the same record: not hashed again
+    assert asyncio.run(memo.header(None, []))[2] is not last  # no instructions is another header
+    other = asyncio.run(memo.header("be terse", []))
+    assert not other[1] and other[2] is not last
+    again = asyncio.run(memo.header("be brief", []))  # not the last any more: found by its key
+    assert again[:2] == (count, True) and again[2] is not last
     assert memo.route("m") is memo.route("m")
+
+
+def test_the_memo_keeps_a_copy_of_the_last_header_only_up_to_its_bound():
+    """A connection keeps its last header (to compare the next one with, and its echo) only when
+    it is at most `Memo.RETAIN_BYTES`; a larger one is counted and memoised by digest alone."""
+    from tether.core.context import Memo
+
+    class Services:
+        token_cache = render.TokenCache(1 << 20)
+
+    memo = Memo("t", Services())  # type: ignore[arg-type]
+    at_edge = "x" * Memo.RETAIN_BYTES
+    count, cached, last = asyncio.run(memo.header(at_edge, []))
+    assert not cached and last is not None and last.source.instructions == at_edge
+    past = "y" * (Memo.RETAIN_BYTES + 1)
+    count, cached, last = asyncio.run(memo.header(past, []))
+    assert not cached and last is None and count == len(render.encode(render.render_header(past, [])))
+    assert asyncio.run(memo.header(past, [])) == (count, True, None)  # memoised all the same

@@ -32,7 +32,7 @@ from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
 from tether.mcp.sessions import McpSessions
 from tether.reasoning_codec import ReasoningSealer
-from tether.responses.v1 import events_pb2
+from tether.responses.v1 import events_pb2, request_pb2
 
 Hydrate = Callable[[str, str, str], Awaitable[CachedResponse | None]]  # (tenant, response id, lane)
 
@@ -125,55 +125,69 @@ class Parents:
 
 
 @dataclass(slots=True)
-class Header:
-    """A memoised instructions+tools header: its token count, and the part of a Response that
-    echoes it (`echo`: instructions and tools, filled by the first turn that needs it, then only
-    copied from). Copying one message is a single C call, where re-adding ten tools one by one
-    to each new Response cost ~6 us a turn."""
+class LastHeader:
+    """The instructions+tools header a connection's last create sent, kept (when it is at most
+    `Memo.RETAIN_BYTES`) so that the next create, which sends the same header, neither hashes it
+    nor re-adds its tools to a new Response: `source` holds it as received (to compare with),
+    `key` is its memo key, `echo` the part of a Response that echoes it (instructions and tools,
+    MCP credentials removed; filled by the first turn that needs it, then only copied from:
+    copying one message is a single C call, re-adding ten tools one by one cost ~6 us a turn)."""
 
-    tokens: int
+    source: request_pb2.ResponseCreateParams
+    key: bytes
     echo: Any = None
 
 
 class Memo:
-    """Per-connection memos of the render and route stages: the instructions+tools header (the
-    last 8 headers: token count and echo) and each model name's route."""
+    """Per-connection memos of the render and route stages: the instructions+tools header's token
+    count (the last 8 headers), the last header itself (`LastHeader`), and each model name's route.
+
+    Memory: digests and counts, plus the last header twice at most (as received, and its echo):
+    at most 2 x `RETAIN_BYTES` per connection; a larger header is hashed again each turn instead."""
 
     __slots__ = ("_tenant", "_services", "_headers", "_last", "_routes")
 
     HEADERS = 8
+    RETAIN_BYTES = 32 * 1024
 
     def __init__(self, tenant: str, services: TurnServices) -> None:
         self._tenant = tenant
         self._services = services
-        self._headers: OrderedDict[bytes, Header] = OrderedDict()
-        # The last header asked for (instructions, serialised tools, its key): an agent sends the
-        # same header every turn, and comparing it costs less than hashing it again.
-        self._last: tuple[str | None, list[bytes], bytes] | None = None
+        self._headers: OrderedDict[bytes, int] = OrderedDict()
+        self._last: LastHeader | None = None
         self._routes: dict[str, Resolved] = {}
 
-    async def header(self, instructions: str | None, tools: Sequence) -> tuple[Header, bool]:
-        """The instructions+tools header: (its memo entry, was_cached). A large header is hashed
-        and tokenised off the event loop (`tether.offload`); the memo itself is only touched here.
+    async def header(self, instructions: str | None, tools: Sequence) -> tuple[int, bool, LastHeader | None]:
+        """The instructions+tools header: (its token count, was_cached, the connection's
+        `LastHeader` when this header is kept as such, else None). A large header is hashed and
+        tokenised off the event loop (`tether.offload`); the memo itself is only touched here.
         Each tool is serialised once: its bytes are both its share of the size and what is hashed."""
-        blobs = [tool.SerializeToString() for tool in tools]
         last = self._last
-        if last is not None and last[0] == instructions and last[1] == blobs:
-            key = last[2]
-        else:
-            size = len(instructions or "") + sum(map(len, blobs))
-            key = await offload.run(size, _header_key, instructions, blobs)
-            self._last = (instructions, blobs, key)
-        header = self._headers.get(key)
-        if header is not None:
-            self._headers.move_to_end(key)
-            return header, True
+        if (last is not None and last.source.HasField("instructions") is (instructions is not None)
+                and last.source.instructions == (instructions or "") and last.source.tools == tools):  # fmt: skip
+            count = self._headers.get(last.key)
+            if count is not None:
+                self._headers.move_to_end(last.key)
+                return count, True, last
+        blobs = [tool.SerializeToString() for tool in tools]
         size = len(instructions or "") + sum(map(len, blobs))
-        header = Header(await offload.run(size, self._count_header, instructions, tools))
-        self._headers[key] = header
+        key = await offload.run(size, _header_key, instructions, blobs)
+        self._last = None
+        if size <= self.RETAIN_BYTES:
+            source = request_pb2.ResponseCreateParams()
+            if instructions is not None:
+                source.instructions = instructions
+            source.tools.extend(tools)
+            self._last = LastHeader(source, key)
+        count = self._headers.get(key)
+        if count is not None:
+            self._headers.move_to_end(key)
+            return count, True, self._last
+        count = await offload.run(size, self._count_header, instructions, tools)
+        self._headers[key] = count
         if len(self._headers) > self.HEADERS:
             self._headers.popitem(last=False)
-        return header, False
+        return count, False, self._last
 
     def _count_header(self, instructions: str | None, tools: Sequence) -> int:
         return len(self._services.token_cache.encode(self._tenant, render.render_header(instructions, list(tools))))

@@ -45,7 +45,7 @@ from tether.backends.base import Backend, BackendError, BackendRequest, Finish
 from tether.core.accounting import OutputCap, TurnUsage, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
-from tether.core.context import Header, TurnContext
+from tether.core.context import LastHeader, TurnContext
 from tether.core.conversations import check_new_ids
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.kinds import STANDARD, Prepared, Rendered, TurnKind, compact
@@ -243,9 +243,9 @@ class Turn:
             findings = self.services.classify(texts)
         return texts, findings, sum(len(t.encode()) for t in texts)
 
-    async def _render_header(self) -> tuple[Header, bool]:
-        """The instructions+tools header (its tokens and echo, memoised on the connection), and
-        whether it was memoised already."""
+    async def _render_header(self) -> tuple[int, bool, LastHeader | None]:
+        """The instructions+tools header's tokens (count, memoised on the connection), whether it
+        was memoised already, and the connection's record of it when kept (`LastHeader`)."""
         params = self.params
         with self.clock.stage("render"):
             instructions = params.instructions if params.HasField("instructions") else None
@@ -256,13 +256,12 @@ class Turn:
             return self.ctx.memo.route(self.params.model)
 
     async def _plan(self, parent: Parent, new_items: list[items_pb2.Item], checked: tuple[list[str], int, int],
-                    header: tuple[Header, bool], route: Resolved) -> Prepared:  # fmt: skip
+                    header: tuple[int, bool, LastHeader | None], route: Resolved) -> Prepared:  # fmt: skip
         """The backend request: the new input tokenised now, or while the backend computes its
         first token when nothing before needs the count; the backend's own check; admission."""
         params, ctx, services, clock = self.params, self.ctx, self.services, self.clock
         texts, findings, new_bytes = checked
-        memo, header_cached = header
-        header_tokens = memo.tokens
+        header_tokens, header_cached, last_header = header
         parent_node, from_cache = parent.node, parent.from_cache
 
         def tokenise() -> Rendered:
@@ -296,7 +295,7 @@ class Turn:
             entry = parent.entry
             request = self.backend_request(route, items, 0, affinity=(entry.replica or None) if entry else None)
             defer = defer and not route.backend.reads_input_tokens(request)
-        prepared = Prepared(self._response_skeleton(memo), entry, from_cache, route, request, tokenise)
+        prepared = Prepared(self._response_skeleton(last_header), entry, from_cache, route, request, tokenise)
         if not defer:
             with clock.stage("render"):
                 await offload.run(new_bytes, prepared.render)
@@ -334,10 +333,13 @@ class Turn:
                 self.services.reasoning.open_item(self.ctx.tenant, item, f"input[{i}]")
         return items
 
-    def _response_skeleton(self, header: Header) -> response_pb2.Response:
-        if header.echo is None:
-            header.echo = header_echo(self.params)
-        r = response_skeleton(self.params, self.services.clock.wall(), header.echo)
+    def _response_skeleton(self, header: LastHeader | None) -> response_pb2.Response:
+        echo = None
+        if header is not None:
+            if header.echo is None:
+                header.echo = header_echo(self.params)
+            echo = header.echo
+        r = response_skeleton(self.params, self.services.clock.wall(), echo)
         run = self.response_run
         if run is not None and run.response is not None:  # reserved by a background create
             r.id, r.created_at, r.background = run.id, run.response.created_at, run.background
