@@ -20,7 +20,6 @@ Stdlib only; Linux (core pinning). With fewer than two cores the sides alternate
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import os
 import statistics
@@ -28,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PRE_BACKEND = ("resolve", "validate", "classify", "render", "route")
+from hotpath_figures import PRE_BACKEND, turn_rows  # scripts/: this script's own folder
 
 
 def interpreter(checkout: Path) -> str:
@@ -36,28 +35,24 @@ def interpreter(checkout: Path) -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def bench(checkout: Path, out: Path, transports: str, reps: int, core: int | None) -> subprocess.Popen:
+def bench(checkout: Path, out: Path, transports: str, reps: int, core: int | None) -> tuple[subprocess.Popen, Path]:
     cmd = [interpreter(checkout), "-m", "tether.cli", "bench", "overhead", "--workloads", "bugfix20", "--speeds",
            "1000", "--transports", transports, "--reps", str(reps), "--out", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
-    log = open(out.with_suffix(".log"), "wb")  # noqa: SIM115 - closed with the process below
-    proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
-    proc.log = log  # type: ignore[attr-defined]
-    return proc
+    with open(out.with_suffix(".log"), "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin)
+    return proc, out
 
 
 def finish(proc: subprocess.Popen, out: Path) -> None:
-    proc.wait()
-    proc.log.close()  # type: ignore[attr-defined]
-    if proc.returncode != 0:
+    if proc.wait() != 0:
         raise SystemExit(f"bench failed (exit {proc.returncode}); see {out.with_suffix('.log')}")
 
 
 def figures(out: Path, variant: str) -> tuple[float, float]:
     """(overhead p50, streaming share p50) in ms of a bench's cached turns."""
-    with open(out / "turns.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["variant"] == variant and int(r["turn"]) >= 1 and r["overhead_ms"]]
+    rows = [r for r in turn_rows(out) if r["variant"] == variant and int(r["turn"]) >= 1 and r["overhead_ms"]]
     over = [float(r["overhead_ms"]) for r in rows]
     streaming = [float(r["overhead_ms"]) - sum(float(r[k] or 0) for k in PRE_BACKEND) for r in rows]
     return statistics.median(over), statistics.median(streaming)
@@ -83,7 +78,7 @@ def main() -> int:
         started = []
         for (name, checkout), core in zip(sides.items(), pair, strict=True):
             d = out / f"{name}-{i + 1}"
-            started.append((bench(checkout, d, args.transports, args.reps, core), d))
+            started.append(bench(checkout, d, args.transports, args.reps, core))
             if not side_by_side:
                 finish(*started.pop())
         for proc, d in started:

@@ -131,34 +131,12 @@ class OutputBuilder:
             if kind is TextDelta:
                 if chunk.logprobs and self.logprobs_left is not None and not self._pay_logprobs(chunk.logprobs):
                     break
-                if tail_kind is TextDelta:
-                    piece = chunk.text
-                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.size += len(piece)  # type: ignore[union-attr]
-                    if chunk.logprobs:
-                        _add_logprobs(tail_item, tail, chunk.logprobs)  # type: ignore[arg-type]
-                    continue
-                self._text_delta(chunk.text, events, logprobs=chunk.logprobs)
-                tail_item = self._text
+                piece, continues = chunk.text, tail_kind is TextDelta
             elif kind is ToolCallDelta:
-                if tail_kind is ToolCallDelta and chunk.index == tail_call and chunk.arguments and not chunk.name:
-                    piece = chunk.arguments
-                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.size += len(piece)  # type: ignore[union-attr]
-                    continue
-                self._tool_delta(chunk, events)
-                tail_item, tail_call = self._calls.get(chunk.index), chunk.index
+                piece = chunk.arguments
+                continues = tail_kind is ToolCallDelta and chunk.index == tail_call and piece and not chunk.name
             elif kind is ReasoningDelta:
-                if tail_kind is ReasoningDelta:
-                    piece = chunk.text
-                    tail_item.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.pieces.append(piece)  # type: ignore[union-attr]
-                    tail.size += len(piece)  # type: ignore[union-attr]
-                    continue
-                self._reasoning_delta(chunk.text, events)
-                tail_item = self._reasoning
+                piece, continues = chunk.text, tail_kind is ReasoningDelta
             else:
                 tail_kind = None
                 if kind is RefusalDelta:
@@ -168,6 +146,22 @@ class OutputBuilder:
                 else:
                     raise TypeError(f"unknown chunk {chunk!r}")
                 continue
+            if continues:
+                tail_item.pieces.append(piece)  # type: ignore[union-attr]
+                tail.pieces.append(piece)  # type: ignore[union-attr]
+                tail.size += len(piece)  # type: ignore[union-attr]
+                if kind is TextDelta and chunk.logprobs:
+                    _add_logprobs(tail_item, tail, chunk.logprobs)  # type: ignore[arg-type]
+                continue
+            if kind is TextDelta:
+                self._text_delta(piece, events, logprobs=chunk.logprobs)
+                tail_item = self._text
+            elif kind is ToolCallDelta:
+                self._tool_delta(chunk, events)
+                tail_item, tail_call = self._calls.get(chunk.index), chunk.index
+            else:
+                self._reasoning_delta(piece, events)
+                tail_item = self._reasoning
             # The chunk went the full way: the run may go on appending to its item's delta when
             # that delta is the last event (a text delta only once no reasoning is open).
             last = events[-1] if events else None

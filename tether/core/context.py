@@ -32,7 +32,7 @@ from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
 from tether.mcp.sessions import McpSessions
 from tether.reasoning_codec import ReasoningSealer
-from tether.responses.v1 import events_pb2, request_pb2
+from tether.responses.v1 import events_pb2, request_pb2, response_pb2
 
 Hydrate = Callable[[str, str, str], Awaitable[CachedResponse | None]]  # (tenant, response id, lane)
 
@@ -135,7 +135,7 @@ class LastHeader:
 
     source: request_pb2.ResponseCreateParams
     key: bytes
-    echo: Any = None
+    echo: response_pb2.Response | None = None
 
 
 class Memo:

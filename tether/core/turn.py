@@ -676,10 +676,10 @@ class StandardTurns:
 STANDARD_TURNS = StandardTurns()
 
 
-def header_echo(p: request_pb2.ResponseCreateParams) -> response_pb2.Response:
+def header_echo(p: request_pb2.ResponseCreateParams, into: response_pb2.Response | None = None) -> response_pb2.Response:
     """The part of a Response that echoes the create's header: its instructions and tools (MCP
-    credentials are never echoed nor stored)."""
-    r = response_pb2.Response()
+    credentials are never echoed nor stored), set on `into` (else a new Response)."""
+    r = response_pb2.Response() if into is None else into
     if p.HasField("instructions"):
         r.instructions = p.instructions
     r.tools.extend(redacted_tools(p.tools))
@@ -706,7 +706,10 @@ def response_skeleton(p: request_pb2.ResponseCreateParams, now: float,
         safety_identifier=p.safety_identifier,
         service_tier=p.service_tier or "default",
     )
-    r.MergeFrom(header_echo(p) if echo is None else echo)
+    if echo is None:
+        header_echo(p, into=r)
+    else:
+        r.MergeFrom(echo)
     if p.HasField("max_output_tokens"):
         r.max_output_tokens = p.max_output_tokens
     if p.HasField("max_tool_calls"):
