@@ -1,7 +1,7 @@
 """How the client routes one connection's events to its creates, without a socket: an in-memory
 bidi call records exactly what the client writes and delivers exactly the events a test feeds,
 and an owner records what the connection hands back to its session. (grpcio-testing's fake
-channel is blocking and cannot carry the grpc.aio client: see the README's Testing section.)"""
+channel is blocking and cannot carry the grpc.aio client: see docs/architecture.md, "Design notes".)"""
 
 from __future__ import annotations
 
