@@ -131,6 +131,17 @@ def error_from_status(
         return BackendError(
             errors.BACKEND_AUTH_FAILED, f"upstream refused the server's credentials (HTTP {status}): {message}"
         )
+    if status == 402:
+        return BackendError(
+            errors.BACKEND_PAYMENT_REQUIRED, f"upstream refused for payment (HTTP 402): {message}"
+        )
+    if status == 503:
+        return BackendError(
+            errors.BACKEND_UNAVAILABLE,
+            f"upstream unavailable (HTTP 503): {message}",
+            retry_after=retry_after,
+            retryable=True,
+        )
     if status == 404:
         return BackendError(errors.MODEL_NOT_FOUND, f"upstream: not found (HTTP 404): {message}")
     if status == 408:
