@@ -9,12 +9,20 @@ import socket
 import pytest
 
 from tests.fakes import chat_server as fk
+from tests.fakes.cerebras_v2 import ROSTER, FakeCerebrasV2
 from tests.fakes.items import request
 from tether.backends.base import BackendError, Finish, ReasoningDelta, TextDelta, ToolCallDelta
 from tether.backends.cerebras import CerebrasBackend
 from tether.backends.registry import build_backend
 
 FAST_RETRY = {"retry_initial_delay_s": 0.01, "retry_max_delay_s": 0.02}
+
+
+@pytest.fixture
+def fake_chat_server():
+    """Cerebras as it answers today: API version 2, the current roster (tests/fakes/cerebras_v2)."""
+    with FakeCerebrasV2(api_key="test-key", lifetime_s=60) as server:
+        yield server
 
 
 @pytest.fixture
@@ -242,7 +250,7 @@ async def test_reasoning_effort_and_list_models(make, fake_chat_server):
     assert b.config.reasoning and b.config.json_schema and b.config.images
     await run(b, "hi", reasoning_effort="high")
     assert fake_chat_server.last_body["reasoning_effort"] == "high"
-    assert await b.list_models() == ["gpt-oss-120b", "llama3.1-8b", "zai-glm-4.7"]
+    assert await b.list_models() == [m.id for m in ROSTER]
 
 
 def test_api_key_from_env(monkeypatch):

@@ -340,7 +340,7 @@ class ChatCompletionsBackend:
             return False
         try:
             async with asyncio.timeout(WARM_TIMEOUT_S):
-                resp = await self._http().request("GET", self.base_url + path, proxy=self._proxy)
+                resp = await self._request("GET", self.base_url + path)
                 async with resp:
                     await resp.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
