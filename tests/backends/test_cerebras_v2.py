@@ -328,3 +328,25 @@ async def test_402_and_503_have_codes_of_their_own(make, cerebras):
     with pytest.raises(BackendError) as ei:
         await call(make(max_retries=1), "hi")
     assert ei.value.code == "backend_unavailable" and ei.value.status == 503 and ei.value.retryable
+
+
+async def test_the_response_carries_the_tier_used_and_the_extra_usage(cerebras):
+    import httpx
+
+    from tests.backends.test_through_tether import config
+    from tests.support.served import served
+
+    details = {"completion_tokens_details": {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 1}}
+    cerebras.push(fk.text("a cat", usage_extra=details), fk.text("plain"))
+    picture = {"role": "user", "content": [{"type": "input_text", "text": "what?"},
+                                           {"type": "input_image", "image_url": "https://example.test/c.png"}]}  # fmt: skip
+    async with served(config(cerebras), {"k": "t"}) as s, httpx.AsyncClient(timeout=30) as c:
+        url, auth = f"http://127.0.0.1:{s.port}/v1/responses", {"authorization": "Bearer k"}
+        r = (await c.post(url, headers=auth, json={"model": "gemma-4-31b", "input": [picture], "service_tier": "auto"})).json()
+        plain = (await c.post(url, headers=auth, json={"model": "gpt-oss-120b", "input": "hi"})).json()
+    assert r["status"] == "completed" and r["service_tier"] == "default"  # what Cerebras used, not "auto"
+    assert r["usage"]["input_tokens_details"]["image_tokens"] == 85
+    assert r["usage"]["output_tokens_details"]["accepted_prediction_tokens"] == 3
+    assert r["usage"]["output_tokens_details"]["rejected_prediction_tokens"] == 1
+    assert "image_tokens" not in plain["usage"]["input_tokens_details"]  # only when reported
+    assert plain["service_tier"] == "default"

@@ -627,7 +627,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _record(self) -> RecordedRequest:
         n = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        rate = self.server.fake.body_bytes_per_s
+        if rate and n:  # the request body arrives over a link of this bandwidth
+            parts, left = [], n
+            while left:
+                part = self.rfile.read(min(left, 16_384))
+                if not part:
+                    break
+                parts.append(part)
+                left -= len(part)
+                time.sleep(len(part) / rate)
+            raw = b"".join(parts)
+        else:
+            raw = self.rfile.read(n) if n else b""
         wire = len(raw)
         if raw and self.headers.get("content-encoding", "").lower() == "gzip":
             try:
@@ -788,10 +800,12 @@ class FakeChatServer:
         lifetime_s: float = 60.0,
         owned_by: str = "Cerebras",
         new_connection_delay_s: float = 0.0,
+        body_bytes_per_s: float | None = None,
     ) -> None:
         self.api_key = api_key
         self.owned_by = owned_by  # what GET /v1/models says (dialect detection reads it)
         self.new_connection_delay_s = new_connection_delay_s  # a handshake's cost, per new connection
+        self.body_bytes_per_s = body_bytes_per_s  # a request body's upload bandwidth (None: loopback's)
         self.models = list(models)
         self.strict = strict
         self.check_model = check_model
