@@ -274,7 +274,7 @@ async def test_large_bodies_go_gzip_compressed(make, cerebras):
     assert sent.wire_bytes * 5 < len(sent.raw)
     await call(make(), "short")
     assert "content-encoding" not in cerebras.chat_requests[-1].headers  # under gzip_min_bytes
-    await call(make(gzip_min_bytes=None), *history)
+    await call(make(gzip_min_bytes=0), *history)
     assert "content-encoding" not in cerebras.chat_requests[-1].headers
 
 
@@ -350,3 +350,18 @@ async def test_the_response_carries_the_tier_used_and_the_extra_usage(cerebras):
     assert r["usage"]["output_tokens_details"]["rejected_prediction_tokens"] == 1
     assert "image_tokens" not in plain["usage"]["input_tokens_details"]  # only when reported
     assert plain["service_tier"] == "default"
+
+
+async def test_gzip_threshold_at_and_below_its_edge(make, cerebras):
+    import orjson
+
+    b = make()
+    req = request(user("x" * 5000))
+    await b.prepare(req)
+    size = len(orjson.dumps(req.prepared))
+    at, below = make(gzip_min_bytes=size), make(gzip_min_bytes=size + 1)
+    assert (await at._encode(req.prepared, ""))[1] == {"content-encoding": "gzip"}
+    assert (await below._encode(req.prepared, ""))[1] == {}
+    for bad in ({"gzip_min_bytes": -1}, {"gzip_level": 0}, {"gzip_level": 10}):
+        with pytest.raises(ValueError, match="gzip"):
+            make(**bad)

@@ -110,13 +110,13 @@ class ChatCompletionsConfig:
     images: bool = False
     hosted_tools: bool = False
     # Request bodies of at least this many bytes are sent gzip-compressed (`Content-Encoding:
-    # gzip`, at `gzip_level`) to a server that takes it (Cerebras); None: never compressed.
+    # gzip`, at `gzip_level`) to a server that takes it (Cerebras); 0 or None: never compressed.
     gzip_min_bytes: int | None = None
     gzip_level: int = 1
     # Connection warming (Cerebras: `/tcp_warming`): GET {base_url}{warm_path} at startup, so the
     # first call finds its TCP (and TLS) connection open, and again whenever the pool has sat
     # idle for 80% of keepalive_timeout_s, for up to warm_for_s after the last call (a user's next
-    # turn then finds a warm connection too). None: no warming.
+    # turn then finds a warm connection too). "" or None: no warming.
     warm_path: str | None = None
     warm_for_s: float = 300.0
     # How long a model's capabilities (GET {base_url}/models/{id}, where the dialect has them)
@@ -520,7 +520,7 @@ class ChatCompletionsBackend:
         payload = orjson.dumps(body)
         headers: dict[str, str] = {}
         threshold = self.config.gzip_min_bytes
-        if threshold is not None and len(payload) >= threshold:
+        if threshold and len(payload) >= threshold:
             payload = await offload.run(len(payload), gzip.compress, payload, self.config.gzip_level)
             headers["content-encoding"] = "gzip"
         authorization = self._authorization(tenant)
