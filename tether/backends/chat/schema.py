@@ -70,22 +70,18 @@ def _ref(value: Any) -> Any:
     return value
 
 
-def _refuse(where: _Where, path: str, what: str) -> TetherError:
-    return TetherError(
-        errors.UNSUPPORTED,
-        f"schema {where.name!r} at {path}: {what} is outside the JSON-schema subset this backend supports "
-        "(types, properties, required, enum, const, items, anyOf up to 5, $ref/$defs)",
-        param=where.param,
-    )
+_OUTSIDE = (
+    "is outside the JSON-schema subset this backend supports "
+    "(types, properties, required, enum, const, items, anyOf up to 5, $ref/$defs)"
+)
+_NOT_STRICT = (
+    "is what a strict schema cannot have on this backend (every object needs additionalProperties: "
+    "false); set strict to false or close the object"
+)
 
 
-def _not_strict(where: _Where, path: str, what: str) -> TetherError:
-    return TetherError(
-        errors.UNSUPPORTED,
-        f"schema {where.name!r} at {path}: {what}, which a strict schema cannot have on this backend "
-        "(every object needs additionalProperties: false); set strict to false or close the object",
-        param=where.param,
-    )
+def _refuse(where: _Where, path: str, what: str, why: str = _OUTSIDE) -> TetherError:
+    return TetherError(errors.UNSUPPORTED, f"schema {where.name!r} at {path}: {what} {why}", param=where.param)
 
 
 def _reduce(node: Any, where: _Where, path: str) -> Any:
@@ -157,4 +153,4 @@ def _close(obj: dict[str, Any], where: _Where, path: str) -> None:
     extra = obj.setdefault("additionalProperties", False)
     if extra is not False:
         what = "additionalProperties: true" if extra is True else "a schema for additional properties"
-        raise _not_strict(where, f"{path}/additionalProperties", what)
+        raise _refuse(where, f"{path}/additionalProperties", what, _NOT_STRICT)
