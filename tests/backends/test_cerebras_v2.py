@@ -216,6 +216,13 @@ async def test_the_servers_word_wins_over_the_family_table(cerebras, make):
     assert body["reasoning_format"] == "parsed" and body["max_completion_tokens"] == 4096  # the model's own cap
     err = await refused(b, "hi", model="nova-2", max_output_tokens=5000)
     assert err.status == 400 and err.param == "max_output_tokens" and "4096" in err.message
+    # ... and one that says "no": a gpt-oss id without structured outputs refuses a JSON schema here.
+    cerebras.roster["gpt-oss-mini"] = v2.FakeModel("gpt-oss-mini", True, structured_outputs=False)
+    cerebras.models.append("gpt-oss-mini")
+    err = await refused(b, "hi", model="gpt-oss-mini", text_format=json_format({"type": "object"}))
+    assert err.status == 400 and err.param == "text.format" and not any(
+        r.body.get("model") == "gpt-oss-mini" for r in cerebras.chat_requests
+    )
 
 
 async def test_capabilities_are_read_again_once_stale(make, cerebras):

@@ -15,7 +15,8 @@ cerebras-cloud-sdk 1.91 types (`PublicModel`, `CompletionCreateParams`) and Cere
   `tool_choice` without `tools`.
 - The roster (`ROSTER`) with capabilities and limits at `GET /v1/models/{id}`; each model's rules
   applied to a chat call: `reasoning_effort` values it takes, `reasoning_format` only for a
-  reasoning model, images only for a vision model, `max_completion_tokens` within its limit; an
+  reasoning model, images only for a vision model, a `json_schema` format only with structured
+  outputs, `max_completion_tokens` within its limit; an
   unknown model is a 404 `model_not_found`. The deprecated `disable_reasoning` is refused too
   (stricter than documented: the adapter must not lean on it).
 - `payment_required()` (402) and `unavailable()` (503) bodies as Cerebras sends them.
@@ -43,6 +44,7 @@ class FakeModel:
     max_completion_tokens: int = 32_768
     max_context_length: int = 131_072
     deprecated: bool = False
+    structured_outputs: bool = True
 
     def public(self) -> dict[str, Any]:
         """`GET /v1/models/{id}`: the SDK's `PublicModel`."""
@@ -61,7 +63,7 @@ class FakeModel:
                 "reasoning": self.reasoning,
                 "response_format": True,
                 "streaming": True,
-                "structured_outputs": True,
+                "structured_outputs": self.structured_outputs,
                 "tool_choice": True,
                 "tools": True,
                 "vision": self.vision,
@@ -220,6 +222,9 @@ class FakeCerebrasV2(FakeChatServer):
             return _refusal(f"reasoning_format: {m.id} does not reason")
         if "disable_reasoning" in body:
             return _refusal("disable_reasoning: deprecated, use reasoning_effort 'none'")
+        rf = body.get("response_format")
+        if not m.structured_outputs and isinstance(rf, dict) and rf.get("type") == "json_schema":
+            return _refusal(f"response_format: {m.id} does not support structured outputs")
         cap = body.get("max_completion_tokens")
         if isinstance(cap, int) and cap > m.max_completion_tokens:
             return _refusal(f"max_completion_tokens: at most {m.max_completion_tokens} for {m.id}")
