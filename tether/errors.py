@@ -90,6 +90,8 @@ UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 BACKEND_ERROR = "backend_error"
 BACKEND_TIMEOUT = "backend_timeout"
 BACKEND_AUTH_FAILED = "backend_auth_failed"
+BACKEND_PAYMENT_REQUIRED = "backend_payment_required"
+BACKEND_UNAVAILABLE = "backend_unavailable"
 CANCELLED = "cancelled"
 # Not sent to anyone: the label of a turn whose client went away (WS reset, HTTP stream closed,
 # gRPC cancel or deadline) in tether_turns_total{outcome} and tether_errors_total{code}.
@@ -175,6 +177,8 @@ CATALOGUE: dict[str, ErrorKind] = {
     BACKEND_ERROR: ErrorKind(502, "INTERNAL", _SERVER, _SERVER_SIDE, "the model backend failed (after its retries)"),
     BACKEND_TIMEOUT: ErrorKind(504, "DEADLINE_EXCEEDED", _SERVER, _SERVER_SIDE, "the model backend did not answer in time"),
     BACKEND_AUTH_FAILED: ErrorKind(502, "INTERNAL", _SERVER, _SERVER_SIDE, "the model backend refused Tether's own key"),
+    BACKEND_PAYMENT_REQUIRED: ErrorKind(502, "FAILED_PRECONDITION", _SERVER, _SERVER_SIDE, "the model backend's account is out of credit or quota (upstream HTTP 402): the operator must pay, not retry"),
+    BACKEND_UNAVAILABLE: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "the model backend said it is overloaded or down (upstream HTTP 503) past its retries; retry_after when it said when"),
     CANCELLED: ErrorKind(499, "CANCELLED", _BAD, _SERVER_SIDE, "the client cancelled the response"),
     CLIENT_GONE: ErrorKind(499, "CANCELLED", _BAD, _SERVER_SIDE, "never sent: the metrics label of a turn whose client left"),
     UNSUPPORTED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the backend cannot do what a field asks (param names it)"),

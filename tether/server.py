@@ -151,6 +151,16 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     # Said once everything listens, so that a failed start prints its reason alone.
     if auth.open:
         log.warning("no API keys configured: the server is OPEN, every caller is the same tenant")
+    for name, backend in engine.backends.items():
+        sharing = getattr(backend, "tenants_sharing_cache", None)  # upstreams whose prompt cache is per key
+        shared = sharing(auth.tenants()) if sharing is not None else []
+        if shared:
+            log.warning(
+                "backend %r: tenants %s share one upstream key, and the upstream's prompt cache is shared by "
+                "every call made with a key: one tenant can time another's cached prefixes (give each tenant "
+                "a key of its own: tenant_api_key_envs, isolate_tenants; docs/cerebras.md)",
+                name, ", ".join(shared),
+            )  # fmt: skip
     catch_all = engine.router.catch_all
     if catch_all is not None:
         log.warning(

@@ -441,14 +441,17 @@ def test_error_bodies_both_shapes():
         (404, "model_not_found", 400),
         (429, "rate_limit_exceeded", 429),
         (500, "backend_error", 502),
-        (503, "backend_error", 502),
+        (402, "backend_payment_required", 502),
+        (503, "backend_unavailable", 503),
     ],
 )
 def test_status_mapping(status, code, mapped):
     err = error_from_status(status, "m", retry_after=1.5)
     assert (err.code, err.status) == (code, mapped)
-    if status == 429:
+    if status in (429, 503):
         assert err.retry_after == 1.5 and err.retryable
+    if status == 402:
+        assert not err.retryable  # paying is the operator's move; a retry fails the same way
 
 
 def test_context_length_400():

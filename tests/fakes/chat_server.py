@@ -31,12 +31,14 @@ The server lives on daemon threads and shuts itself down after `lifetime_s`.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import itertools
 import json
 import select
 import socket
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,6 +75,7 @@ class RecordedRequest:
     body: Any = None
     scenario: str | None = None  # the name that selected the reply, when a name did
     peer: tuple[str, int] | None = None  # the client's address (same port = same kept-alive connection)
+    wire_bytes: int = 0  # the body's size as sent (before a `Content-Encoding: gzip` is undone)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -216,6 +219,16 @@ def _prompt_tokens(req: RecordedRequest) -> int:
     return max(n, 1)
 
 
+def _image_parts(req: RecordedRequest) -> int:
+    return sum(
+        1
+        for m in req.messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if isinstance(p, dict) and p.get("type") in ("image_url", "image")
+    )
+
+
 @dataclass(frozen=True)
 class Call:
     """A tool call a scenario emits; `arguments` (a JSON string) is sent in `fragments` pieces.
@@ -252,9 +265,12 @@ def completion(
     event_error: bool = False,  # send error_after with `event: error`
     headers: dict[str, str] | None = None,
     tail: Sequence[Part] = (),  # parts appended after everything (e.g. Pause, ABORT)
+    usage_extra: dict[str, Any] | None = None,  # merged into `usage` (details dicts merged too)
 ) -> Callable[[RecordedRequest], Reply]:
     """The general builder: a role chunk, reasoning deltas, content deltas, tool-call fragments,
-    the finish chunk with usage+time_info (or usage in a separate `choices: []` chunk), [DONE]."""
+    the finish chunk with usage+time_info (or usage in a separate `choices: []` chunk), [DONE].
+    As Cerebras does, the reply names the service tier it used when the request named one
+    (`auto` -> `default`) and counts image inputs in `usage.image_tokens` (85 per image)."""
 
     def render(req: RecordedRequest) -> Reply:
         model = (req.body or {}).get("model", "gpt-oss-120b")
@@ -263,6 +279,15 @@ def completion(
         r_pieces = _pieces(reasoning) if reasoning else []
         c_pieces = _pieces(content) if content else []
         u = usage(_prompt_tokens(req), len(r_pieces) + len(c_pieces) + 8 * len(calls), len(r_pieces))
+        images = _image_parts(req)
+        if images:
+            u["image_tokens"] = 85 * images
+            u["prompt_tokens"] += 85 * images
+            u["total_tokens"] += 85 * images
+        for k, v in (usage_extra or {}).items():
+            u[k] = {**u[k], **v} if isinstance(v, dict) and isinstance(u.get(k), dict) else v
+        tier = (req.body or {}).get("service_tier")
+        tiered = {"service_tier": "default" if tier == "auto" else tier} if tier else {}
         hdrs = {"x-ratelimit-remaining-requests-day": "14399", "x-ratelimit-remaining-tokens-minute": "59000"}
         hdrs.update(headers or {})
         asked = bool((req.body or {}).get("logprobs"))
@@ -283,6 +308,7 @@ def completion(
                 "system_fingerprint": "fp_fake",
                 "choices": [{"index": 0, "message": message, "finish_reason": fr}],
                 "usage": u,
+                **tiered,
             }
             if asked:
                 body["choices"][0]["logprobs"] = {"content": [lp for p in c_pieces for lp in token_logprobs(p, top)]}
@@ -316,7 +342,7 @@ def completion(
             else:
                 parts.append(error_after)
             return Reply(200, hdrs, sse=_split(parts) if split_frames else parts)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(tiered)
         if usage_mode == "final":
             extra["usage"] = u
             if with_time_info:
@@ -593,12 +619,33 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        delay = self.server.fake.new_connection_delay_s
+        if delay:  # what a TCP + TLS handshake costs a real client, paid once per connection
+            time.sleep(delay)
 
     # plumbing -------------------------------------------------------------------------------
 
     def _record(self) -> RecordedRequest:
         n = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        rate = self.server.fake.body_bytes_per_s
+        if rate and n:  # the request body arrives over a link of this bandwidth
+            parts, left = [], n
+            while left:
+                part = self.rfile.read(min(left, 16_384))
+                if not part:
+                    break
+                parts.append(part)
+                left -= len(part)
+                time.sleep(len(part) / rate)
+            raw = b"".join(parts)
+        else:
+            raw = self.rfile.read(n) if n else b""
+        wire = len(raw)
+        if raw and self.headers.get("content-encoding", "").lower() == "gzip":
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError):
+                raw = b"\xff"  # not gzip after all: answered as a body that is not JSON
         body = None
         if raw:
             try:
@@ -612,6 +659,7 @@ class _Handler(BaseHTTPRequestHandler):
             raw,
             body,
             peer=tuple(self.client_address[:2]),
+            wire_bytes=wire,
         )
         self.server.fake._record(rec)
         return rec
@@ -661,7 +709,14 @@ class _Handler(BaseHTTPRequestHandler):
         rec = self._record()
         if not self._authorized(rec):
             return
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
+        fake = self.server.fake
+        if self.path.startswith("/v1/models/"):
+            info = fake.model_info(urllib.parse.unquote(self.path[len("/v1/models/") :].split("?")[0]))
+            if info is None:
+                self._send_json(404, error_body("Model not found", "not_found_error", "model", "model_not_found"))
+            else:
+                self._send_json(200, info)
+        elif self.path.rstrip("/") in ("/v1/models", "/models"):
             data = [
                 {"id": m, "object": "model", "created": CREATED, "owned_by": self.server.fake.owned_by}
                 for m in self.server.fake.models
@@ -692,7 +747,7 @@ class _Handler(BaseHTTPRequestHandler):
                 ),
             )
             return
-        problem = fake._validate(rec.body)
+        problem = fake._validate(rec)
         if problem is not None:
             status, body = problem
             self._send_json(status, body)
@@ -744,9 +799,13 @@ class FakeChatServer:
         default: Scenario | None = None,
         lifetime_s: float = 60.0,
         owned_by: str = "Cerebras",
+        new_connection_delay_s: float = 0.0,
+        body_bytes_per_s: float | None = None,
     ) -> None:
         self.api_key = api_key
         self.owned_by = owned_by  # what GET /v1/models says (dialect detection reads it)
+        self.new_connection_delay_s = new_connection_delay_s  # a handshake's cost, per new connection
+        self.body_bytes_per_s = body_bytes_per_s  # a request body's upload bandwidth (None: loopback's)
         self.models = list(models)
         self.strict = strict
         self.check_model = check_model
@@ -831,7 +890,13 @@ class FakeChatServer:
                 scenario = self.default
         return scenario(rec) if callable(scenario) else scenario
 
-    def _validate(self, body: dict[str, Any]) -> tuple[int, Any] | None:
+    def model_info(self, model: str) -> dict[str, Any] | None:
+        """`GET /v1/models/{id}`'s body (None: 404); this fake knows no capabilities (see
+        `tests.fakes.cerebras_v2` for a server that does)."""
+        return None
+
+    def _validate(self, rec: RecordedRequest) -> tuple[int, Any] | None:
+        body = rec.body
         if not self.strict:
             return None
         for k in body:

@@ -131,6 +131,12 @@ class Usage:
     cached_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # Image tokens within the input (Cerebras's `usage.image_tokens`), and the tokens of a
+    # predicted output the model kept or threw away (`completion_tokens_details`); None where
+    # the server reports none.
+    image_tokens: int | None = None
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
     # Kinds the adapter counted itself with the model's own tokenizer (the server reported none).
     model_counted: frozenset[str] = frozenset()
 
@@ -151,6 +157,8 @@ class Finish:
     usage: Usage | None = None
     timing: Timing | None = None
     replica: str = ""  # the pool replica that served the call ("" outside a pool)
+    # The service tier the server says it used (with `auto` it picks one); None when it says none.
+    service_tier: str | None = None
 
 
 Chunk = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta | Finish

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import os
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -32,7 +34,7 @@ from typing import Any, ClassVar
 import aiohttp
 import orjson
 
-from tether import errors
+from tether import errors, offload
 from tether.backends.base import (
     BackendError,
     BackendRequest,
@@ -45,7 +47,7 @@ from tether.backends.base import (
     Usage,
     chunks_of,
 )
-from tether.backends.chat.dialects import Dialect, detect, dialect_named
+from tether.backends.chat.dialects import Dialect, ModelCaps, detect, dialect_named, known_caps
 from tether.backends.chat.mapping import (
     MappingOptions,
     emulated_custom_tools,
@@ -61,6 +63,7 @@ from tether.backends.chat.upstream_errors import (
     retry_delay,
     should_retry,
 )
+from tether.errors import TetherError
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,25 @@ class ChatCompletionsConfig:
     json_schema: bool = False
     images: bool = False
     hosted_tools: bool = False
+    # Request bodies of at least this many bytes are sent gzip-compressed (`Content-Encoding:
+    # gzip`, at `gzip_level`) to a server that takes it (Cerebras); 0 or None: never compressed.
+    gzip_min_bytes: int | None = None
+    gzip_level: int = 1
+    # Connection warming (Cerebras: `/tcp_warming`): GET {base_url}{warm_path} at startup, so the
+    # first call finds its TCP (and TLS) connection open, and again whenever the pool has sat
+    # idle for 80% of keepalive_timeout_s, for up to warm_for_s after the last call (a user's next
+    # turn then finds a warm connection too). "" or None: no warming.
+    warm_path: str | None = None
+    warm_for_s: float = 300.0
+    # How long a model's capabilities (GET {base_url}/models/{id}, where the dialect has them)
+    # are trusted before they are read again.
+    model_info_refresh_s: float = 600.0
+    # Tenant -> the environment variable holding that tenant's own upstream key: its calls go out
+    # under it (on Cerebras another organisation: a prompt cache of its own).
+    tenant_api_key_envs: dict[str, str] = field(default_factory=dict)
+    # Only tenants with a key of their own (above) may use this backend: no two tenants ever share
+    # an upstream account (nor its prompt cache). An open server's single tenant uses api_key.
+    isolate_tenants: bool = False
 
 
 RetryHook = Callable[[int, float, str], None]  # (retry number from 1, delay seconds, reason)
@@ -128,9 +150,14 @@ class ChatCompletionsBackend:
             raise ValueError(f"backend {name!r}: max_retries must be >= 0")
         if config.max_connections < 1:
             raise ValueError(f"backend {name!r}: max_connections must be >= 1")
+        if config.gzip_min_bytes is not None and config.gzip_min_bytes < 0:
+            raise ValueError(f"backend {name!r}: gzip_min_bytes must be >= 0 (or unset)")
+        if not 1 <= config.gzip_level <= 9:
+            raise ValueError(f"backend {name!r}: gzip_level must be 1-9")
         # None until known: "auto" is resolved by the first `discover()` (GET /models).
         self.dialect: Dialect | None = None if config.dialect == "auto" else dialect_named(config.dialect)
         self.api_key = self._resolve_key()
+        self._tenant_keys = {tenant: self._env_key(env) for tenant, env in config.tenant_api_key_envs.items()}
         self.base_url = config.base_url.rstrip("/")
         headers = {
             "content-type": "application/json",
@@ -151,19 +178,30 @@ class ChatCompletionsBackend:
         self.retries = 0
         self.on_retry: RetryHook | None = None
         self.ratelimit: dict[str, str] = {}
+        self.warmings = 0  # warming requests that reached the server
+        # Model capabilities (`Dialect.model_info`): id -> (monotonic time read, caps).
+        self._caps: dict[str, tuple[float, ModelCaps]] = {}
+        self._caps_refreshing: set[asyncio.Task[None]] = set()
+        # Warming: when the pool was last used, when the last call came, the keep-warm task.
+        self._last_used = self._last_call = time.monotonic()
+        self._called = asyncio.Event()
+        self._warm_task: asyncio.Task[None] | None = None
+
+    def _env_key(self, env: str) -> str:
+        key = os.environ.get(env)
+        if not key:
+            raise ValueError(
+                f"backend {self.name!r} ({self.kind}): environment variable {env} "
+                "is not set (it must hold the upstream API key)"
+            )
+        return key
 
     def _resolve_key(self) -> str | None:
         c = self.config
         if c.api_key:
             return c.api_key
         if c.api_key_env:
-            key = os.environ.get(c.api_key_env)
-            if not key:
-                raise ValueError(
-                    f"backend {self.name!r} ({self.kind}): environment variable {c.api_key_env} "
-                    "is not set (it must hold the upstream API key)"
-                )
-            return key
+            return self._env_key(c.api_key_env)
         if self.require_api_key:
             raise ValueError(f"backend {self.name!r} ({self.kind}): an API key is required (set api_key_env)")
         return None
@@ -193,10 +231,16 @@ class ChatCompletionsBackend:
         """Send a request; the response once its head is in (read the body, then release it:
         `async with response`). Past the head deadline (see `write_timeout_s`): TimeoutError."""
         c = self.config
+        if self.dialect is not None and self.dialect.headers:
+            kw["headers"] = {**dict(self.dialect.headers), **kw.get("headers", {})}
         async with asyncio.timeout(c.pool_timeout_s + c.connect_timeout_s + c.write_timeout_s + c.stream_idle_timeout_s):
             return await self._http().request(method, url, proxy=self._proxy, **kw)
 
     async def aclose(self) -> None:
+        task, self._warm_task = self._warm_task, None
+        for t in (task, *self._caps_refreshing):
+            if t is not None:
+                t.cancel()
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
@@ -234,6 +278,7 @@ class ChatCompletionsBackend:
         """The model ids to route here ([] when `discover_models` is off or the server cannot
         say); never raises: an unreachable server leaves an "auto" dialect generic for now."""
         async with self._discovery:
+            self._start_warming()
             try:
                 ids = await self.list_models()
             except BackendError as exc:
@@ -241,7 +286,93 @@ class ChatCompletionsBackend:
                 if self.dialect is None:
                     self.dialect = dialect_named("openai")
                 return []
+            if self.dialect is not None and self.dialect.model_info:
+                await asyncio.gather(*(self._read_caps(m) for m in ids))
         return ids if self.config.discover_models else []
+
+    # -- model capabilities ---------------------------------------------------------------------
+
+    async def _read_caps(self, model: str) -> None:
+        """Read `GET {base_url}/models/{id}` into the capability table; a failure keeps what was
+        known (nothing at first: the dialect's family table then decides)."""
+        url = f"{self.base_url}/models/{urllib.parse.quote(model, safe='')}"
+        try:
+            resp = await self._request("GET", url, headers={"accept": "application/json"})
+            async with resp, asyncio.timeout(self.config.stream_idle_timeout_s):
+                status, content = resp.status, await resp.read()
+            self._note_used()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.info("backend %s: model info for %s unavailable (%s)", self.name, model, type(exc).__name__)
+            return
+        if status >= 400:
+            log.info("backend %s: model info for %s unavailable (HTTP %d)", self.name, model, status)
+            return
+        try:
+            caps = ModelCaps.from_model(orjson.loads(content))
+        except orjson.JSONDecodeError:
+            return
+        self._caps[model] = (time.monotonic(), caps)
+
+    async def model_caps(self, model: str) -> ModelCaps:
+        """What the server reports about `model` (read on first use when discovery did not, and
+        re-read in the background once older than `model_info_refresh_s`)."""
+        if self.dialect is None or not self.dialect.model_info:
+            return ModelCaps()
+        known = self._caps.get(model)
+        if known is None:
+            await self._read_caps(model)
+            known = self._caps.get(model)
+            if known is None:
+                self._caps[model] = known = (time.monotonic(), ModelCaps())  # until the next refresh
+        elif time.monotonic() - known[0] > self.config.model_info_refresh_s and not self._caps_refreshing:
+            task = asyncio.create_task(self._read_caps(model))
+            self._caps_refreshing.add(task)
+            task.add_done_callback(self._caps_refreshing.discard)
+        return known[1]
+
+    # -- warming --------------------------------------------------------------------------------
+
+    async def warm(self) -> bool:
+        """One `GET {base_url}{warm_path}` (at most `WARM_TIMEOUT_S`): a connection opened, or a
+        kept-alive one refreshed, in the pool. True when the server answered."""
+        path = self.config.warm_path
+        if not path:
+            return False
+        try:
+            async with asyncio.timeout(WARM_TIMEOUT_S):
+                resp = await self._request("GET", self.base_url + path)
+                async with resp:
+                    await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.debug("backend %s: warming failed (%s)", self.name, type(exc).__name__)
+            return False
+        self._note_used()
+        self.warmings += 1
+        return True
+
+    def _note_used(self) -> None:
+        self._last_used = time.monotonic()
+
+    def _start_warming(self) -> None:
+        if self.config.warm_path and self._warm_task is None:
+            self._warm_task = asyncio.create_task(self._keep_warm())
+
+    async def _keep_warm(self) -> None:
+        """Warm now, then whenever the pool has been idle for 80% of `keepalive_timeout_s` (before
+        aiohttp closes the idle connection), until `warm_for_s` have passed since the last call;
+        then wait for the next call."""
+        interval = 0.8 * self.config.keepalive_timeout_s
+        await self.warm()
+        while True:
+            await asyncio.sleep(max(0.0, self._last_used + interval - time.monotonic()))
+            now = time.monotonic()
+            if now - self._last_used < interval:
+                continue  # a call used the pool meanwhile
+            if now - self._last_call > self.config.warm_for_s:
+                self._called.clear()
+                await self._called.wait()
+                continue
+            await self.warm()
 
     def owned_by(self, model: str) -> str:
         """As the server's model list says (GET /models at startup), else this backend's kind."""
@@ -250,20 +381,27 @@ class ChatCompletionsBackend:
     def catch_all_models(self) -> list[str]:
         return []  # its names are the ones it lists (`discover`)
 
-    def mapping_options(self, dialect: Dialect) -> MappingOptions:
+    def mapping_options(self, dialect: Dialect, caps: ModelCaps | None = None) -> MappingOptions:
+        """The mapping's options: this backend's config, narrowed by what the model can do
+        (`caps`: the server's word, else the dialect's family table; see `known_caps`)."""
         c = self.config
+        caps = caps or ModelCaps()
+        cap = c.default_max_output_tokens
+        if cap and caps.max_completion_tokens:
+            cap = min(cap, caps.max_completion_tokens)
         return MappingOptions(
             dialect=dialect,
             tools=c.tools,
             parallel_tool_calls=c.parallel_tool_calls,
-            images=c.images,
+            images=c.images and caps.vision is not False,
             hosted_tools=c.hosted_tools,
             reasoning=c.reasoning,
-            json_schema=c.json_schema,
+            json_schema=c.json_schema and caps.structured_outputs is not False,
             developer_role=c.developer_role,
-            default_max_output_tokens=c.default_max_output_tokens,
+            default_max_output_tokens=cap,
             stream=c.stream_upstream,
             extra_body=dict(c.extra_body),
+            model=caps,
         )
 
     def reads_input_tokens(self, request: BackendRequest) -> bool:
@@ -273,7 +411,34 @@ class ChatCompletionsBackend:
         if self.dialect is None:
             await self.discover()
         assert self.dialect is not None
-        request.prepared = to_chat_request(request, self.mapping_options(self.dialect))
+        self._authorization(request.tenant)  # a tenant this backend may not serve: refused now
+        caps = known_caps(self.dialect, request.model, await self.model_caps(request.model))
+        request.prepared = to_chat_request(request, self.mapping_options(self.dialect, caps))
+
+    # -- tenants --------------------------------------------------------------------------------
+
+    def _authorization(self, tenant: str) -> str | None:
+        """The `Authorization` header a call of `tenant` goes out with (None: the session's)."""
+        key = self._tenant_keys.get(tenant)
+        if key is not None:
+            return f"Bearer {key}"
+        if self.config.isolate_tenants and tenant:
+            raise TetherError(
+                errors.PERMISSION_DENIED,
+                f"backend {self.name!r} keeps tenants apart (isolate_tenants) and has no upstream key "
+                "for this API key's tenant (tenant_api_key_envs)",
+                param="model",
+            )
+        return None
+
+    def tenants_sharing_cache(self, tenants: Iterable[str]) -> list[str]:
+        """Of `tenants`, those whose calls go out under the same upstream key where the server's
+        prompt cache is shared by all calls of one key (`Dialect.shared_prompt_cache`): one can
+        time another's cached prefixes. Empty when fewer than two share (or isolation is on)."""
+        if self.config.isolate_tenants or self.dialect is None or not self.dialect.shared_prompt_cache:
+            return []
+        shared = sorted(t for t in tenants if t not in self._tenant_keys)
+        return shared if len(shared) > 1 else []
 
     # -- the call -------------------------------------------------------------------------------
 
@@ -299,22 +464,27 @@ class ChatCompletionsBackend:
         if request.prepared is None:
             await self.prepare(request)
         body: dict[str, Any] = request.prepared
-        payload = orjson.dumps(body)
+        payload, sent_headers = await self._encode(body, request.tenant)
         url = self.base_url + "/chat/completions"
         c = self.config
+        self._last_call = time.monotonic()
+        self._called.set()
         attempt = 0
         while True:
             failure: BackendError
             headers: Mapping[str, str] = {}
             try:
-                resp = await self._request("POST", url, data=payload)
+                resp = await self._request("POST", url, data=payload, headers=sent_headers)
                 async with resp:
                     self._note_ratelimit(resp.headers)
                     if resp.status < 400:
                         emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
-                        async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
-                            async for run in runs:
-                                yield run
+                        try:
+                            async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
+                                async for run in runs:
+                                    yield run
+                        finally:
+                            self._note_used()
                         return
                     async with asyncio.timeout(c.stream_idle_timeout_s):
                         raw = await resp.read()
@@ -343,6 +513,20 @@ class ChatCompletionsBackend:
             attempt += 1
             self._count_retry(attempt, delay, reason)
             await asyncio.sleep(delay)
+
+    async def _encode(self, body: dict[str, Any], tenant: str) -> tuple[bytes, dict[str, str]]:
+        """The request body's bytes and the headers they need: gzip past `gzip_min_bytes` (off
+        the event loop when large, `tether.offload`), the tenant's own key where it has one."""
+        payload = orjson.dumps(body)
+        headers: dict[str, str] = {}
+        threshold = self.config.gzip_min_bytes
+        if threshold and len(payload) >= threshold:
+            payload = await offload.run(len(payload), gzip.compress, payload, self.config.gzip_level)
+            headers["content-encoding"] = "gzip"
+        authorization = self._authorization(tenant)
+        if authorization is not None:
+            headers["authorization"] = authorization
+        return payload, headers
 
     async def _read(
         self, resp: aiohttp.ClientResponse, forced: bool, emulated: frozenset[str]
@@ -487,6 +671,9 @@ async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
             raise BackendError(errors.BACKEND_ERROR, f"upstream sent a reply over {limit} bytes (max_event_bytes)")
         parts.append(data)
     return b"".join(parts)
+
+
+WARM_TIMEOUT_S = 1.0  # a warming request's limit (the SDK's): it must never hold anything up
 
 
 class _IdleWatch:

@@ -515,6 +515,13 @@ class Turn:
         u.input_tokens, u.cached_tokens = usage.input_tokens, usage.cached_tokens
         u.output_tokens, u.reasoning_tokens = usage.output_tokens, usage.reasoning_tokens
         u.total_tokens = usage.input_tokens + usage.output_tokens
+        reported = finish.usage if finish else None
+        if reported is not None:  # what only the backend can count (Cerebras's image and prediction tokens)
+            u.image_tokens = reported.image_tokens or 0
+            u.accepted_prediction_tokens = reported.accepted_prediction_tokens or 0
+            u.rejected_prediction_tokens = reported.rejected_prediction_tokens or 0
+        if finish and finish.service_tier:  # the tier the backend used (`auto` picks one)
+            r.service_tier = finish.service_tier
         self.services.rate_limiter.charge_output(self.ctx.tenant, usage.output_tokens)
         self.replica = finish.replica if finish else ""
         if finish and finish.timing:

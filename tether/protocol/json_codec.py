@@ -1039,10 +1039,20 @@ _USAGE = _Codec(
     _Scalar("input_tokens"),
     _Inline(
         "input_tokens_details",
-        _Codec(response_pb2.Usage, _Scalar("cached_tokens"), _Scalar("cache_write_tokens")),
+        _Codec(
+            response_pb2.Usage, _Scalar("cached_tokens"), _Scalar("cache_write_tokens"), _Scalar("image_tokens", NONEMPTY)
+        ),
     ),
     _Scalar("output_tokens"),
-    _Inline("output_tokens_details", _Codec(response_pb2.Usage, _Scalar("reasoning_tokens"))),
+    _Inline(
+        "output_tokens_details",
+        _Codec(
+            response_pb2.Usage,
+            _Scalar("reasoning_tokens"),
+            _Scalar("accepted_prediction_tokens", NONEMPTY),
+            _Scalar("rejected_prediction_tokens", NONEMPTY),
+        ),
+    ),
     _Scalar("total_tokens"),
 )
 

@@ -16,7 +16,7 @@ that says nothing recognisable gets the generic `openai` dialect.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tether import errors
 from tether.errors import TetherError
@@ -27,6 +27,13 @@ class ReasoningControls:
     """The request fields that carry `reasoning.effort` for one model (empty: send nothing)."""
 
     fields: Mapping[str, object]
+
+
+# The Cerebras API version the adapter is written for (its validation rules: `$defs` only,
+# closed strict schemas, tool messages in order), pinned so that the next version's rules reach
+# Tether only with an adapter written for them.
+CEREBRAS_VERSION_HEADER = "x-cerebras-version-patch"
+CEREBRAS_API_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,24 @@ class Dialect:
     # with the same salt. Tether sends one per tenant (`BackendRequest.cache_salt`), so a tenant
     # cannot time another's cached prefixes on a shared server.
     cache_salt: bool = False
+    # Headers every request carries (Cerebras: the API version the adapter is written for).
+    headers: tuple[tuple[str, str], ...] = ()
+    # The server refuses a history whose tool messages are out of order (Cerebras version 2: an
+    # assistant tool call not answered right after it, an answer to no call, a call id used
+    # twice). The mapping checks the order first and refuses with a 400 naming the input item.
+    tool_order_checked: bool = False
+    # `GET {base_url}/models/{id}` reports the model's capabilities and limits (`ModelCaps`),
+    # read at discovery and refreshed; the mapping follows them.
+    model_info: bool = False
+    # The server drops earlier turns' reasoning unless `clear_thinking: false` (Cerebras); it is
+    # sent whenever the history carries reasoning back, so what Tether renders is what the
+    # model sees.
+    clear_thinking: bool = False
+    # The server's prompt cache is shared by every call made with one key (Cerebras: across an
+    # organisation) and takes no per-tenant salt: tenants on one key can time each other's cached
+    # prefixes. A warning at startup says so when several tenants share a key (see the backend's
+    # `tenant_api_key_envs` and `isolate_tenants`).
+    shared_prompt_cache: bool = False
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -144,6 +169,11 @@ DIALECTS: dict[str, Dialect] = {
             schema_subset="cerebras",
             service_tiers=("auto", "default", "flex", "priority"),
             rejected_fields=frozenset({"verbosity"}),
+            headers=((CEREBRAS_VERSION_HEADER, CEREBRAS_API_VERSION),),
+            tool_order_checked=True,
+            model_info=True,
+            clear_thinking=True,
+            shared_prompt_cache=True,
         ),
     )
 }
@@ -190,11 +220,14 @@ def _refuse(message: str) -> TetherError:
     return TetherError(errors.UNSUPPORTED, message, param="reasoning.effort")
 
 
-def reasoning_controls(dialect: Dialect, model: str, effort: str | None, enabled: bool) -> ReasoningControls:
+def reasoning_controls(
+    dialect: Dialect, model: str, effort: str | None, enabled: bool, caps: ModelCaps | None = None
+) -> ReasoningControls:
     """The fields that carry `reasoning.effort` to this server for `model`. `enabled` is the
-    backend's reasoning capability (config). Raises a 400 for an effort the server cannot honour."""
+    backend's reasoning capability (config); `caps` what the server reports about the model.
+    Raises a 400 for an effort the server cannot honour."""
     if dialect.reasoning_controls == "cerebras":
-        return cerebras_reasoning(model, effort)
+        return cerebras_reasoning(model, effort, caps or ModelCaps())
     if effort is None:
         return ReasoningControls({})
     if dialect.reasoning_controls == "none" or not enabled:
@@ -207,46 +240,124 @@ def reasoning_controls(dialect: Dialect, model: str, effort: str | None, enabled
     return ReasoningControls({"reasoning_effort": _EFFORT_LEVEL[effort]})
 
 
-def cerebras_family(model: str) -> str:
-    """gpt-oss | glm | qwen | plain (no reasoning), from Cerebras's model ids."""
+# --- model capabilities ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelCaps:
+    """What one model can do, as the server reports it (Cerebras: `GET /v1/models/{id}`,
+    `capabilities` and `limits`); None where it says nothing (the family table decides)."""
+
+    reasoning: bool | None = None
+    vision: bool | None = None
+    structured_outputs: bool | None = None
+    tools: bool | None = None
+    max_completion_tokens: int | None = None
+    context_length: int | None = None
+
+    @classmethod
+    def from_model(cls, obj: object) -> ModelCaps:
+        """From a `GET /models/{id}` body (the SDK's `PublicModel`); fields of another shape or
+        type count as unsaid."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        caps = obj.get("capabilities")
+        caps = caps if isinstance(caps, Mapping) else {}
+        limits = obj.get("limits")
+        limits = limits if isinstance(limits, Mapping) else {}
+
+        def flag(*keys: str) -> bool | None:
+            for k in keys:
+                if isinstance(caps.get(k), bool):
+                    return bool(caps[k])
+            return None
+
+        def count(key: str) -> int | None:
+            v = limits.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+        return cls(
+            reasoning=flag("reasoning"),
+            vision=flag("vision"),
+            structured_outputs=flag("structured_outputs"),
+            tools=flag("tools", "function_calling"),
+            max_completion_tokens=count("max_completion_tokens"),
+            context_length=count("max_context_length"),
+        )
+
+
+@dataclass(frozen=True)
+class CerebrasFamily:
+    """The fallback for what `GET /v1/models/{id}` leaves unsaid, per family of model ids (from
+    Cerebras's reasoning guide and model pages). `efforts`: the `reasoning_effort` values the
+    model takes (empty: no effort parameter; the model decides how long it thinks)."""
+
+    name: str
+    reasoning: bool
+    efforts: frozenset[str] = frozenset()
+    vision: bool = False
+    structured_outputs: bool = True
+
+
+_ALL_EFFORTS = frozenset({"none", "low", "medium", "high"})
+CEREBRAS_FAMILIES: tuple[tuple[str, CerebrasFamily], ...] = (
+    # (id prefix or fragment, family), first match wins
+    ("gpt-oss", CerebrasFamily("gpt-oss", True, frozenset({"low", "medium", "high"}))),
+    ("glm", CerebrasFamily("glm", True, _ALL_EFFORTS)),  # `reasoning_effort: "none"` turns it off
+    ("qwen-3-", CerebrasFamily("qwen3", True)),  # the 2025 Qwen3 ids: no effort control
+    ("qwen", CerebrasFamily("qwen", True, _ALL_EFFORTS)),  # later Qwen: none/low/medium/high
+    ("gemma", CerebrasFamily("gemma", True, vision=True)),  # thinks; no effort parameter
+)
+_PLAIN = CerebrasFamily("plain", False)
+
+
+def cerebras_family(model: str) -> CerebrasFamily:
+    """The family of a Cerebras model id (`plain`: no reasoning, text only)."""
     m = model.lower()
-    if m.startswith("gpt-oss"):
-        return "gpt-oss"
-    if "glm" in m:
-        return "glm"
-    if m.startswith("qwen"):
-        return "qwen"
-    return "plain"
+    for mark, family in CEREBRAS_FAMILIES:
+        if mark in m:
+            return family
+    return _PLAIN
 
 
-def cerebras_reasoning(model: str, effort: str | None) -> ReasoningControls:
-    """Per family, from Cerebras's reasoning guide: GPT-OSS takes `reasoning_effort` low|medium|high
-    (it refuses none/minimal; minimal -> low, none is refused here with a clear message); GLM turns
-    reasoning off with `disable_reasoning: true` and takes the effort levels otherwise; Qwen3 has
-    no effort control. Reasoning models always get `reasoning_format: "parsed"`, so reasoning
-    arrives in its own field and never inside `content` (Qwen's default is raw `<think>` text)."""
+def known_caps(dialect: Dialect, model: str, caps: ModelCaps) -> ModelCaps:
+    """`caps` (the server's word) with what it leaves unsaid filled from the dialect's family
+    table (Cerebras); as is for any other dialect."""
+    if dialect.reasoning_controls != "cerebras":
+        return caps
     family = cerebras_family(model)
-    if family == "plain":
+    return replace(
+        caps,
+        reasoning=family.reasoning if caps.reasoning is None else caps.reasoning,
+        vision=family.vision if caps.vision is None else caps.vision,
+        structured_outputs=family.structured_outputs if caps.structured_outputs is None else caps.structured_outputs,
+    )
+
+
+def cerebras_reasoning(model: str, effort: str | None, caps: ModelCaps) -> ReasoningControls:
+    """Whether the model reasons comes from the server (`caps.reasoning`), else the family table;
+    its effort levels from the family table (the server does not list them). A reasoning model
+    always gets `reasoning_format: "parsed"`, so its thinking arrives in its own field and never
+    inside `content` (Qwen's default is raw `<think>` text, GLM's and GPT-OSS's `text_parsed`).
+    An effort the model cannot take is a 400 naming `reasoning.effort`: GPT-OSS cannot turn
+    reasoning off, a model without effort levels takes none; `minimal` is sent as `low` and
+    `xhigh` as `high`."""
+    family = cerebras_family(model)
+    reasons = family.reasoning if caps.reasoning is None else caps.reasoning
+    if not reasons:
         if effort not in (None, "none"):
             raise _refuse(f"model {model!r} does not reason on Cerebras; leave reasoning.effort unset")
         return ReasoningControls({})
     fields: dict[str, object] = {"reasoning_format": "parsed"}
     if effort is None:
         return ReasoningControls(fields)
-    if family == "gpt-oss":
-        if effort == "none":
-            raise _refuse(
-                f"model {model!r} cannot turn reasoning off on Cerebras (efforts: low, medium, high)"
-            )
-        fields["reasoning_effort"] = _EFFORT_LEVEL[effort]
-    elif family == "glm":
-        if effort == "none":
-            fields["disable_reasoning"] = True
-        else:
-            fields["disable_reasoning"] = False
-            fields["reasoning_effort"] = _EFFORT_LEVEL[effort]
-    elif effort != "none":  # qwen: the model decides
-        raise _refuse(f"model {model!r} has no reasoning effort control on Cerebras")
-    else:
-        raise _refuse(f"model {model!r} cannot turn reasoning off on Cerebras")
+    efforts = family.efforts if family.reasoning else frozenset()
+    if not efforts:
+        raise _refuse(f"model {model!r} has no reasoning effort control on Cerebras; leave reasoning.effort unset")
+    level = "none" if effort == "none" else _EFFORT_LEVEL[effort]
+    if level not in efforts:
+        if level == "none":
+            raise _refuse(f"model {model!r} cannot turn reasoning off on Cerebras (efforts: low, medium, high)")
+        raise _refuse(f"model {model!r} takes reasoning.effort {', '.join(sorted(efforts))} on Cerebras")
+    fields["reasoning_effort"] = level
     return ReasoningControls(fields)

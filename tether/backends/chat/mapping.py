@@ -19,7 +19,7 @@ import orjson
 
 from tether import errors
 from tether.backends.base import BackendRequest
-from tether.backends.chat.dialects import Dialect, reasoning_controls
+from tether.backends.chat.dialects import Dialect, ModelCaps, reasoning_controls
 from tether.backends.chat.schema import reduce_schema
 from tether.compaction_codec import decode_summary
 from tether.errors import TetherError
@@ -58,6 +58,9 @@ class MappingOptions:
     default_max_output_tokens: int | None = None  # sent when the request sets no cap
     stream: bool = True  # stream upstream (False: one JSON reply, the server's exact usage)
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    # What the server reports about the requested model (`Dialect.model_info`); `images`,
+    # `json_schema` and `tools` above already include it, the output limit is checked here.
+    model: ModelCaps = field(default_factory=ModelCaps)
 
 
 def decode_compaction(item: items_pb2.CompactionItem) -> str:
@@ -226,9 +229,12 @@ def to_chat_messages(
 ) -> list[dict[str, Any]]:
     """The `messages` array: consecutive function calls and the assistant text just before them
     become one assistant message; reasoning rides on the next assistant message (when the dialect
-    sends it back)."""
+    sends it back). Where the dialect checks tool-message order (`Dialect.tool_order_checked`)
+    a history the server would refuse is a 400 naming the input item (`check_tool_order`)."""
     history_field = opts.dialect.reasoning_history_field
     msgs: list[dict[str, Any]] = []
+    calls_from: dict[int, str] = {}  # id() of a tool call entry -> the input item it came from
+    outputs_from: dict[int, str] = {}  # id() of a tool message -> the input item it came from
     if instructions:
         msgs.append({"role": "system", "content": instructions})
     open_assistant: dict[str, Any] | None = None  # the assistant message that can still take tool_calls
@@ -253,10 +259,13 @@ def to_chat_messages(
             msgs.append(open_assistant)
         attach_reasoning(open_assistant)
         open_assistant.setdefault("tool_calls", []).append(call)
+        calls_from[id(call)] = param
 
     def add_output(call_id: str, text: str) -> None:
         nonlocal open_assistant
-        msgs.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        msg = {"role": "tool", "tool_call_id": call_id, "content": text}
+        msgs.append(msg)
+        outputs_from[id(msg)] = param
         open_assistant = None
         reasoning.clear()
 
@@ -317,7 +326,61 @@ def to_chat_messages(
             reasoning.clear()
         else:
             log.debug("dropping %s item not understood by chat completions", arm)
+    if opts.dialect.tool_order_checked:
+        check_tool_order(msgs, calls_from, outputs_from, opts.dialect)
     return msgs
+
+
+def check_tool_order(
+    msgs: Sequence[Mapping[str, Any]], calls_from: Mapping[int, str], outputs_from: Mapping[int, str], dialect: Dialect
+) -> None:
+    """What Cerebras (API version 2) refuses, refused first with Tether's own 400 naming the input
+    item: each tool call of an assistant message answered by the tool messages right after it, no
+    tool message answering anything else, no call id used twice. A stateless history produces
+    these (a call whose output was left out, an output kept past a compaction, a repeated id);
+    the server would answer with a bare validation error about `messages[n]`."""
+    seen: set[str] = set()
+    pending: dict[str, str] = {}  # call id -> its input item, awaiting its tool message
+    for msg in msgs:
+        if msg.get("role") == "tool":
+            cid = str(msg.get("tool_call_id", ""))
+            if cid not in pending:
+                where = outputs_from.get(id(msg), "input")
+                why = "an earlier" if cid in seen else "no"
+                raise _invalid(
+                    f"{where}: the tool output for call {cid!r} answers {why} call just before it; "
+                    f"{dialect.server} needs each output right after the call it answers",
+                    where,
+                    errors.INVALID_ITEM,
+                )
+            del pending[cid]
+            continue
+        if pending:
+            _unanswered(pending, dialect)
+        for call in msg.get("tool_calls") or ():
+            cid = str(call.get("id", ""))
+            where = calls_from.get(id(call), "input")
+            if cid in seen:
+                raise _invalid(
+                    f"{where}: call id {cid!r} is used by an earlier call too; {dialect.server} needs "
+                    "every call id of a request to be unique",
+                    where,
+                    errors.INVALID_ITEM,
+                )
+            seen.add(cid)
+            pending[cid] = where
+    if pending:
+        _unanswered(pending, dialect)
+
+
+def _unanswered(pending: Mapping[str, str], dialect: Dialect) -> None:
+    cid, where = next(iter(pending.items()))
+    raise _invalid(
+        f"{where}: the call {cid!r} has no tool output right after it; {dialect.server} needs each "
+        "call's output (function_call_output) to follow it before any other message",
+        where,
+        errors.INVALID_ITEM,
+    )
 
 
 def _format_note(fmt: Any) -> str:
@@ -397,7 +460,10 @@ def to_chat_tools(tools: Sequence[request_pb2.Tool], opts: MappingOptions) -> li
             except orjson.JSONDecodeError:
                 raise _invalid(f"tool {f.name!r}: parameters is not valid JSON", f"tools[{i}].parameters") from None
             if opts.dialect.schema_subset:
-                params = reduce_schema(params, opts.dialect.schema_subset, f"tools[{i}].parameters", f.name)
+                strict = f.HasField("strict") and f.strict
+                params = reduce_schema(
+                    params, opts.dialect.schema_subset, f"tools[{i}].parameters", f.name, strict=strict
+                )
             fn: dict[str, Any] = {"name": f.name}
             if f.HasField("description"):
                 fn["description"] = f.description
@@ -507,12 +573,21 @@ def _response_format(fmt: request_pb2.TextFormat | None, opts: MappingOptions) -
         except orjson.JSONDecodeError:
             raise _invalid("text.format.schema is not valid JSON", "text.format.schema") from None
         if opts.dialect.schema_subset:
-            schema = reduce_schema(schema, opts.dialect.schema_subset, "text.format.schema", fmt.name or "response")
+            strict = fmt.HasField("strict") and fmt.strict
+            schema = reduce_schema(
+                schema, opts.dialect.schema_subset, "text.format.schema", fmt.name or "response", strict=strict
+            )
         js: dict[str, Any] = {"name": fmt.name or "response", "schema": schema}
         if fmt.HasField("strict"):
             js["strict"] = fmt.strict
         return {"type": "json_schema", "json_schema": js}
     raise _invalid(f"unsupported text.format type {fmt.type!r}", "text.format.type")
+
+
+def _sends_reasoning_back(messages: Sequence[Mapping[str, Any]], dialect: Dialect) -> bool:
+    return dialect.reasoning_history_field is not None and any(
+        m.get(dialect.reasoning_history_field) for m in messages if m.get("role") == "assistant"
+    )
 
 
 def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, Any]:
@@ -525,6 +600,9 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
     tools = to_chat_tools(request.tools, opts)
     if tools and not opts.tools:
         raise _invalid("this backend does not take tools (backend option tools = false)", "tools", errors.UNSUPPORTED)
+    if tools and opts.model.tools is False:
+        raise _invalid(f"model {request.model!r} does not take tools (the server's model info says so)",
+                       "tools", errors.UNSUPPORTED)
     choice, tools = _tool_choice(request.tool_choice, tools, opts)
     if tools:
         body["tools"] = tools
@@ -532,14 +610,25 @@ def to_chat_request(request: BackendRequest, opts: MappingOptions) -> dict[str, 
             body["tool_choice"] = choice
         if not (request.parallel_tool_calls and opts.parallel_tool_calls):
             body["parallel_tool_calls"] = False
+    most = opts.model.max_completion_tokens
+    if request.max_output_tokens and most and request.max_output_tokens > most:
+        raise _invalid(
+            f"max_output_tokens {request.max_output_tokens} is over model {request.model!r}'s limit of {most}",
+            "max_output_tokens",
+        )
     limit = request.max_output_tokens or opts.default_max_output_tokens
+    if limit and most:
+        limit = min(limit, most)
     if limit:
         body[dialect.max_tokens_field] = limit
     if request.temperature is not None:
         body["temperature"] = request.temperature
     if request.top_p is not None:
         body["top_p"] = request.top_p
-    body.update(reasoning_controls(dialect, request.model, request.reasoning_effort, opts.reasoning).fields)
+    controls = reasoning_controls(dialect, request.model, request.reasoning_effort, opts.reasoning, opts.model)
+    body.update(controls.fields)
+    if dialect.clear_thinking and controls.fields and _sends_reasoning_back(body["messages"], dialect):
+        body["clear_thinking"] = False  # keep the reasoning Tether sends back (the default drops it)
     fmt = _response_format(request.text_format, opts)
     if fmt is not None:
         body["response_format"] = fmt

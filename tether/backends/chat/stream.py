@@ -47,12 +47,18 @@ def _count(obj: Any, key: str) -> int | None:
 
 def _usage(u: Mapping[str, Any]) -> Usage:
     """The server's counts; a field it does not report stays None (vLLM without prefix caching
-    sends no `prompt_tokens_details`; some servers send no reasoning details)."""
+    sends no `prompt_tokens_details`; some servers send no reasoning details). Image tokens come
+    at the top (Cerebras) or in `prompt_tokens_details` (OpenAI's shape)."""
+    prompt, completion = u.get("prompt_tokens_details"), u.get("completion_tokens_details")
+    images = _count(u, "image_tokens")
     return Usage(
         input_tokens=_count(u, "prompt_tokens"),
-        cached_tokens=_count(u.get("prompt_tokens_details"), "cached_tokens"),
+        cached_tokens=_count(prompt, "cached_tokens"),
         output_tokens=_count(u, "completion_tokens"),
-        reasoning_tokens=_count(u.get("completion_tokens_details"), "reasoning_tokens"),
+        reasoning_tokens=_count(completion, "reasoning_tokens"),
+        image_tokens=images if images is not None else _count(prompt, "image_tokens"),
+        accepted_prediction_tokens=_count(completion, "accepted_prediction_tokens"),
+        rejected_prediction_tokens=_count(completion, "rejected_prediction_tokens"),
     )
 
 
@@ -183,6 +189,7 @@ class StreamParser:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.timing: Timing | None = None
+        self.service_tier: str | None = None
         self._calls: dict[Any, int] = {}  # upstream key (index, else id) -> our index
         self._last_key: Any = None
 
@@ -226,6 +233,9 @@ class StreamParser:
         ti = obj.get("time_info")
         if ti:
             self.timing = _timing(ti)
+        tier = obj.get("service_tier")
+        if isinstance(tier, str) and tier:
+            self.service_tier = tier
         for choice in obj.get("choices") or ():
             if choice.get("index") or 0:
                 continue
@@ -296,4 +306,4 @@ class StreamParser:
         reason = _FINISH.get(self.finish_reason or "stop", "stop")
         if reason == "stop" and self._calls:
             reason = "tool_calls"
-        return Finish(reason=reason, usage=self.usage, timing=self.timing)
+        return Finish(reason=reason, usage=self.usage, timing=self.timing, service_tier=self.service_tier)

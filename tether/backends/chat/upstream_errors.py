@@ -131,6 +131,10 @@ def error_from_status(
         return BackendError(
             errors.BACKEND_AUTH_FAILED, f"upstream refused the server's credentials (HTTP {status}): {message}"
         )
+    if status == 402:
+        return BackendError(
+            errors.BACKEND_PAYMENT_REQUIRED, f"upstream refused for payment (HTTP 402): {message}"
+        )
     if status == 404:
         return BackendError(errors.MODEL_NOT_FOUND, f"upstream: not found (HTTP 404): {message}")
     if status == 408:
@@ -139,13 +143,10 @@ def error_from_status(
         )
     if status == 413:
         return BackendError(errors.REQUEST_TOO_LARGE, f"upstream: request too large: {message}")
-    if status == 429:
-        return BackendError(
-            errors.RATE_LIMIT_EXCEEDED,
-            f"upstream rate limit: {message}",
-            retry_after=retry_after,
-            retryable=True,
-        )
+    if status in (429, 503):  # busy: retried, and the client is told when to come back
+        code, what = (errors.RATE_LIMIT_EXCEEDED, "rate limit") if status == 429 else (
+            errors.BACKEND_UNAVAILABLE, "unavailable (HTTP 503)")  # fmt: skip
+        return BackendError(code, f"upstream {what}: {message}", retry_after=retry_after, retryable=True)
     return BackendError(
         errors.BACKEND_ERROR,
         f"upstream error (HTTP {status}): {message}",

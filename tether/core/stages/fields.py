@@ -98,7 +98,7 @@ CREATE_FIELDS: dict[str, Field] = {
     "safety_identifier": Field(B, "Passed to the backend as `user` when `user` is not set."),
     "truncation": Field(H, "`disabled` (default): over the window is 400 `context_length_exceeded`; "
                         "`auto` drops the oldest whole items (never the last) until it fits."),
-    "service_tier": Field(E, "Tether has one tier; the requested value is validated and echoed."),
+    "service_tier": Field(E, "The requested value is validated and echoed; a backend that reports the tier it used (Cerebras: `auto` resolves to one) has that tier on the finished Response (docs/cerebras.md)."),
     "background": Field(H, "HTTP: true returns the Response `queued` at once and runs it; poll, stream "
                         "(`?stream=true&starting_after=N`) or cancel it by id (docs/background.md). Needs "
                         "store=true (400 naming `store`); bounded per key and per process (429). gRPC: the "

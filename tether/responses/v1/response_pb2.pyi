@@ -236,12 +236,23 @@ class Usage(_message.Message):
     OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
     REASONING_TOKENS_FIELD_NUMBER: _builtins.int
     TOTAL_TOKENS_FIELD_NUMBER: _builtins.int
+    IMAGE_TOKENS_FIELD_NUMBER: _builtins.int
+    ACCEPTED_PREDICTION_TOKENS_FIELD_NUMBER: _builtins.int
+    REJECTED_PREDICTION_TOKENS_FIELD_NUMBER: _builtins.int
     input_tokens: _builtins.int
     cached_tokens: _builtins.int
     cache_write_tokens: _builtins.int
     output_tokens: _builtins.int
     reasoning_tokens: _builtins.int
     total_tokens: _builtins.int
+    image_tokens: _builtins.int
+    """Extensions, in the JSON only when non-zero: the input's image tokens
+    (`input_tokens_details.image_tokens`) and a predicted output's tokens the model kept or
+    threw away (`output_tokens_details.accepted_prediction_tokens` / `rejected_prediction_tokens`),
+    as the backend reports them (Cerebras).
+    """
+    accepted_prediction_tokens: _builtins.int
+    rejected_prediction_tokens: _builtins.int
     def __init__(
         self,
         *,
@@ -251,10 +262,13 @@ class Usage(_message.Message):
         output_tokens: _builtins.int = ...,
         reasoning_tokens: _builtins.int = ...,
         total_tokens: _builtins.int = ...,
+        image_tokens: _builtins.int = ...,
+        accepted_prediction_tokens: _builtins.int = ...,
+        rejected_prediction_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_write_tokens", b"cache_write_tokens", "cached_tokens", b"cached_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted_prediction_tokens", b"accepted_prediction_tokens", "cache_write_tokens", b"cache_write_tokens", "cached_tokens", b"cached_tokens", "image_tokens", b"image_tokens", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "reasoning_tokens", b"reasoning_tokens", "rejected_prediction_tokens", b"rejected_prediction_tokens", "total_tokens", b"total_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
