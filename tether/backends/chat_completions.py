@@ -25,7 +25,7 @@ import logging
 import os
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -291,10 +291,10 @@ class ChatCompletionsBackend:
             except Exception:  # a metrics hook must never break a call
                 log.exception("on_retry hook failed")
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Chunk, None]:
         return chunks_of(self.stream_runs(request))
 
-    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """One run per network read: the chunks of every SSE event it completed."""
         if request.prepared is None:
             await self.prepare(request)
@@ -346,7 +346,7 @@ class ChatCompletionsBackend:
 
     async def _read(
         self, resp: aiohttp.ClientResponse, forced: bool, emulated: frozenset[str]
-    ) -> AsyncIterator[list[Chunk]]:
+    ) -> AsyncGenerator[list[Chunk], None]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
         obliged a tool call, and an answer without one fails rather than passing as completed.

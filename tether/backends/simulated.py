@@ -60,7 +60,7 @@ import logging
 import math
 import os
 import tomllib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -646,7 +646,7 @@ class SimulatedBackend(BackendBase):
 
     # emission ---------------------------------------------------------------------------------
 
-    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """Each wake-up's due tokens as one run (`stream()`, inherited, yields them one by one)."""
         plan = self.plan(request)
         units = plan.units
