@@ -31,7 +31,7 @@ from tether.core.pump import Pump, PumpEnd, singles
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
-from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether.responses.v1 import events_pb2, service_pb2, service_pb2_grpc
 from tether.startup import GRPC, StartupError, probe_port
 
 log = logging.getLogger("tether.grpc")
@@ -85,23 +85,29 @@ async def _end_call(context: grpc.aio.ServicerContext, exc: TetherError) -> None
 
 class _MessageWriter:
     """The pump's writer for a streaming RPC: one `message_type` (its repeated `events`) per
-    batch. `records`: the batches may hold `Delta` records (a run's log keeps merged deltas so),
-    sent as events; a session's or a create's batches are protobuf events already."""
+    batch of protobuf events (a session's or a create's batches)."""
 
-    __slots__ = ("_context", "_message_type", "_records")
+    __slots__ = ("_context", "_message_type")
 
-    def __init__(self, context: grpc.aio.ServicerContext, message_type: type, *, records: bool = False) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext, message_type: type) -> None:
         self._context = context
         self._message_type = message_type
-        self._records = records
 
-    async def write(self, batch: Sequence[Outgoing]) -> bool:
+    async def write(self, batch: Sequence[events_pb2.ServerEvent]) -> bool:
         message = self._message_type()
-        if self._records:
-            batch = [ev.to_event() if type(ev) is Delta else ev for ev in batch]
         message.events.extend(batch)
         await self._context.write(message)
         return True
+
+
+class _RecordWriter(_MessageWriter):
+    """A `_MessageWriter` for batches that may hold `Delta` records (a run followed from its
+    log, which keeps merged deltas so): they are sent as events."""
+
+    __slots__ = ()
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        return await super().write([ev.to_event() if type(ev) is Delta else ev for ev in batch])
 
 
 def _uncounted(code: str) -> None:
@@ -210,7 +216,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             tenant = self._tenant(context)
             after = request.starting_after if request.HasField("starting_after") else -1
             events = await self._api.follow_response(tenant, request.response_id, after)
-            await Pump().run(events, _MessageWriter(context, service_pb2.StreamResponseResponse, records=True))
+            await Pump().run(events, _RecordWriter(context, service_pb2.StreamResponseResponse))
         except TetherError as exc:
             await self._abort(context, exc)
 
