@@ -116,7 +116,7 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+    def connection_made(self, transport) -> None:
         self._head_timer: asyncio.TimerHandle | None = None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
