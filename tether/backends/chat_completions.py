@@ -311,7 +311,7 @@ class ChatCompletionsBackend:
                 async with resp:
                     self._note_ratelimit(resp.headers)
                     if resp.status < 400:
-                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
+                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]  # prepare() settled the dialect
                         async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
                             async for run in runs:
                                 yield run

@@ -779,12 +779,12 @@ def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
     choice = request.tool_choice
     arm = choice.WhichOneof("choice") if choice is not None else None
     if arm == "mode":
-        return choice.mode, None  # type: ignore[union-attr]
+        return choice.mode, None  # type: ignore[union-attr]  # an arm: `choice` is set
     if arm == "function_name":
-        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]
+        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]  # as above
     if arm != "other_json":
         return "auto", None
-    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]
+    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]  # as above
     kind = obj.get("type")
     if kind in ("function", "custom"):
         return "required", frozenset({str(obj.get("name", ""))})
@@ -807,10 +807,10 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     if isinstance(first, TextDelta | ReasoningDelta | RefusalDelta):
         parts = [first.text]
         while j < stop and type(units[j]) is type(first):
-            parts.append(units[j].text)  # type: ignore[union-attr]
+            parts.append(units[j].text)  # type: ignore[union-attr]  # the type of `first`, checked above
             j += 1
         if type(first) is TextDelta and first.logprobs is not None:
-            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]
+            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]  # TextDeltas, as `first`
             return TextDelta("".join(parts), logprobs), j
         return type(first)("".join(parts)), j
     if isinstance(first, ToolCallDelta):
