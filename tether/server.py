@@ -72,7 +72,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
             backend.on_retry = telemetry.retry_hook(backend.name)
         if hasattr(backend, "bind_metrics"):  # a pool: per-replica metrics and health checks
             backend.bind_metrics(telemetry)
-            await backend.start()
+            await backend.start()  # type: ignore[attr-defined]  # not in `Backend`: a pool's health checks (it has bind_metrics)
     return engine
 
 
@@ -80,7 +80,7 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
 class Running:
     engine: Engine
     grpc: GrpcServer | None
-    bridge: object | None  # tether.bridge.listener.BridgeServer
+    bridge: BridgeServer | None
     readiness: ReadinessChecker | None = None
     metrics: MetricsServer | None = None
     reclaimer: MemoryReclaimer | None = None
@@ -129,7 +129,9 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     the caller can report it in one line and nothing is left running."""
     check_tls(config.server)  # before the store is opened or anything listens
     engine = await build_engine(config, strategy=strategy)
-    running = Running(engine, None, None)  # type: ignore[arg-type] - filled in below
+    telemetry = engine.telemetry
+    assert isinstance(telemetry, Observability)  # build_engine's: the metrics the bridge and probes report to
+    running = Running(engine, None, None)  # filled in below
     try:
         auth = authenticator if authenticator is not None else make_authenticator(config)
         running.grpc = await start_grpc_server(engine, config, auth, count_error=engine.telemetry.error)
@@ -144,7 +146,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         if config.server.bridge:
             from tether.bridge.listener import start_bridge
 
-            running.bridge = await start_bridge(engine, auth, config, metrics=engine.telemetry)
+            running.bridge = await start_bridge(engine, auth, config, metrics=telemetry)
     except BaseException:
         await running.stop(0)
         raise
@@ -171,10 +173,10 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
     running.reclaimer = MemoryReclaimer(
         lambda: (len(engine.sessions), engine.sessions_closed),
         config.server.memory_reclaim_interval_s,
-        engine.telemetry.memory_reclaimed,
+        telemetry.memory_reclaimed,
     ).start()
     probe = LoopLagProbe(config.server.loop_lag_interval_s)
-    probe.on_lag = engine.telemetry.watch_loop(probe)
+    probe.on_lag = telemetry.watch_loop(probe)
     running.loop_lag = probe.start()
     return running
 

@@ -80,7 +80,7 @@ def check_tls(server: ServerConfig) -> None:
         raise StartupError(
             "TLS needs both a certificate and its key: set [server] tls_cert and tls_key (--tls-cert, --tls-key)"
         )
-    if not cert:
+    if not cert or not key:  # neither (both or neither are set, above)
         return
     settings = "([server] tls_cert / tls_key, --tls-cert / --tls-key)"
     for what, path in (("certificate", cert), ("key", key)):

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
@@ -183,7 +183,10 @@ class BackendError(TetherError):
 class Backend(Protocol):
     """An inference adapter. One instance per configured backend, shared by all sessions."""
 
-    kind: ClassVar[str]  # registry key: "simulated", "cerebras", "openai"
+    @property
+    def kind(self) -> str:  # registry key: "simulated", "cerebras", "openai" (a pool: its replicas')
+        ...
+
     name: str  # the configured instance name
 
     async def prepare(self, request: BackendRequest) -> None:
@@ -215,11 +218,11 @@ class Backend(Protocol):
         whose names come from its own model list (`discover`)."""
         ...
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Chunk, None]:
         """Yield chunks, ending with exactly one `Finish`. Raise `BackendError` on failure."""
         ...
 
-    def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """The same chunks as `stream`, as non-empty lists: the chunks one upstream read or
         timer tick made ready together."""
         ...
@@ -254,11 +257,11 @@ class BackendBase:
         if cls.stream is BackendBase.stream and cls.stream_runs is BackendBase.stream_runs:
             raise TypeError(f"{cls.__name__} must implement stream() or stream_runs()")
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
-        return chunks_of(self.stream_runs(request))  # type: ignore[arg-type]
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Chunk, None]:
+        return chunks_of(self.stream_runs(request))
 
-    def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
-        return runs_of(self.stream(request))  # type: ignore[arg-type]
+    def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
+        return runs_of(self.stream(request))
 
     async def prepare(self, request: BackendRequest) -> None:
         return None

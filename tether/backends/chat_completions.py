@@ -27,7 +27,7 @@ import os
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -456,10 +456,10 @@ class ChatCompletionsBackend:
             except Exception:  # a metrics hook must never break a call
                 log.exception("on_retry hook failed")
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Chunk, None]:
         return chunks_of(self.stream_runs(request))
 
-    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """One run per network read: the chunks of every SSE event it completed."""
         if request.prepared is None:
             await self.prepare(request)
@@ -478,7 +478,7 @@ class ChatCompletionsBackend:
                 async with resp:
                     self._note_ratelimit(resp.headers)
                     if resp.status < 400:
-                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]
+                        emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]  # prepare() settled the dialect
                         try:
                             async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
                                 async for run in runs:
@@ -530,7 +530,7 @@ class ChatCompletionsBackend:
 
     async def _read(
         self, resp: aiohttp.ClientResponse, forced: bool, emulated: frozenset[str]
-    ) -> AsyncIterator[list[Chunk]]:
+    ) -> AsyncGenerator[list[Chunk], None]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
         obliged a tool call, and an answer without one fails rather than passing as completed.

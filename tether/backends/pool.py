@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -239,10 +239,10 @@ class BackendPool:
             return {"prompt_cache_key": key}
         return {"id_slot": int(key[:8] or "0", 16) % self.config.slots_per_replica}
 
-    def stream(self, request: BackendRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: BackendRequest) -> AsyncGenerator[Chunk, None]:
         return chunks_of(self.stream_runs(request))
 
-    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         chain = self._chain(request)
         now = time.monotonic()
         cache_key = request.scoped_cache_key(request.prompt_cache_key) if request.prompt_cache_key else None

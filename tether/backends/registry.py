@@ -44,7 +44,7 @@ def backend_kinds() -> list[str]:
     return sorted(_ADAPTERS)
 
 
-def adapter_class(kind: str) -> type:
+def adapter_class(kind: str) -> type[Any]:
     try:
         return _ADAPTERS[kind]
     except KeyError:

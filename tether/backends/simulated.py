@@ -60,7 +60,7 @@ import logging
 import math
 import os
 import tomllib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -646,7 +646,7 @@ class SimulatedBackend(BackendBase):
 
     # emission ---------------------------------------------------------------------------------
 
-    async def stream_runs(self, request: BackendRequest) -> AsyncIterator[list[Chunk]]:
+    async def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """Each wake-up's due tokens as one run (`stream()`, inherited, yields them one by one)."""
         plan = self.plan(request)
         units = plan.units
@@ -779,12 +779,12 @@ def _choice(request: BackendRequest) -> tuple[str, frozenset[str] | None]:
     choice = request.tool_choice
     arm = choice.WhichOneof("choice") if choice is not None else None
     if arm == "mode":
-        return choice.mode, None  # type: ignore[union-attr]
+        return choice.mode, None  # type: ignore[union-attr]  # an arm: `choice` is set
     if arm == "function_name":
-        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]
+        return "required", frozenset({choice.function_name})  # type: ignore[union-attr]  # as above
     if arm != "other_json":
         return "auto", None
-    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]
+    obj = orjson.loads(choice.other_json)  # type: ignore[union-attr]  # as above
     kind = obj.get("type")
     if kind in ("function", "custom"):
         return "required", frozenset({str(obj.get("name", ""))})
@@ -807,10 +807,10 @@ def _merge(units: list[Chunk], i: int, stop: int) -> tuple[Chunk, int]:
     if isinstance(first, TextDelta | ReasoningDelta | RefusalDelta):
         parts = [first.text]
         while j < stop and type(units[j]) is type(first):
-            parts.append(units[j].text)  # type: ignore[union-attr]
+            parts.append(units[j].text)  # type: ignore[union-attr]  # the type of `first`, checked above
             j += 1
         if type(first) is TextDelta and first.logprobs is not None:
-            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]
+            logprobs = [lp for u in units[i:j] for lp in u.logprobs or ()]  # type: ignore[union-attr]  # TextDeltas, as `first`
             return TextDelta("".join(parts), logprobs), j
         return type(first)("".join(parts)), j
     if isinstance(first, ToolCallDelta):

@@ -145,8 +145,8 @@ class BridgeApp:
             return
         if _segments(scope["path"]) != WS_PATH:
             await receive()  # websocket.connect
-            err = TetherError(NOT_FOUND, f"Invalid URL (GET {scope['path']}).")
-            await ws.deny(self.ctx, scope, send, err)
+            not_found = TetherError(NOT_FOUND, f"Invalid URL (GET {scope['path']}).")
+            await ws.deny(self.ctx, scope, send, not_found)
             return
         await ws.serve(self.ctx, scope, receive, send, self)
 

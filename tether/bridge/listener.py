@@ -72,7 +72,7 @@ class BridgeServer:
             await app.wait_connections_closed(2.0)
         server.should_exit = True
         await self._main_loop
-        server.config.timeout_graceful_shutdown = max(0.5, deadline - loop.time())  # type: ignore[assignment]
+        server.config.timeout_graceful_shutdown = max(0.5, deadline - loop.time())  # type: ignore[assignment]  # uvicorn types it int; it goes to asyncio.timeout, which takes a float
         await server.shutdown(sockets=[self._socket])
 
 
@@ -116,7 +116,7 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
+    def connection_made(self, transport) -> None:
         self._head_timer: asyncio.TimerHandle | None = None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -225,7 +225,7 @@ async def start_bridge(api: ResponsesAPI, authenticator: Authenticator, config: 
         access_log=False,
         server_header=False,
         proxy_headers=False,
-        timeout_keep_alive=sc.http_keep_alive_s,  # type: ignore[arg-type]
+        timeout_keep_alive=sc.http_keep_alive_s,  # type: ignore[arg-type]  # uvicorn types it int; it goes to loop.call_later, which takes a float
         h11_max_incomplete_event_size=sc.http_max_header_bytes,
         ssl_certfile=sc.tls_cert,
         ssl_keyfile=sc.tls_key,

@@ -129,8 +129,7 @@ class WsConnection:
             if text is None:  # a large text message comes as its UTF-8 bytes (ws_transport.TEXT_UTF8)
                 text = message.get(TEXT_UTF8)
             if text is None:
-                err = TetherError(INVALID_REQUEST, "Binary frames are not supported: send JSON text frames.")
-                await self._send_error(err)
+                await self._send_error(TetherError(INVALID_REQUEST, "Binary frames are not supported: send JSON text frames."))
                 continue
             # A large frame is decoded off the event loop (tether.offload): parsing megabytes
             # of JSON into a request held every other connection of the process for as long.

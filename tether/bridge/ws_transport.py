@@ -104,7 +104,7 @@ class _SmallUncompressedFactory(ServerPerMessageDeflateFactory):
     def process_request_params(self, params: Any, accepted_extensions: Any) -> Any:
         response, extension = super().process_request_params(params, accepted_extensions)
         extension.__class__ = _DeflateLargeMessages  # same state; only `encode` differs
-        extension.min_bytes = self.min_bytes
+        extension.min_bytes = self.min_bytes  # type: ignore[attr-defined]  # its class is _DeflateLargeMessages now
         return response, extension
 
 
@@ -122,7 +122,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.conn.available_extensions = [
                 _SmallUncompressedFactory(self.compress_min_bytes, **_deflate_settings(f))
                 if isinstance(f, ServerPerMessageDeflateFactory) else f
-                for f in self.conn.available_extensions
+                for f in self.conn.available_extensions  # type: ignore[union-attr]  # uvicorn passes a list (maybe empty)
             ]
 
     def connection_made(self, transport: Any) -> None:
@@ -201,7 +201,7 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             # Not decoded here, on the loop: the app decodes it with its JSON, off the loop.
             data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
             self.frames = []
-            self.queue.put_nowait({"type": "websocket.receive", "text": None, TEXT_UTF8: data})
+            self.queue.put_nowait({"type": "websocket.receive", "text": None, TEXT_UTF8: data})  # type: ignore[arg-type]  # ours: the text left as UTF-8 bytes
         else:
             super().send_receive_event_to_app()
         if self.queue.qsize() and not self.close_sent:

@@ -23,7 +23,7 @@ import logging
 import random
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -197,7 +197,7 @@ class Connection:
                 message = await self.call.read()
                 if message is grpc.aio.EOF:
                     break
-                for ev in message.events:
+                for ev in cast(service_pb2.SessionResponse, message).events:  # grpc's stubs type a read as object
                     self._dispatch(ev)
         except grpc.aio.AioRpcError as exc:
             if not (self._cancelled_by_us and exc.code() == grpc.StatusCode.CANCELLED):

@@ -79,7 +79,7 @@ def to_items(value: InputLike, *, path: str = "input") -> list[items_pb2.Item]:
     if isinstance(value, str):
         return [user_message(value)]
     if isinstance(value, items_pb2.Item | Mapping):
-        value = [value]  # type: ignore[list-item]
+        value = [value]
     out: list[items_pb2.Item] = []
     for i, item in enumerate(value):
         if isinstance(item, items_pb2.Item):
@@ -98,7 +98,7 @@ _JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", b
 def _schema_for(annotation: Any) -> dict[str, Any]:
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        args: Sequence[Any] = [a for a in typing.get_args(annotation) if a is not type(None)]
         return _schema_for(args[0]) if len(args) == 1 else {}
     if origin is typing.Literal:
         return {"enum": list(typing.get_args(annotation))}
@@ -183,7 +183,7 @@ def to_tools(value: Iterable[ToolLike] | Mapping[str, Callable[..., Any]] | None
     if isinstance(value, Mapping) and not _is_tool_dict(value):
         return [function_tool(fn, name=name) for name, fn in value.items()]
     out: list[request_pb2.Tool] = []
-    for i, tool in enumerate(value):  # type: ignore[arg-type]
+    for i, tool in enumerate(value):
         if isinstance(tool, request_pb2.Tool):
             out.append(tool)
         elif isinstance(tool, Mapping):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tether.client._connection import RetryPolicy
 from tether.client._params import InputLike
@@ -45,7 +45,7 @@ class _LoopThread:
             ok, item = self.run(_next(it))
             if not ok:
                 return
-            yield item
+            yield cast(T, item)  # ok: an item, not _next's None
 
     def stop(self) -> None:
         if self.loop.is_closed():

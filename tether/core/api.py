@@ -9,12 +9,12 @@ the resulting tenant; they never interpret protocol semantics themselves.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from typing import Literal, Protocol, overload
 
 from google.protobuf.message import Message
 
 from tether.core.outbox import Outgoing
-from tether.responses.v1 import request_pb2, response_pb2, service_pb2
+from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
 
 class SessionHandle(Protocol):
@@ -25,7 +25,8 @@ class SessionHandle(Protocol):
     events (whatever is ready; deltas already coalesced) and ends when the session closes;
     after a connection-fatal error its last batch holds that `error` event. With `lazy_deltas`,
     text deltas may come as `outbox.Delta` records instead of protobuf events (a JSON transport
-    encodes them straight from the merged text).
+    encodes them straight from the merged text); without it every event is a protobuf event (the
+    overloads say so to the type checker).
     """
 
     async def send(self, request: service_pb2.SessionRequest, *, nbytes: int | None = None) -> None:
@@ -33,7 +34,11 @@ class SessionHandle(Protocol):
         `tether.core.queued`)."""
         ...
 
-    def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]: ...
+    @overload
+    def events(self, *, lazy_deltas: Literal[False] = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+
+    @overload
+    def events(self, *, lazy_deltas: bool) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     def responses_in_flight(self) -> int | None:
         """Responses begun and not ended yet, from the session's runs; None when this side
@@ -51,9 +56,15 @@ class ResponsesAPI(Protocol):
 
     async def open_session(self, tenant: str, *, transport: str) -> SessionHandle: ...
 
+    @overload
     def create(
-        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
         nbytes: int | None = None,
+    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+
+    @overload
+    def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
     ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
         errors come back as a single `error` event (nothing is created); a refusal at admission

@@ -126,37 +126,43 @@ class OutputBuilder:
         tail_item: _OpenItem | None = None
         tail_kind: type | None = None  # TextDelta, ReasoningDelta or ToolCallDelta
         tail_call = -1  # ToolCallDelta: the call's index
+        kind: type  # the chunk's class, for `tail_kind`
         for chunk in chunks:
-            kind = type(chunk)
-            if kind is TextDelta:
-                if chunk.logprobs and self.logprobs_left is not None and not self._pay_logprobs(chunk.logprobs):
+            # `type(chunk) is X` narrows `chunk` for the type checker; a text chunk (the common
+            # case) still costs one type() call.
+            if type(chunk) is TextDelta:
+                kind, logprobs = TextDelta, chunk.logprobs
+                if logprobs and self.logprobs_left is not None and not self._pay_logprobs(logprobs):
                     break
                 piece, continues = chunk.text, tail_kind is TextDelta
-            elif kind is ToolCallDelta:
+            elif type(chunk) is ToolCallDelta:
+                kind, logprobs = ToolCallDelta, None
                 piece = chunk.arguments
-                continues = tail_kind is ToolCallDelta and chunk.index == tail_call and piece and not chunk.name
-            elif kind is ReasoningDelta:
+                continues = tail_kind is ToolCallDelta and chunk.index == tail_call and bool(piece) and not chunk.name
+            elif type(chunk) is ReasoningDelta:
+                kind, logprobs = ReasoningDelta, None
                 piece, continues = chunk.text, tail_kind is ReasoningDelta
             else:
                 tail_kind = None
-                if kind is RefusalDelta:
+                if type(chunk) is RefusalDelta:
                     self._text_delta(chunk.text, events, refusal=True)
-                elif kind is Finish:
+                elif type(chunk) is Finish:
                     self.finish = chunk
                 else:
                     raise TypeError(f"unknown chunk {chunk!r}")
                 continue
             if continues:
-                tail_item.pieces.append(piece)  # type: ignore[union-attr]
-                tail.pieces.append(piece)  # type: ignore[union-attr]
-                tail.size += len(piece)  # type: ignore[union-attr]
-                if kind is TextDelta and chunk.logprobs:
-                    _add_logprobs(tail_item, tail, chunk.logprobs)  # type: ignore[arg-type]
+                assert tail is not None and tail_item is not None  # set with `tail_kind`, which continues
+                tail_item.pieces.append(piece)
+                tail.pieces.append(piece)
+                tail.size += len(piece)
+                if logprobs:
+                    _add_logprobs(tail_item, tail, logprobs)
                 continue
             if kind is TextDelta:
-                self._text_delta(piece, events, logprobs=chunk.logprobs)
+                self._text_delta(piece, events, logprobs=logprobs)
                 tail_item = self._text
-            elif kind is ToolCallDelta:
+            elif type(chunk) is ToolCallDelta:
                 self._tool_delta(chunk, events)
                 tail_item, tail_call = self._calls.get(chunk.index), chunk.index
             else:
@@ -165,9 +171,9 @@ class OutputBuilder:
             # The chunk went the full way: the run may go on appending to its item's delta when
             # that delta is the last event (a text delta only once no reasoning is open).
             last = events[-1] if events else None
-            if (type(last) is Delta and tail_item is not None and last.item_id == tail_item.item_id  # type: ignore[union-attr]
+            if (type(last) is Delta and tail_item is not None and last.item_id == tail_item.item_id
                     and (kind is not TextDelta or self._reasoning is None)):  # fmt: skip
-                tail, tail_kind = last, kind  # type: ignore[assignment]
+                tail, tail_kind = last, kind
             else:
                 tail = tail_kind = None
         return events
@@ -176,11 +182,11 @@ class OutputBuilder:
         """Charge a chunk's log probabilities to `logprobs_left`; False (and the stream capped,
         finishing as by the output cap) when they do not fit."""
         cost = sum(1 + len(lp.get("top_logprobs") or ()) for lp in logprobs)
-        if cost > self.logprobs_left:  # type: ignore[operator]
+        if cost > self.logprobs_left:  # type: ignore[operator]  # not None: the caller checked
             self.capped = True
             self.finish = Finish(reason="length")
             return False
-        self.logprobs_left -= cost  # type: ignore[operator]
+        self.logprobs_left -= cost  # type: ignore[operator]  # as above
         return True
 
     def close_all(self, status: str = "completed") -> list[Event]:
@@ -386,10 +392,10 @@ class OutputBuilder:
             r.id, r.status = o.item_id, status
             r.summary.append(text)
             done, part = Event(), Event()
-            d = done.reasoning_summary_text_done
-            d.item_id, d.output_index, d.summary_index, d.text = o.item_id, o.index, 0, text
-            p = part.reasoning_summary_part_done
-            p.item_id, p.output_index, p.summary_index, p.text = o.item_id, o.index, 0, text
+            sd = done.reasoning_summary_text_done
+            sd.item_id, sd.output_index, sd.summary_index, sd.text = o.item_id, o.index, 0, text
+            sp = part.reasoning_summary_part_done
+            sp.item_id, sp.output_index, sp.summary_index, sp.text = o.item_id, o.index, 0, text
             events += [done, part]
         elif o.kind == "reasoning":
             r = item.reasoning
@@ -403,8 +409,8 @@ class OutputBuilder:
             mc = item.mcp_call
             mc.id, mc.server_label, mc.name, mc.arguments, mc.status = o.item_id, o.server_label, o.name, text, "calling"
             done = Event()
-            d = done.mcp_call_arguments_done
-            d.item_id, d.output_index, d.arguments = o.item_id, o.index, text
+            md = done.mcp_call_arguments_done
+            md.item_id, md.output_index, md.arguments = o.item_id, o.index, text
             self._external[o.index] = item  # `output_item.done` once it has run
             return [done]
         elif o.kind == "mcp_approval_request":
@@ -418,15 +424,15 @@ class OutputBuilder:
         elif o.kind == "custom_tool_call":
             item = custom_call_item(o.item_id, o.call_id, o.name, text, status)
             done = Event()
-            d = done.custom_tool_call_input_done
-            d.item_id, d.output_index, d.input = o.item_id, o.index, text
+            cd = done.custom_tool_call_input_done
+            cd.item_id, cd.output_index, cd.input = o.item_id, o.index, text
             events.append(done)
         else:
             fc = item.function_call
             fc.id, fc.call_id, fc.name, fc.arguments, fc.status = o.item_id, o.call_id, o.name, text, status
             done = Event()
-            d = done.function_call_arguments_done
-            d.item_id, d.output_index, d.name, d.arguments = o.item_id, o.index, o.name, text
+            fd = done.function_call_arguments_done
+            fd.item_id, fd.output_index, fd.name, fd.arguments = o.item_id, o.index, o.name, text
             events.append(done)
         if o.kind == "reasoning" and self.seal_reasoning is not None:
             self.seal_reasoning(item)

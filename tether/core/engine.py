@@ -16,6 +16,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from typing import Literal, overload
 
 from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
@@ -43,7 +44,7 @@ from tether.core.telemetry import Telemetry
 from tether.core.turn import STANDARD_TURNS, TurnStrategy, response_skeleton
 from tether.errors import TetherError
 from tether.reasoning_codec import ReasoningSealer
-from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
+from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
 from tether.store.runbus import FINAL_STATES, RunBus
 
@@ -349,6 +350,17 @@ class Engine:
         return Summary(text, keep, input_tokens, output_tokens)
 
     # -- ResponsesAPI -----------------------------------------------------------------------------
+
+    @overload
+    def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
+        nbytes: int | None = None,
+    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+
+    @overload
+    def create(
+        self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
+    ) -> AsyncIterator[Outgoing]: ...
 
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,

@@ -33,7 +33,7 @@ def assign_ids(items: Iterable[items_pb2.Item]) -> None:
     for item in items:
         arm = item.WhichOneof("item")
         prefix = _ID_PREFIX.get(arm or "")
-        if prefix:
+        if prefix and arm:
             inner = getattr(item, arm)
             if not inner.id:
                 inner.id = ids.new_id(prefix)

@@ -436,7 +436,7 @@ class McpLoop:
                 mc.output = result.output or ""
         except McpFailure as exc:
             code = exc.error.get("code")
-            outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", REFUSED: "refused"}.get(code, "failed")  # type: ignore[arg-type]
+            outcome = {TIMEOUT: "timeout", TOO_LARGE: "too_large", REFUSED: "refused"}.get(code, "failed")  # type: ignore[arg-type]  # a missing code (None) finds nothing: "failed"
             mc.error_json = orjson.dumps(exc.error).decode()
         mc.status = "completed" if outcome == "ok" else "failed"
         io.clock.add("mcp", time.perf_counter() - started)

@@ -32,6 +32,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Literal, final, overload
 
 import orjson
 
@@ -46,6 +47,7 @@ class OutboxClosed(Exception):
     pass
 
 
+@final  # so `type(ev) is Delta` tells the two kinds of `Outgoing` apart, both ways
 class Delta:
     """One streamed text delta (any arm in `DELTA_ARMS`) as plain fields: the pieces merged into
     it are joined once, when it is encoded. It has the attributes the arm's protobuf message and
@@ -135,6 +137,8 @@ class Delta:
         return ev
 
 
+# What leaves an outbox: protobuf events, and text deltas as `Delta` records where the reader
+# asked for them (`get_batch(lazy_deltas=True)`). Tagged by type: `type(ev) is Delta` (a final class).
 Outgoing = events_pb2.ServerEvent | Delta
 
 
@@ -213,8 +217,8 @@ class Outbox:
         if type(event) is Delta:
             delta: Delta | None = event
         else:
-            arm = event.WhichOneof("event")  # type: ignore[union-attr]
-            delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None  # type: ignore[arg-type]
+            arm = event.WhichOneof("event")
+            delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None
         if delta is not None and self._queue:
             tail = self._queue[-1]
             if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
@@ -255,7 +259,13 @@ class Outbox:
         self._urgent.set()
         self._space.set()
 
-    async def get_batch(self, *, lazy_deltas: bool = False) -> list[Outgoing]:
+    @overload
+    async def get_batch(self, *, lazy_deltas: Literal[False] = False) -> list[events_pb2.ServerEvent]: ...
+
+    @overload
+    async def get_batch(self, *, lazy_deltas: bool) -> list[Outgoing]: ...
+
+    async def get_batch(self, *, lazy_deltas: bool = False) -> list[Outgoing] | list[events_pb2.ServerEvent]:
         """Everything ready, as one batch (waits for at least one event; [] once closed+drained).
 
         Deltas come as protobuf events, or with `lazy_deltas` as the `Delta` records themselves
@@ -287,7 +297,7 @@ class Outbox:
                 run = runs.get(rid)
                 if run is None:  # events of a response no run was bound for: numbered all the same
                     run = runs[rid] = ResponseRun(rid)
-                if run.stamp(entry, None if type(entry) is Delta else entry.WhichOneof("event")):  # type: ignore[union-attr]
+                if run.stamp(entry, None if type(entry) is Delta else entry.WhichOneof("event")):
                     del runs[rid]
             if type(entry) is Delta and not lazy_deltas:
                 entry = entry.to_event()

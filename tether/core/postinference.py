@@ -96,7 +96,7 @@ class PostInference:
         if job.record is not None:
             key = (job.record.tenant, job.record.response.id)
             self._pending[key] = fut
-            fut.add_done_callback(lambda _f, key=key: self._pending.pop(key, None))
+            fut.add_done_callback(lambda _f, key=key: self._pending.pop(key, None))  # type: ignore[misc]  # mypy infers no lambda with a default
         self._started_one()
         self._queue.put_nowait((job, fut, 1))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tether.core.outbox import Delta, Outgoing
 from tether.errors import SERVER_SHUTTING_DOWN
@@ -79,23 +79,29 @@ def next_pump_state(current: PumpState, wanted: PumpState) -> PumpState:
     return wanted
 
 
-class Writer(Protocol):
+# The events a stream carries: `Outgoing` (a JSON transport's source, with `Delta` records), or
+# protobuf events only (a gRPC source). The pump hands each writer batches of its source's kind.
+E = TypeVar("E", bound=Outgoing)
+E_contra = TypeVar("E_contra", bound=Outgoing, contravariant=True)
+
+
+class Writer(Protocol[E_contra]):
     """A transport's side: encode and write one batch (a transport opens its source with the
     event form its encoding wants: `Delta` records for JSON, protobuf events for gRPC)."""
 
-    async def write(self, batch: Sequence[Outgoing]) -> bool:
+    async def write(self, batch: Sequence[E_contra]) -> bool:
         """Write `batch`; False when the peer is gone (the pump stops)."""
         ...
 
 
 def connection_error(event: Outgoing) -> events_pb2.Error | None:
     """The error of a connection-scoped `error` event (one that names no response), else None."""
-    if type(event) is Delta or event.response_id or event.WhichOneof("event") != "error":  # type: ignore[union-attr]
+    if type(event) is Delta or event.response_id or event.WhichOneof("event") != "error":
         return None
-    return event.error.error  # type: ignore[union-attr]
+    return event.error.error
 
 
-async def singles(events: AsyncIterable[Outgoing]) -> AsyncIterator[Sequence[Outgoing]]:
+async def singles(events: AsyncIterable[E]) -> AsyncIterator[Sequence[E]]:
     """A source of one-event batches, for an API that yields events one by one."""
     async for event in events:
         yield (event,)
@@ -140,7 +146,7 @@ class Pump:
         last = self.last
         if self.end is not PumpEnd.TERMINAL or last is None:
             return None
-        return getattr(last, last.WhichOneof("event")).response  # type: ignore[arg-type]
+        return getattr(last, last.WhichOneof("event")).response  # type: ignore[arg-type]  # a terminal event: its arm is set
 
     def drain(self) -> bool:
         """The server stops: end once nothing is in flight. True when nothing is now."""
@@ -154,38 +160,39 @@ class Pump:
         self.end = end
         return end
 
-    def feed(self, batch: Sequence[Outgoing]) -> Sequence[Outgoing]:
+    def feed(self, batch: Sequence[E]) -> Sequence[E]:
         """Account for `batch`; what of it goes to the transport (a one-response stream's batch
         is cut after the event that ended it). Sets `end` when the stream ended with it."""
+        events: Sequence[Outgoing] = batch  # read as the tagged union (a type variable does not narrow)
         if self.until is Until.SOURCE_END:
             ids = self._ids
             if ids is not None:
-                for ev in batch:
+                for ev in events:
                     if type(ev) is Delta:
                         continue
-                    arm = ev.WhichOneof("event")  # type: ignore[union-attr]
+                    arm = ev.WhichOneof("event")
                     if arm == "created":
-                        ids.add(ev.created.response.id)  # type: ignore[union-attr]
+                        ids.add(ev.created.response.id)
                     elif arm in TERMINAL_ARMS:
-                        ids.discard(getattr(ev, arm).response.id)  # type: ignore[arg-type]
+                        ids.discard(getattr(ev, arm).response.id)
             return batch
-        for i, ev in enumerate(batch):
+        for i, ev in enumerate(events):
             if type(ev) is Delta:
                 continue
-            arm = ev.WhichOneof("event")  # type: ignore[union-attr]
+            arm = ev.WhichOneof("event")
             if arm in TERMINAL_ARMS:
                 end = PumpEnd.TERMINAL
             elif arm != "error":
                 continue
             elif not (self._started or i):  # an error instead of the response
                 end = PumpEnd.REFUSED
-            elif not ev.response_id:  # type: ignore[union-attr]
+            elif not ev.response_id:
                 end = PumpEnd.ABORTED
             else:  # a request-scoped error along the way (the response goes on)
                 continue
             if end is not PumpEnd.TERMINAL:
-                self.error = ev.error.error  # type: ignore[union-attr]
-            self.last = ev  # type: ignore[assignment]
+                self.error = ev.error.error
+            self.last = ev
             self._finish(end)
             return batch if i == len(batch) - 1 else batch[: i + 1]
         self._started = True
@@ -202,10 +209,10 @@ class Pump:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    async def run(self, source: AsyncIterable[Sequence[Outgoing]], writer: Writer) -> PumpEnd:
+    async def run(self, source: AsyncIterable[Sequence[E]], writer: Writer[E]) -> PumpEnd:
         """Move `source`'s batches into `writer` until one of the ends of `PumpEnd`. A refused
         one-response stream's error is not written: the transport answers it (`error`)."""
-        last: Sequence[Outgoing] = ()
+        last: Sequence[E] = ()
         # A session whose runs say what is in flight needs nothing from each batch: not even a call.
         feed = None if self.until is Until.SOURCE_END and self._ids is None else self.feed
         write = writer.write

@@ -33,10 +33,10 @@ import enum
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from tether import errors
-from tether.core.outcome import Outcome, ending
+from tether.core.outcome import Outcome, TurnControl, ending
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, response_pb2
@@ -121,6 +121,28 @@ class ReplayLog:
         return [e for e, _ in list(self._entries)[start:]]
 
 
+class RunSink(Protocol):
+    """Where a run's events leave while a connection's outbox carries them (`Outbox.bind`): its
+    ending goes behind its other events there while the outbox is open."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def put_nowait_final(self, event: events_pb2.ServerEvent) -> None: ...
+
+
+class Mirror(Protocol):
+    """A run's shared side with a Redis/PostgreSQL store (`tether.core.shared_runs.RunMirror`):
+    every stamped entry is pushed to it; a queued background run's create params are published
+    with it at once, so another replica can take the run over."""
+
+    params: bytes | None
+
+    def push(self, entry: Any, arm: str | None) -> None: ...
+
+    async def publish_now(self) -> None: ...
+
+
 class ResponseRun:
     """One response's run (see the module docstring). `control` is the turn's `TurnControl`
     once a turn runs it (None while queued, or for a run closed before it started)."""
@@ -136,15 +158,15 @@ class ResponseRun:
         self.tenant = tenant
         self.state = state
         self.response = response
-        self.control: Any = None
+        self.control: TurnControl | None = None
         self.background = background
         self.log = log
         self.next_seq = 0
         self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
-        self.sink: Any = None  # the outbox its events leave through (`Outbox.bind`)
+        self.sink: RunSink | None = None  # the outbox its events leave through (`Outbox.bind`)
         self.finished_at = 0.0
-        self.mirror: Any = None  # its shared side with a Redis/PostgreSQL store (core/shared_runs.RunMirror)
+        self.mirror: Mirror | None = None  # its shared side with a Redis/PostgreSQL store
         self._wake: asyncio.Future | None = None
         self._settled: asyncio.Future | None = None
         self._on_final = on_final
@@ -298,7 +320,7 @@ class Runs:
     def __len__(self) -> int:
         return len(self._live)
 
-    def open(self, tenant: str, response: response_pb2.Response, control: Any,
+    def open(self, tenant: str, response: response_pb2.Response, control: TurnControl,
              preset: ResponseRun | None = None) -> ResponseRun:  # fmt: skip
         """The run of a response a turn just created (`preset`: the run a background create
         reserved for it). Stored responses are registered and logged; others only numbered."""

@@ -32,6 +32,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Literal, overload
 
 import orjson
 
@@ -158,6 +159,12 @@ class Session:
             await self.emit_error(
                 TetherError(errors.UNKNOWN_EVENT_TYPE, "Empty or unknown client event.", param="type"), event_id=event_id
             )
+
+    @overload
+    def events(self, *, lazy_deltas: Literal[False] = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+
+    @overload
+    def events(self, *, lazy_deltas: bool) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[Outgoing]]:
         while True:
@@ -305,6 +312,7 @@ class Session:
 
     async def _lane_loop(self, lane: Lane) -> None:
         task = asyncio.current_task()
+        assert task is not None  # the lane's worker task
         while lane.queue:
             params, event_id, nbytes, preset = lane.queue.popleft()
             try:
@@ -452,6 +460,7 @@ class Session:
         self._steers.setdefault(target, []).append((steer_id, items))
         ev.steer_accepted.steer.id, ev.steer_accepted.steer.previous_response_id = steer_id, target
         await self.outbox.put(ev)
+        assert turn is not None  # no problem: the turn was found
         turn.interrupt_for_steer()
 
     async def _append(self, append: service_pb2.AppendRequest, event_id: str) -> None:

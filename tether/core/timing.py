@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 # The stages of a turn, in order. `backend` is the model's time (TTFT + streaming); everything
 # else is server overhead, the cost a transport with cached state is meant to shrink.
@@ -51,7 +52,7 @@ class _Stage:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         stages, name = self._stages, self._name
         stages[name] = stages.get(name, 0.0) + time.perf_counter() - self._t0
         return False

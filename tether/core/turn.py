@@ -461,7 +461,7 @@ class Turn:
             interruption = self.control.claim()  # claimed here: the lane must not swallow a second cancel
             if interruption is None:  # the session is going away
                 raise
-            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]  # in a task: the lane's
             outcome, error = interruption, self.control.reason if interruption is Outcome.CUT else None
             if interruption is not Outcome.STEERED and error is None:
                 outcome, error = Outcome.CANCELLED, TetherError(errors.CANCELLED, "The response was cancelled by the client.")

@@ -79,7 +79,7 @@ def _guarded_transport(policy: McpPolicy) -> Any:
     """An httpx2 transport that checks every request's URL and resolved addresses first."""
     httpx2 = require("httpx2", "mcp")
 
-    class GuardedTransport(httpx2.AsyncHTTPTransport):
+    class GuardedTransport(httpx2.AsyncHTTPTransport):  # type: ignore[name-defined]  # the optional package's class, imported at call time
         async def handle_async_request(self, request: Any) -> Any:
             try:
                 await policy.check_addresses(str(request.url))

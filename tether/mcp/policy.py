@@ -100,7 +100,7 @@ class McpPolicy:
                 infos = await loop.getaddrinfo(host, parts.port or _default_port(parts.scheme), type=socket.SOCK_STREAM)
             except OSError as exc:
                 raise AddressRefused(f"cannot resolve {host!r}: {exc}") from None
-            addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+            addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]  # str: an IP sockaddr's host
         for address in addresses:
             if not self.address_allowed(address):
                 raise AddressRefused(

@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Literal
 
 from tether.extras import require
 
@@ -110,7 +110,7 @@ def configure_from_env(env: Mapping[str, str] | None = None) -> bool:
         try:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef, unused-ignore]  # the other exporter's class of the same name; unused where neither is installed (both Any)
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     else:
         raise ValueError(f"TETHER_TRACING: expected off, on, console or otlp, got {value!r}")
@@ -165,7 +165,7 @@ class _NoopTurn:
     def __enter__(self) -> _NoopTurn:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
 
@@ -197,7 +197,7 @@ class _LiveTurn:
         self._token = st.context.attach(st.trace.set_span_in_context(self._span))
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         st, span, facts = self._st, self._span, self._facts
         st.context.detach(self._token)
         if facts.response_id:

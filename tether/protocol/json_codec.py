@@ -329,7 +329,7 @@ class _Json(_Field):
 
     def __init__(self, key: str, attr: str, shape: type | None, policy: int = ALWAYS) -> None:
         self.key, self.attr, self.shape, self.policy = key, attr, shape, policy
-        self.expected = {dict: "an object", list: "an array"}.get(shape, "a JSON value")  # type: ignore[arg-type]
+        self.expected = {dict: "an object", list: "an array"}.get(shape, "a JSON value")  # type: ignore[call-overload]  # shape None (any JSON value) takes the default
 
     def decode(self, msg: Any, value: Any, path: str) -> bool:
         if self.shape is not None and not isinstance(value, self.shape):
@@ -1469,7 +1469,7 @@ def event_type(ev: events_pb2.ServerEvent) -> str:
     arm = ev.WhichOneof("event")
     if arm == "other":
         return ev.other.type
-    return _EVENT_ARMS[arm][0]  # type: ignore[index]
+    return _EVENT_ARMS[arm][0]  # type: ignore[index]  # a server event always has its arm set
 
 
 def event_to_json(ev: events_pb2.ServerEvent, *, ws: bool) -> dict:
@@ -1499,7 +1499,7 @@ def arm_to_json(arm: str, payload: Any, sequence_number: int, stream_id: str) ->
     """One event from its arm's payload: the protobuf message, or any object with the same
     attributes (the outbox's merged text deltas, encoded without building a message first)."""
     t, codec = _EVENT_ARMS[arm]
-    out = codec.encode(payload, {"type": t})
+    out = codec.encode(payload, {"type": t})  # type: ignore[union-attr]  # only `error` has no codec, and it never comes here
     out["sequence_number"] = sequence_number
     if stream_id:
         out["stream_id"] = stream_id
@@ -1537,7 +1537,7 @@ def event_from_json(d: dict) -> events_pb2.ServerEvent:
     else:
         sub = getattr(ev, arm)
         sub.SetInParent()
-        _EVENT_ARMS[arm][1].decode(d, sub, "")  # type: ignore[union-attr]
+        _EVENT_ARMS[arm][1].decode(d, sub, "")  # type: ignore[union-attr]  # only `error` has no codec (decoded above)
     return ev
 
 

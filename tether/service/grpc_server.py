@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,7 +31,7 @@ from tether.core.pump import Pump, PumpEnd, singles
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
-from tether.responses.v1 import service_pb2, service_pb2_grpc
+from tether.responses.v1 import events_pb2, service_pb2, service_pb2_grpc
 from tether.startup import GRPC, StartupError, probe_port
 
 log = logging.getLogger("tether.grpc")
@@ -84,23 +85,29 @@ async def _end_call(context: grpc.aio.ServicerContext, exc: TetherError) -> None
 
 class _MessageWriter:
     """The pump's writer for a streaming RPC: one `message_type` (its repeated `events`) per
-    batch. `records`: the batches may hold `Delta` records (a run's log keeps merged deltas so),
-    sent as events; a session's or a create's batches are protobuf events already."""
+    batch of protobuf events (a session's or a create's batches)."""
 
-    __slots__ = ("_context", "_message_type", "_records")
+    __slots__ = ("_context", "_message_type")
 
-    def __init__(self, context: grpc.aio.ServicerContext, message_type: type, *, records: bool = False) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext, message_type: type) -> None:
         self._context = context
         self._message_type = message_type
-        self._records = records
 
-    async def write(self, batch: Sequence[Outgoing]) -> bool:
+    async def write(self, batch: Sequence[events_pb2.ServerEvent]) -> bool:
         message = self._message_type()
-        if self._records:
-            batch = [ev.to_event() if type(ev) is Delta else ev for ev in batch]
         message.events.extend(batch)
         await self._context.write(message)
         return True
+
+
+class _RecordWriter(_MessageWriter):
+    """A `_MessageWriter` for batches that may hold `Delta` records (a run followed from its
+    log, which keeps merged deltas so): they are sent as events."""
+
+    __slots__ = ()
+
+    async def write(self, batch: Sequence[Outgoing]) -> bool:
+        return await super().write([ev.to_event() if type(ev) is Delta else ev for ev in batch])
 
 
 def _uncounted(code: str) -> None:
@@ -125,7 +132,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         metadata = context.invocation_metadata() or ()
-        return self._auth.tenant_of([value for key, value in metadata if key == "authorization"])
+        return self._auth.tenant_of([cast(str, value) for key, value in metadata if key == "authorization"])  # not -bin: text
 
     async def _unary(self, context, call, request=None):
         if isinstance(request, _Undecodable):
@@ -135,7 +142,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
         except TetherError as exc:
             await self._abort(context, exc)
 
-    async def Session(self, request_iterator, context):
+    async def Session(self, request_iterator, context):  # type: ignore[override]  # writes with context.write: grpc.aio allows a coroutine where the stub knows only a generator
         try:
             tenant = self._tenant(context)
             session = await self._api.open_session(tenant, transport="grpc")
@@ -157,7 +164,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
                 return  # the session closed under us; the writer ends the stream
             # The client half-closed: it will ask for nothing more. Finish what it asked for,
             # then end the stream (OK) once the last events are out.
-            await session.wait_idle()
+            await session.wait_idle()  # type: ignore[attr-defined]  # not in `SessionHandle`: this service fronts the in-process engine, whose sessions have it
             await session.close()
 
         tracing.adopt_parent(context.invocation_metadata())
@@ -174,7 +181,7 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             # The reason went in-band; the status (with its metadata) says the same to the channel.
             await _end_call(context, TetherError(errors.SERVER_SHUTTING_DOWN, "server shutting down; reconnect"))
 
-    async def CreateResponse(self, request, context):
+    async def CreateResponse(self, request, context):  # type: ignore[override]  # as Session: writes with context.write
         if isinstance(request, _Undecodable):
             await self._abort(context, _malformed(request))
         try:
@@ -202,14 +209,14 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
 
         return await self._unary(context, call, request)
 
-    async def StreamResponse(self, request, context):
+    async def StreamResponse(self, request, context):  # type: ignore[override]  # as Session: writes with context.write
         if isinstance(request, _Undecodable):
             await self._abort(context, _malformed(request))
         try:
             tenant = self._tenant(context)
             after = request.starting_after if request.HasField("starting_after") else -1
             events = await self._api.follow_response(tenant, request.response_id, after)
-            await Pump().run(events, _MessageWriter(context, service_pb2.StreamResponseResponse, records=True))
+            await Pump().run(events, _RecordWriter(context, service_pb2.StreamResponseResponse))
         except TetherError as exc:
             await self._abort(context, exc)
 
@@ -277,6 +284,7 @@ def _options(config: TetherConfig) -> list[tuple[str, int]]:
 
 
 def _server_credentials(config: TetherConfig) -> grpc.ServerCredentials:
+    assert config.server.tls_key and config.server.tls_cert  # the caller's condition
     key, cert = Path(config.server.tls_key).read_bytes(), Path(config.server.tls_cert).read_bytes()
     return grpc.ssl_server_credentials([(key, cert)])
 
@@ -286,8 +294,8 @@ async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticat
     """`count_error`: where the errors the service ends calls with are counted (the composition
     root passes the engine's telemetry)."""
     server = grpc.aio.server(options=_options(config))
-    servicer = ResponsesServicer(api, authenticator, count_error)
-    service_pb2_grpc.add_ResponsesServiceServicer_to_server(servicer, _LenientRegistrar(server))
+    servicer = ResponsesServicer(api, authenticator, count_error)  # type: ignore[abstract]  # the conversation RPCs are set on the class after its body
+    service_pb2_grpc.add_ResponsesServiceServicer_to_server(servicer, _LenientRegistrar(server))  # type: ignore[arg-type]  # it has the two registration methods the generated code calls
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -304,7 +312,7 @@ async def start_grpc_server(api: ResponsesAPI, config: TetherConfig, authenticat
         raise StartupError(f"cannot listen for gRPC on {address}: {exc} ([server] grpc_port or --grpc-port)") from None
     await server.start()
     ready = getattr(api, "ready", None)
-    status = health_pb2.HealthCheckResponse.SERVING
+    status: int = health_pb2.HealthCheckResponse.SERVING
     if ready is not None and not await ready():
         status = health_pb2.HealthCheckResponse.NOT_SERVING
     await health_servicer.set(SERVICE_NAME, status)

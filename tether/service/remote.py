@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -185,10 +185,10 @@ class RemoteResponsesAPI:
 
     async def ready(self) -> bool:
         """True when the upstream answers its health service (or, without one, answers at all)."""
-        from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         try:
-            reply = await health_pb2_grpc.HealthStub(self._channel).Check(
+            reply = await health_pb2_grpc.HealthStub(self._channel).Check(  # type: ignore[attr-defined]  # the stubs' HealthStub declares no methods
                 health_pb2.HealthCheckRequest(service=""), timeout=2.0
             )
         except grpc.aio.AioRpcError as exc:
@@ -258,8 +258,9 @@ class RemoteResponsesAPI:
             message = first
             try:
                 while message is not grpc.aio.EOF:
-                    if message.events:
-                        yield list(message.events)
+                    got = cast(service_pb2.StreamResponseResponse, message).events  # grpc's stubs type a read as object
+                    if got:
+                        yield list(got)
                     message = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise error_from_rpc(exc) from None

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import sys
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tether import offload
@@ -97,20 +97,20 @@ def usage_to_row(record: UsageRecord) -> tuple:
     return tuple(getattr(record, name) for name in USAGE_FIELDS)
 
 
-def usage_from_mapping(values: dict[str, object]) -> UsageRecord:
+def usage_from_mapping(values: Mapping[str, bytes | str]) -> UsageRecord:
     """Rebuild a UsageRecord from string-ish values (Redis stream fields)."""
-    kwargs: dict[str, object] = {}
+    kwargs: dict[str, Any] = {}
     for name in USAGE_FIELDS:
         raw = values[name]
         if isinstance(raw, bytes):
             raw = raw.decode()
         if name in _INT_USAGE_FIELDS:
-            kwargs[name] = int(raw)  # type: ignore[arg-type]
+            kwargs[name] = int(raw)
         elif name == "created_at":
-            kwargs[name] = float(raw)  # type: ignore[arg-type]
+            kwargs[name] = float(raw)
         else:
             kwargs[name] = str(raw)
-    return UsageRecord(**kwargs)  # type: ignore[arg-type]
+    return UsageRecord(**kwargs)
 
 
 class MissingItemError(LookupError):

@@ -107,7 +107,7 @@ def run_bus_for(store: Store, *, orphan_after_s: float, max_events: int, retenti
                 live_ttl_s: float, max_bytes: int = 1 << 62) -> RunBus | None:  # fmt: skip
     """The shared side of runs on `store`'s engine (opened): Redis and PostgreSQL have one
     (`tether.store.runbus`); memory and SQLite None (their runs stay in one process)."""
-    options = {"orphan_after_s": orphan_after_s, "max_events": max_events, "retention_s": retention_s,
+    options: dict[str, Any] = {"orphan_after_s": orphan_after_s, "max_events": max_events, "retention_s": retention_s,
                "live_ttl_s": live_ttl_s, "max_bytes": max_bytes}  # fmt: skip
     module = type(store).__module__
     if module == "tether.store.redis":
@@ -142,7 +142,7 @@ async def migrate(url: str, **options: Any) -> int | None:
     await store.open()
     try:
         if engine == "sqlite":
-            return await store.schema_version()  # type: ignore[attr-defined]
+            return await store.schema_version()  # type: ignore[attr-defined]  # not in `Store`: only SQLite versions its schema
         return None
     finally:
         await store.close()

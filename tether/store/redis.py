@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import redis.asyncio as aioredis
@@ -338,7 +338,7 @@ class RedisStore:
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response | None:
         data = await self.client.hget(self.response_key(tenant, response_id), "d")
-        return None if data is None else response_pb2.Response.FromString(data)
+        return None if data is None else response_pb2.Response.FromString(cast(bytes, data))  # decode_responses=False
 
     async def load_context(self, tenant: str, response_id: str) -> Hydrated | None:
         res = await self._scripts["hydrate"](
@@ -398,7 +398,10 @@ class RedisStore:
         records: list[UsageRecord] = []
         start = "-"
         while True:
-            batch = await self.client.xrange(self.usage_stream_key, min=start, max="+", count=1000)
+            batch = cast(  # decode_responses=False: ids and fields are bytes (redis-py types either mode)
+                list[tuple[bytes, dict[bytes, bytes]]],
+                await self.client.xrange(self.usage_stream_key, min=start, max="+", count=1000),
+            )
             if not batch:
                 break
             for _, fields in batch:
@@ -422,12 +425,12 @@ class RedisStore:
 
     async def get_conversation(self, tenant: str, conversation_id: str) -> service_pb2.Conversation | None:
         data = await self.client.get(self.conversation_key(tenant, conversation_id))
-        return None if data is None else service_pb2.Conversation.FromString(data)
+        return None if data is None else service_pb2.Conversation.FromString(cast(bytes, data))  # decode_responses=False
 
     async def delete_conversation(self, tenant: str, conversation_id: str) -> bool:
         conv = self.conversation_key(tenant, conversation_id)
         async with self.client.pipeline(transaction=True) as pipe:
-            gone, _ = await pipe.delete(conv).delete(self.conversation_items_key(tenant, conversation_id)).execute()
+            gone, _ = await pipe.delete(conv).delete(self.conversation_items_key(tenant, conversation_id)).execute()  # type: ignore[attr-defined]  # a Pipeline's command returns the pipeline (redis-py types it as the client's)
         return int(gone) == 1
 
     async def append_conversation_items(

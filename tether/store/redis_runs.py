@@ -32,7 +32,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
@@ -222,7 +222,10 @@ class RedisRunBus:
     async def read(self, tenant: str, run_id: str, after: int, block_s: float) -> list[tuple[int, bytes]]:
         stream = self._keys(tenant, run_id)[1]
         block = int(block_s * 1000) if block_s > 0 else None
-        res = await self._client.xread({stream: f"0-{after + 1}"}, count=1000, block=block)
+        res = cast(  # decode_responses=False: the reply is bytes throughout (redis-py types either mode)
+            list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None,
+            await self._client.xread({stream: f"0-{after + 1}"}, count=1000, block=block),
+        )
         out: list[tuple[int, bytes]] = []
         for _, entries in res or ():
             for entry_id, fields in entries:

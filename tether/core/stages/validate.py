@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import orjson
 
@@ -221,9 +221,10 @@ def _tools_problem(tools: tuple[tuple[int, str, str, str], ...]) -> tuple[str, s
             obj = _json_object(payload)
             if obj is None:
                 return f"'tools[{i}]' must be a JSON object.", f"tools[{i}]"
-            name = obj.get("name")
-            if not isinstance(name, str) or not _FUNCTION_NAME_RE.match(name):
-                return f"Invalid custom tool name {name!r}.", f"tools[{i}].name"
+            custom_name = obj.get("name")
+            if not isinstance(custom_name, str) or not _FUNCTION_NAME_RE.match(custom_name):
+                return f"Invalid custom tool name {custom_name!r}.", f"tools[{i}].name"
+            name = custom_name
             if not _custom_format_ok(obj.get("format")):
                 return (
                     f"Invalid 'tools[{i}].format': a custom tool's format is {{\"type\": \"text\"}} or "
@@ -284,7 +285,7 @@ def _check_custom_choice(params: request_pb2.ResponseCreateParams) -> None:
 
 
 def validate_items(
-    items: list[items_pb2.Item] | tuple, open_calls: frozenset[str], limits: Limits, *, param: str = "input"
+    items: Sequence[items_pb2.Item], open_calls: frozenset[str], limits: Limits, *, param: str = "input"
 ) -> None:
     """Check the new items against the conversation they extend."""
     pending = set(open_calls)
