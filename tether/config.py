@@ -52,6 +52,9 @@ class Limits:
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection
     max_queued_responses: int = 256  # waiting creates per connection before rejecting
+    # `response.inject`s waiting for their running response to end (docs/fields.md "Injecting
+    # items"), per connection; their bytes count as queued bytes (below) until answered.
+    max_pending_injects: int = 64
     # Bytes of creates accepted and not yet ended (queued, waiting for a slot, or generating), per
     # connection, per API key and per process (tether/core/queued.py); 0 = no bound.
     max_queued_bytes_per_connection: int = 64 * 1024 * 1024
@@ -327,7 +330,7 @@ def validate(cfg: TetherConfig) -> None:
     limits = cfg.limits
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s", "max_queued_bytes_per_connection",
                  "max_queued_bytes_per_key", "max_queued_bytes_per_process", "max_conversation_items",
-                 "max_conversation_bytes"):  # fmt: skip
+                 "max_conversation_bytes", "max_pending_injects"):  # fmt: skip
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:

@@ -22,10 +22,10 @@ from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2
 
 from ..support.grpc_client import RawSession
-from .helpers import KEY_A, WEATHER_TOOL, recv_json, recv_until, send_json
+from .helpers import KEY_A, WEATHER_TOOL, recv_json, recv_until, send_json, wait_for
 
 BETA_EVENT = TypeAdapter(BetaResponsesServerEvent)
-SLOW_TEXT = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 200}
+SLOW_TEXT = {"ttft_ms": 0, "tokens_per_s": 100, "output_tokens": 100}  # 1 s of text
 MULTI_AGENT = {"OpenAI-Beta": "responses_multi_agent=v1"}  # a beta client's upgrade header
 
 
@@ -107,6 +107,48 @@ async def test_inject_into_an_active_response_is_answered_when_it_ends(make_stac
     assert failed["response_id"] == target and failed["stream_id"] == "agent_1"
     assert failed["error"]["code"] == "response_already_completed"
     assert failed["input"] == items
+
+
+async def test_injects_waiting_for_a_running_response_are_bounded(make_stack: Any) -> None:
+    async with make_stack(backend=SLOW_TEXT, max_pending_injects=2) as stack, stack.ws() as conn:
+        queued = stack.engine.services.queued
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "write"})
+        target = (await recv_until(conn, lambda e: e["type"] == "response.output_text.delta"))[0]["response"]["id"]
+        held = queued.total
+        inject = {"type": "response.inject", "response_id": target, "input": [{"type": "message", "role": "user", "content": "x"}]}
+        for i in range(3):  # two wait (the edge), the third is refused
+            await send_json(conn, {**inject, "event_id": f"evt_{i}"})
+        refused = await recv_until(conn, lambda e: e["type"] == "error", 30)
+        assert refused[-1]["status"] == 429 and refused[-1]["event_id"] == "evt_2"
+        assert refused[-1]["error"]["code"] == "too_many_pending_injects"
+        assert queued.total > held  # the two waiting injects count as queued bytes
+        events = await recv_until(conn, lambda e: e["type"] == "response.inject.failed", 30)
+        events += await recv_until(conn, lambda e: e["type"] == "response.inject.failed")
+        assert [e["type"] for e in events][-2:] == ["response.inject.failed"] * 2
+        assert "response.completed" in [e["type"] for e in events]
+        await wait_for(lambda: queued.total == 0)  # answered: their bytes came back (the response's too)
+        # The bound is per waiting inject: with the two answered, injects wait again.
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "again"})
+        second = (await recv_until(conn, lambda e: e["type"] == "response.output_text.delta"))[0]["response"]["id"]
+        await send_json(conn, {**inject, "response_id": second})
+        assert (await recv_until(conn, lambda e: e["type"] == "response.inject.failed", 30))[-1]["response_id"] == second
+
+
+async def test_injects_waiting_count_against_the_queued_bytes_budget(make_stack: Any) -> None:
+    async with make_stack(backend=SLOW_TEXT, max_queued_bytes_per_connection=8192) as stack, stack.ws() as conn:
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "write"})
+        target = (await recv_until(conn, lambda e: e["type"] == "response.output_text.delta"))[0]["response"]["id"]
+        inject = {"type": "response.inject", "response_id": target,
+                  "input": [{"type": "message", "role": "user", "content": "x" * 3000}]}  # fmt: skip
+        for i in range(3):  # 2 x ~3 KB wait within 8 KiB with the create; the third would pass it
+            await send_json(conn, {**inject, "event_id": f"evt_{i}"})
+        refused = (await recv_until(conn, lambda e: e["type"] == "error", 30))[-1]
+        assert (refused["status"], refused["error"]["code"], refused["event_id"]) == (429, "too_many_queued_bytes", "evt_2")
+        answers = await recv_until(conn, lambda e: e["type"] == "response.inject.failed", 30)
+        answers += await recv_until(conn, lambda e: e["type"] == "response.inject.failed")
+        assert [e["error"]["code"] for e in answers if e["type"] == "response.inject.failed"] == [
+            "response_already_completed"
+        ] * 2
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,9 @@ class Session:
         self._active = asyncio.Semaphore(limits.max_active_responses)
         self._turns: dict[str, Turn] = {}  # response id -> running turn
         self._steers: dict[str, list[tuple[str, list[items_pb2.Item]]]] = {}  # response id -> accepted steers
-        self._injects: dict[str, list[service_pb2.InjectRequest]] = {}  # response id -> injects answered at its end
+        # response id -> the injects answered when it ends, and their bytes (counted as queued)
+        self._injects: dict[str, list[tuple[service_pb2.InjectRequest, int]]] = {}
+        self._pending_injects = 0
         self.queued_bytes = 0  # of the creates in its lanes and running (tether.core.queued)
         self._created = self.clock.monotonic()
         self._last_activity = self._created
@@ -357,11 +359,12 @@ class Session:
                 await self.emit_error(crash, stream_id=turn.stream_id)
             finally:
                 self._turns.pop(turn.response_id, None)
+                injects = self._take_injects(turn.response_id)
                 if turn.response_run is not None:  # ended here when no terminal event did (cancelled, refused, crashed)
                     turn.response_run.close(turn.refusal or crash)
             if self._detached:
                 return False
-            for inject in self._injects.pop(turn.response_id, ()):
+            for inject in injects:
                 await self._inject_failed(inject, turn.stream_id, RESPONSE_ALREADY_COMPLETED)
             await self._after_turn(turn, self._steers.pop(turn.response_id, []))
         return True
@@ -490,8 +493,30 @@ class Session:
             ev = events_pb2.ServerEvent(stream_id=turn.stream_id)
             ev.inject_created.response_id = target
             await self.outbox.put(ev)
-        else:
-            self._injects.setdefault(target, []).append(inject)  # answered when the response ends
+        else:  # answered when the response ends; held like a queued create until then
+            nbytes = inject.ByteSize()
+            try:
+                if self._pending_injects >= self.limits.max_pending_injects:
+                    raise TetherError(
+                        errors.PENDING_INJECTS_FULL,
+                        f"Too many injects waiting for their responses to end (limit {self.limits.max_pending_injects}).",
+                        param="response_id",
+                    )
+                self.services.queued.admit(self.tenant, self.queued_bytes, nbytes)
+            except TetherError as exc:
+                await self.emit_error(exc, stream_id=turn.stream_id, event_id=event_id)
+                return
+            self.queued_bytes += nbytes
+            self._pending_injects += 1
+            self._injects.setdefault(target, []).append((inject, nbytes))
+
+    def _take_injects(self, response_id: str) -> list[service_pb2.InjectRequest]:
+        """The injects waiting for `response_id` to end, their bytes released."""
+        waiting = self._injects.pop(response_id, ())
+        for _, nbytes in waiting:
+            self._release(nbytes)
+        self._pending_injects -= len(waiting)
+        return [inject for inject, _ in waiting]
 
     async def _inject_failed(self, inject: service_pb2.InjectRequest, stream_id: str, code: str) -> None:
         ev = events_pb2.ServerEvent(stream_id=stream_id)
