@@ -466,7 +466,7 @@ class Session:
         turn.interrupt_for_steer()
 
     async def _inject(self, inject: service_pb2.InjectRequest, event_id: str = "") -> None:
-        """`response.inject` (beta, ws-mode contract 2.3; docs/fields.md "Inject"): the one place an
+        """`response.inject` (beta, ws-mode contract 2.3; docs/fields.md "Injecting items"): the one place an
         inject is answered. The items go into the response only while one of its agents waits for
         them, which its turn decides (`Turn.take_injected`: `response.inject.created`). No turn
         Tether runs yet has such an agent (it runs no multi-agent responses), so today a response
