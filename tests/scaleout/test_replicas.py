@@ -226,9 +226,10 @@ async def test_grpc_rollout_survives_a_rolling_restart(cluster: Cluster) -> None
 
 
 async def test_codex_turn_state_routes_a_turn_back_to_its_replica(cluster: Cluster) -> None:
-    """Codex echoes the `x-codex-turn-state` of its upgrade answer on the follow-up requests of a
-    turn (a reconnect, the HTTP fallback; shared reference notes on the wire contract, [CODEX]):
-    nginx sends those to the replica that set it, even where least_conn would pick the other one;
+    """Codex echoes the `x-codex-turn-state` it was given on the follow-up requests of a turn
+    (shared reference notes on the wire contract, [CODEX]; seen with Codex 0.169 on its HTTP
+    requests, docs/deployment.md): nginx sends those to the replica that set it, even where
+    least_conn would pick the other one;
     a request without it, or with a made-up one, takes least_conn; a pinned replica that is down
     hands the turn to the other."""
     cluster.ensure_up()
