@@ -1,4 +1,4 @@
-"""`tether` command line: serve, bridge, migrate, bench, fuzz.
+"""`tether` command line: serve, bridge, migrate, turn-state, bench, fuzz.
 
 Configuration precedence: embedded defaults < TOML file (--config) < TETHER_* env < flags.
 """
@@ -145,6 +145,24 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_turn_state(args: argparse.Namespace) -> int:
+    """The `x-codex-turn-state` token of the configured replica, for the load balancer's map."""
+    from tether.bridge import turn_state
+
+    cfg = build_config(args)
+    if args.replica_id:
+        cfg.server.replica_id = args.replica_id
+        try:
+            validate(cfg)
+        except ValueError as exc:
+            raise SystemExit(f"tether: {exc}") from None
+    headers = turn_state.headers(cfg.server)
+    if not headers:
+        raise SystemExit("tether: no server.replica_id: this replica sets no x-codex-turn-state")
+    print(headers[0][1].decode())
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether",
@@ -177,6 +195,15 @@ def make_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--store", help="store URL (default: from config)")
     p.set_defaults(run=cmd_migrate)
+
+    p = sub.add_parser(
+        "turn-state",
+        help="print the x-codex-turn-state token a replica sets (server.replica_id signed with "
+        "server.turn_state_key), for deploy/nginx/tether.conf",
+    )
+    _common(p)
+    p.add_argument("--replica-id", help="the replica's id (default: server.replica_id)")
+    p.set_defaults(run=cmd_turn_state)
 
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("bench", help="transport comparison experiments (run `tether bench --help`)", add_help=False)

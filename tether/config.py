@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from tether import eventloop
 from tether.logging_setup import FORMATS as LOG_FORMATS
 from tether.process_memory import ALLOCATORS
 from tether.prompts import PromptLibrary
+
+# `server.replica_id`: it goes into an HTTP header and into nginx's configuration.
+_REPLICA_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass
@@ -48,6 +52,9 @@ class Limits:
     max_lanes: int = 32  # distinct named stream_ids per connection (the default lane not counted)
     max_active_responses: int = 16  # concurrently generating responses per connection
     max_queued_responses: int = 256  # waiting creates per connection before rejecting
+    # `response.inject`s waiting for their running response to end (docs/fields.md "Injecting
+    # items"), per connection; their bytes count as queued bytes (below) until answered.
+    max_pending_injects: int = 64
     # Bytes of creates accepted and not yet ended (queued, waiting for a slot, or generating), per
     # connection, per API key and per process (tether/core/queued.py); 0 = no bound.
     max_queued_bytes_per_connection: int = 64 * 1024 * 1024
@@ -168,6 +175,13 @@ class ServerConfig:
     # Logs on stderr (tether/logging_setup.py): "auto" = readable lines on a terminal, JSON lines
     # otherwise; "text" or "json" to choose. Flag: --log-format.
     log_format: str = "auto"
+    # Sticky routing for Codex (tether/bridge/turn_state.py, docs/deployment.md): this replica's
+    # name (1-64 of A-Z a-z 0-9 _ -), which its HTTP responses and WebSocket upgrades carry in
+    # `x-codex-turn-state` for a load balancer to route a turn's follow-ups back here; empty: no
+    # header. `turn_state_key` signs it: the same secret on every replica, required with an id.
+    # Env: TETHER_SERVER__REPLICA_ID, TETHER_SERVER__TURN_STATE_KEY.
+    replica_id: str = ""
+    turn_state_key: str | None = None
 
 
 @dataclass
@@ -295,6 +309,11 @@ def validate(cfg: TetherConfig) -> None:
         raise ValueError(f"server.log_format must be one of {', '.join(LOG_FORMATS)}")
     if cfg.server.ws_compress_min_bytes < 0:
         raise ValueError("server.ws_compress_min_bytes must be >= 0")
+    if cfg.server.replica_id:
+        if not _REPLICA_ID.fullmatch(cfg.server.replica_id):
+            raise ValueError("server.replica_id must be 1-64 characters of A-Z, a-z, 0-9, '_' and '-'")
+        if not cfg.server.turn_state_key:
+            raise ValueError("server.turn_state_key must be set with server.replica_id (the same on every replica)")
     mcp = cfg.mcp
     for name in ("connect_timeout_s", "list_timeout_s", "call_timeout_s"):
         if getattr(mcp, name) <= 0:
@@ -311,7 +330,7 @@ def validate(cfg: TetherConfig) -> None:
     limits = cfg.limits
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s", "max_queued_bytes_per_connection",
                  "max_queued_bytes_per_key", "max_queued_bytes_per_process", "max_conversation_items",
-                 "max_conversation_bytes"):  # fmt: skip
+                 "max_conversation_bytes", "max_pending_injects"):  # fmt: skip
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
     if not limits.max_turn_s > 0:

@@ -79,6 +79,7 @@ CONVERSATION_TOO_LARGE = "conversation_too_large"
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 QUEUE_FULL = "too_many_queued_responses"
 QUEUED_BYTES_FULL = "too_many_queued_bytes"
+PENDING_INJECTS_FULL = "too_many_pending_injects"
 CONTENT_BLOCKED = "content_blocked"
 RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
 INVALID_API_KEY = "invalid_api_key"
@@ -166,6 +167,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     CONTEXT_LENGTH_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the rendered context is over the model's window"),
     QUEUE_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a lane already holds max_queued_responses"),
     QUEUED_BYTES_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "pending creates past max_queued_bytes_per_connection, _per_key or _per_process"),
+    PENDING_INJECTS_FULL: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a connection already holds max_pending_injects injects waiting for their responses to end"),
     CONTENT_BLOCKED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "the safety classifier refused the new input"),
     RATE_LIMIT_EXCEEDED: ErrorKind(429, "RESOURCE_EXHAUSTED", _RATE, _RATE_LIMITED, "a per-key rate or connection limit, or an upstream 429"),
     INVALID_API_KEY: ErrorKind(401, "UNAUTHENTICATED", _AUTH, _PROMPT, "a missing, repeated or unknown API key"),

@@ -51,6 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether import eventloop
+from tether.bridge import turn_state
+from tether.config import load_config
 from tether.protocol.wire import TERMINAL_ARMS
 from tether_lab.metrics import ProcStat
 from tether_lab.processes import (
@@ -133,7 +135,18 @@ def nginx_values(http_port: int, grpc_port: int, replicas: Sequence[ServerProces
     for i, r in enumerate(slots, 1):
         values[f"TETHER_BRIDGE_{i}"] = f"{r.host}:{r.bridge_port}"
         values[f"TETHER_GRPC_{i}"] = f"{r.host}:{r.grpc_port}"
+        # The map's keys must differ: a slot whose replica sets no token (or fills both slots)
+        # gets a key no replica sends.
+        token = turn_state_of(r) if i == 1 or slots[0] is not r else ""
+        values[f"TETHER_TURN_STATE_{i}"] = token or f"no-turn-state-{i}"
     return values
+
+
+def turn_state_of(replica: ServerProcess) -> str:
+    """The `x-codex-turn-state` token `replica` sets (its config and environment), or ""."""
+    cfg = load_config(replica.config, env={**os.environ, **replica.env})
+    headers = turn_state.headers(cfg.server)
+    return headers[0][1].decode() if headers else ""
 
 
 @dataclass

@@ -12,6 +12,8 @@ from openai.types.responses.responses_server_event import ResponsesServerEvent
 from pydantic import TypeAdapter
 from websockets.asyncio.client import ClientConnection
 
+from tether.protocol.wire import SSE_DONE
+
 from ..support.validator import validate_events
 
 KEY_A, KEY_B = "sk-a", "sk-b"
@@ -31,6 +33,22 @@ def check_ws_events(events: Iterable[dict[str, Any]]) -> None:
         _WS_EVENT.validate_python(ev)
     if events and is_terminal(events[-1]):
         validate_events(events)
+
+
+def sse_frames(body: str) -> list[tuple[str, dict[str, Any]]]:
+    """The `(event name, JSON)` frames of a whole SSE body, and how it ends: `data: [DONE]` exactly
+    once, as the last frame, right after the event that ended the stream (a terminal event or an
+    `error`); a body whose last event is neither has none."""
+    blocks = [block for block in body.split("\n\n") if block.strip()]
+    done = blocks[-1] == SSE_DONE.decode().strip() if blocks else False
+    frames = []
+    for block in blocks[:-1] if done else blocks:
+        lines = block.split("\n")
+        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "), block
+        frames.append((lines[0][7:], orjson.loads(lines[1][6:])))
+    ended = bool(frames) and (is_terminal(frames[-1][1]) or frames[-1][1]["type"] == "error")
+    assert done == ended, f"[DONE] {'after' if done else 'missing after'} {frames[-1][0] if frames else 'nothing'}"
+    return frames
 
 
 def check_sse_events(events: Iterable[dict[str, Any]]) -> None:

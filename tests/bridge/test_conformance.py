@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 from openai.types.conversations import Conversation, ConversationDeletedResource, ConversationItemList
 from openai.types.responses import (
@@ -31,7 +30,7 @@ from pydantic import TypeAdapter
 from tether.prompts import PromptLibrary
 
 from ..support.validator import validate_events
-from .helpers import KEY_A, WEATHER_TOOL, recv_until, send_json
+from .helpers import KEY_A, WEATHER_TOOL, recv_until, send_json, sse_frames
 
 WS_EVENT = TypeAdapter(ResponsesServerEvent)
 SSE_EVENT = TypeAdapter(ResponseStreamEvent)
@@ -170,14 +169,11 @@ async def test_http_json_body(scenario) -> None:
 
 async def test_sse_events(scenario) -> None:
     stack, body, status, check = scenario
-    events = []
     async with (
         httpx.AsyncClient(timeout=30) as http,
         http.stream("POST", f"{stack.base_url}/responses", json={**body, "stream": True}, headers=HEADERS) as reply,
     ):
-        async for line in reply.aiter_lines():
-            if line.startswith("data: "):
-                events.append(orjson.loads(line[6:]))
+        events = [event for _, event in sse_frames((await reply.aread()).decode())]
     for ev in events:
         strict(SSE_EVENT, ev)
     validate_events(events)

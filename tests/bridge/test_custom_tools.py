@@ -20,7 +20,7 @@ from tether.responses.v1 import items_pb2, request_pb2
 
 from ..support.grpc_client import raw_session_on
 from ..support.stacks import Stack
-from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, recv_response, recv_until, send_json
+from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, recv_response, recv_until, send_json, sse_frames
 
 APPLY_PATCH = {
     "type": "custom",
@@ -64,11 +64,8 @@ async def test_http_sdk_two_turn_loop(client: AsyncOpenAI) -> None:
 async def test_http_sse_events_validate_against_the_sdk(stack: Stack) -> None:
     body = {"model": "sim-model", "input": "fix the bug", "tools": [APPLY_PATCH], "stream": True}
     async with httpx.AsyncClient(timeout=30) as c:
-        events = []
         async with c.stream("POST", f"{stack.base_url}/responses", headers=HEADERS, json=body) as resp:
-            async for line in resp.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(orjson.loads(line[6:]))
+            events = [event for _, event in sse_frames((await resp.aread()).decode())]
     check_sse_events(events)  # strict SDK types and the event-sequence oracle
     types = [e["type"] for e in events]
     assert types[:2] == ["response.created", "response.in_progress"]

@@ -11,24 +11,13 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, collapse_deltas, wait_for
+from .helpers import KEY_A, WEATHER_TOOL, check_sse_events, collapse_deltas, sse_frames, wait_for
 
 AUTH = {"Authorization": f"Bearer {KEY_A}"}
 
 
 def http(stack: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=f"http://127.0.0.1:{stack.port}", timeout=10.0)
-
-
-def parse_sse(body: str) -> list[tuple[str, dict[str, Any]]]:
-    frames = []
-    for block in body.split("\n\n"):
-        if not block.strip():
-            continue
-        lines = block.split("\n")
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), block
-        frames.append((lines[0][7:], json.loads(lines[1][6:])))
-    return frames
 
 
 async def test_create_without_stream(client: AsyncOpenAI) -> None:
@@ -73,7 +62,7 @@ async def test_sse_wire_format(stack: Any) -> None:
         )
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
-    frames = parse_sse(r.text)
+    frames = sse_frames(r.text)
     assert all(name == data["type"] for name, data in frames)
     assert frames[0][0] == "response.created" and frames[-1][0] == "response.completed"
     assert all("stream_id" not in data for _, data in frames)
@@ -155,7 +144,7 @@ async def test_retrieve_delete_and_input_items(client: AsyncOpenAI, stack: Any) 
             params={"stream": "true", "include[]": "reasoning.encrypted_content", "starting_after": "3"},
         )
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+        events = [event for _, event in sse_frames(r.text)]
         assert events[0]["sequence_number"] == 4 and events[-1]["type"] == "response.completed"
         assert [e["sequence_number"] for e in events] == list(range(4, 4 + len(events)))
 
@@ -281,7 +270,7 @@ async def test_shutdown_mid_stream_fails_the_response_in_band(make_stack: Any) -
             await stack.engine.shutdown(grace=0)  # cuts the turn: it still ends with a terminal event
             async for chunk in chunks:
                 text += chunk
-        frames = parse_sse(text)
+        frames = sse_frames(text)
         name, failed = frames[-1]
         assert name == "response.failed"
         assert failed["response"]["status"] == "failed"

@@ -105,6 +105,22 @@ async def test_ws_tool_loop_and_warmup_over_grpc(remote: Any) -> None:
         assert ev.type == "response.completed" and ev.response.output_text
 
 
+async def test_inject_over_grpc(remote: Any) -> None:
+    """`response.inject` crosses the gRPC hop both ways (docs/fields.md "Injecting items")."""
+    async with remote.client(remote.key) as client, client.beta.responses.connect() as conn:
+        await conn.response.create(model="sim-model", input="hi", store=False)
+        async for ev in conn:
+            if ev.type == "response.completed":
+                break
+        items = [{"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        await conn.response.inject(response_id=ev.response.id, input=items)
+        async for ev in conn:
+            if ev.type in ("response.inject.failed", "response.inject.created", "error"):
+                break
+        assert ev.type == "response.inject.failed" and ev.error.code == "response_already_completed"
+        assert [i.model_dump(exclude_none=True) for i in ev.input] == items
+
+
 async def test_http_endpoints_over_grpc(remote: Any) -> None:
     async with remote.client(remote.key) as client:
         assert (await client.responses.create(model="sim-model", input="hi")).status == "completed"

@@ -16,14 +16,13 @@ from typing import Any
 
 import grpc
 import httpx
-import orjson
 import pytest
 from openai.types.responses import Response
 from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.bridge.helpers import check_sse_events, is_terminal, recv_until, wait_for
+from tests.bridge.helpers import check_sse_events, is_terminal, recv_until, sse_frames, wait_for
 from tests.fakes.chat_server import (
     ABORT,
     FakeChatServer,
@@ -568,7 +567,7 @@ async def test_failed_response_parses_strictly_with_the_sdk_types(fake: FakeChat
         fake.push(mid_stream_error())
         body = {"model": "m", "input": "x", "store": False}
         async with h.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-            sse = [orjson.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+            sse = [event for _, event in sse_frames((await r.aread()).decode())]
         check_sse_events(sse)
         assert sse[-1]["type"] == "response.failed"
         check(sse[-1]["response"], "backend_error")

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai._models import construct_type_unchecked
+from openai.types.beta.beta_responses_server_event import BetaResponsesServerEvent
 from openai.types.responses import CompactedResponse, Response, ResponseItemList, ResponseStreamEvent
 from openai.types.responses.responses_server_event import ResponsesServerEvent, ResponseWsError
 from pydantic import TypeAdapter
@@ -439,6 +440,18 @@ EVENT_STRATEGIES: list[tuple[str, st.SearchStrategy[dict]]] = [
                     {"input": TEXT | st.lists(ITEM, max_size=2), "previous_response_id": TEXT},
                     optional={"id": NONEMPTY},
                 ),
+            },
+        ),
+    ),
+    ("inject_created", event("response.inject.created", {"response_id": TEXT})),
+    (
+        "inject_failed",
+        event(
+            "response.inject.failed",
+            {
+                "response_id": TEXT,
+                "input": st.lists(ITEM, max_size=2),
+                "error": st.fixed_dictionaries({"code": TEXT, "message": TEXT}),
             },
         ),
     ),
@@ -950,8 +963,8 @@ def test_client_event_without_type(event: dict) -> None:
 
 
 def test_client_event_unknown_type() -> None:
-    err = _raises(errors.UNKNOWN_EVENT_TYPE, "type", jc.client_event_from_json, {"type": "response.inject"})
-    assert err.message == "Unknown event type 'response.inject'"
+    err = _raises(errors.UNKNOWN_EVENT_TYPE, "type", jc.client_event_from_json, {"type": "response.interrupt"})
+    assert err.message == "Unknown event type 'response.interrupt'"
 
 
 def test_client_event_field_types() -> None:
@@ -1034,7 +1047,13 @@ def test_depth_check_matches_a_recursive_walk(value: object, limit: int, as_str:
 
 HTTP_EVENTS = TypeAdapter(ResponseStreamEvent)
 WS_EVENTS = TypeAdapter(ResponsesServerEvent)
+BETA_WS_EVENTS = TypeAdapter(BetaResponsesServerEvent)
 STEER_EVENTS = {"steer_accepted", "steer_pending", "steer_failed"}
+INJECT_EVENTS = {"inject_created", "inject_failed"}  # beta, WebSocket only
+
+
+def _ws_adapter(arm: str) -> TypeAdapter:
+    return BETA_WS_EVENTS if arm in INJECT_EVENTS else WS_EVENTS
 
 
 def _response(status: str, output: list[items_pb2.Item], **kw) -> response_pb2.Response:
@@ -1258,6 +1277,15 @@ def _sdk_stream() -> list[events_pb2.ServerEvent]:
                 ),
             ),
         ),
+        ("inject_created", E.InjectCreatedEvent(response_id="resp_1")),
+        (
+            "inject_failed",
+            E.InjectFailedEvent(
+                response_id="resp_1",
+                error=E.Error(code="response_already_completed", message="done"),
+                input=[jc.item_from_json({"type": "function_call_output", "call_id": "call_1", "output": "42"})],
+            ),
+        ),
         (
             "error",
             E.ErrorEvent(error=TetherError(errors.INVALID_STREAM_ID, "bad", param="stream_id").to_proto()),
@@ -1284,7 +1312,7 @@ def test_sdk_parses_every_ws_event(stream_id: str) -> None:
         if ev.WhichOneof("event") == "error":
             parsed = ResponseWsError.model_validate(d)
             assert parsed.status == 400 and parsed.error.code == "invalid_stream_id"
-        parsed = WS_EVENTS.validate_python(d)
+        parsed = _ws_adapter(ev.WhichOneof("event")).validate_python(d)
         assert parsed.type == d["type"]
         assert getattr(parsed, "stream_id", None) == (stream_id or None)
 
@@ -1294,12 +1322,15 @@ def test_sdk_runtime_parser_picks_the_right_event_class() -> None:
     on the same class as strict validation for every event we emit."""
     for ev in _sdk_stream():
         d = jc.event_to_json(ev, ws=True)
-        loose = construct_type_unchecked(value=d, type_=ResponsesServerEvent)
-        assert type(loose) is type(WS_EVENTS.validate_python(d)), d["type"]
+        beta = ev.WhichOneof("event") in INJECT_EVENTS
+        loose = construct_type_unchecked(value=d, type_=BetaResponsesServerEvent if beta else ResponsesServerEvent)
+        assert type(loose) is type(_ws_adapter(ev.WhichOneof("event")).validate_python(d)), d["type"]
 
 
 def test_sdk_parses_every_http_event() -> None:
     for ev in _sdk_stream():
+        if ev.WhichOneof("event") in INJECT_EVENTS:
+            continue  # WebSocket only
         d = jc.event_to_json(ev, ws=False)
         adapter = WS_EVENTS if ev.WhichOneof("event") in STEER_EVENTS else HTTP_EVENTS
         parsed = adapter.validate_python(d)

@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 from dataclasses import dataclass
 
 import grpc
+import httpx
 import pytest
+import websockets
 from openai import AsyncOpenAI
 
 from tether.responses.v1 import service_pb2_grpc
-from tether_lab.processes import ServerProcess, free_ports
+from tether_lab.processes import ServerProcess, established, free_ports
 from tether_lab.scaleout import (
     Nginx,
     grpc_reader,
@@ -44,12 +47,22 @@ from tether_lab.scaleout import (
     pg_reachable,
     redis_reachable,
     scratch_store,
+    turn_state_of,
     write_config,
 )
 
 from .conftest import holders, unavailable, wait_visible
 
 MODEL = "tether-sim"
+TURN_STATE_KEY = "replicas-test-turn-state-key"
+# What Codex 0.169 sends on its WebSocket handshake (ws-mode contract 1.2), less its metadata.
+CODEX_HEADERS = {
+    "authorization": "Bearer sk-codex",
+    "openai-beta": "responses_websockets=2026-02-06",
+    "originator": "codex_exec",
+    "session-id": "3f1c2d4e-0000-4000-8000-000000000001",
+    "x-client-request-id": "3f1c2d4e-0000-4000-8000-000000000002",
+}
 TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
 
 
@@ -89,12 +102,16 @@ def cluster(request, tmp_path_factory):
         unavailable(why)
     workdir = tmp_path_factory.mktemp(f"replicas-{kind}")
     with scratch_store(kind, workdir) as url:
-        cfg = write_config(workdir / "tether.toml", url, durability="before_terminal")
+        cfg = write_config(
+            workdir / "tether.toml", url, durability="before_terminal", server={"turn_state_key": TURN_STATE_KEY}
+        )
         ports = free_ports(6)
-        replicas = [
-            ServerProcess(cfg, workdir, ports[0], ports[1], name="replica-1"),
-            ServerProcess(cfg, workdir, ports[2], ports[3], name="replica-2"),
-        ]
+        replicas = [  # each names itself in x-codex-turn-state (sticky routing for Codex)
+            ServerProcess(cfg, workdir, ports[0], ports[1], name="replica-1",
+                          env={"TETHER_SERVER__REPLICA_ID": "replica-1"}),
+            ServerProcess(cfg, workdir, ports[2], ports[3], name="replica-2",
+                          env={"TETHER_SERVER__REPLICA_ID": "replica-2"}),
+        ]  # fmt: skip
         lb = Nginx(workdir / "nginx", ports[4], ports[5], replicas)
         c = Cluster(kind, replicas, lb)
         try:
@@ -206,3 +223,49 @@ async def test_grpc_rollout_survives_a_rolling_restart(cluster: Cluster) -> None
             call.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+async def test_codex_turn_state_routes_a_turn_back_to_its_replica(cluster: Cluster) -> None:
+    """Codex echoes the `x-codex-turn-state` it was given on the follow-up requests of a turn
+    (shared reference notes on the wire contract, [CODEX]; seen with Codex 0.169 on its HTTP
+    requests, docs/deployment.md): nginx sends those to the replica that set it, even where
+    least_conn would pick the other one;
+    a request without it, or with a made-up one, takes least_conn; a pinned replica that is down
+    hands the turn to the other."""
+    cluster.ensure_up()
+    tokens = {r.name: turn_state_of(r) for r in cluster.replicas}
+    assert len(set(tokens.values())) == 2 and all(t.startswith(f"{n}.") for n, t in tokens.items())
+    ws_url = f"ws://127.0.0.1:{cluster.lb.http_port}/v1/responses"
+    async with (
+        websockets.connect(ws_url, additional_headers=CODEX_HEADERS) as first,
+        httpx.AsyncClient(base_url=cluster.lb.base_url, timeout=10) as http,
+    ):
+        token = first.response.headers["x-codex-turn-state"]
+        holder, other = cluster.holder("websocket")
+        assert token == tokens[holder.name]
+        await first.send(json.dumps({"type": "response.create", "model": MODEL, "input": "warm up", "store": False,
+                                     "stream": True, "generate": False}))  # fmt: skip
+        warm = json.loads(await asyncio.wait_for(first.recv(), 10))
+        assert warm["type"] == "response.created", warm
+
+        # The holder has a connection open, the other none: least_conn alone picks the other.
+        before = established(holder.pid, holder.bridge_port), established(other.pid, other.bridge_port)
+        async with websockets.connect(ws_url, additional_headers={**CODEX_HEADERS, "x-codex-turn-state": token}) as again:
+            assert again.response.headers["x-codex-turn-state"] == token
+            after = established(holder.pid, holder.bridge_port), established(other.pid, other.bridge_port)
+            assert after == (before[0] + 1, before[1]), (before, after)
+
+        body = {"model": MODEL, "input": "fallback", "store": False, "stream": True}
+        for _ in range(3):  # the HTTP fallback of the same turn
+            r = await http.post("/responses", json=body, headers={**CODEX_HEADERS, "x-codex-turn-state": token})
+            assert r.status_code == 200 and r.headers["x-codex-turn-state"] == token
+        forged = token[: token.index(".") + 1] + "A" * (len(token) - token.index(".") - 1)
+        for headers in (CODEX_HEADERS, {**CODEX_HEADERS, "x-codex-turn-state": forged}):
+            r = await http.post("/responses", json=body, headers=headers)
+            assert r.status_code == 200 and r.headers["x-codex-turn-state"] == tokens[other.name]
+
+    holder.kill()  # the pinned replica is gone: its backup takes the turn
+    async with httpx.AsyncClient(base_url=cluster.lb.base_url, timeout=10) as http:
+        r = await http.post("/responses", json=body, headers={**CODEX_HEADERS, "x-codex-turn-state": token})
+        assert r.status_code == 200 and r.headers["x-codex-turn-state"] == tokens[other.name]
+

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from tether.bridge import common, console, ws
+from tether.bridge import common, console, turn_state, ws
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
 from tether.bridge.origin import OriginPolicy
@@ -89,10 +89,18 @@ class BridgeApp:
         if self.console is not None:
             self.routes.extend(console.ROUTES)
         self.draining = False
+        self._turn_state = turn_state.headers(ctx.server)
         self.connections: set[ws.WsConnection] = set()
         self.connections_closed = 0  # ever; the standalone bridge's memory reclaimer reads it
         self._no_connections = asyncio.Event()
         self._no_connections.set()
+
+    @property
+    def sticky_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """`x-codex-turn-state` naming this replica (`tether.bridge.turn_state`), for every HTTP
+        response and accepted upgrade; none while draining: the replica is going away, so it must
+        not pull a turn's follow-ups back to itself."""
+        return () if self.draining else self._turn_state
 
     def connection_opened(self, conn: ws.WsConnection) -> None:
         self.connections.add(conn)
@@ -152,11 +160,14 @@ class BridgeApp:
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = False
+        sticky = self.sticky_headers
 
         async def tracked_send(message: dict[str, Any]) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if sticky:
+                    message = {**message, "headers": [*message.get("headers", ()), *sticky]}
             await send(message)
 
         method, path = scope["method"], scope["path"]
@@ -189,7 +200,7 @@ class BridgeApp:
             self.ctx.count_error(err)
             if err.status in (408, 413):  # the body was not read to its end: do not keep the
                 extra.append((b"connection", b"close"))  # connection for a next request
-            await send_error(send, err, extra)
+            await send_error(send, err, [*extra, *sticky])
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -2,7 +2,8 @@
 
 Each handler takes an `HttpRequest` and either sends its response or raises `TetherError`; the
 app renders every error the same way (`common.http_error_body`). Create streams SSE frames
-(`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape) or collects the final Response
+(`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape; `data: [DONE]` after the event that
+ended the stream) or collects the final Response
 (HTTP 200 also for a failed response: the failure is in the body, with `Retry-After` when the
 upstream rate-limited it), through the core's pump (`tether.core.pump`), which says where the
 one response ended and whether it was refused. A request error of a create
@@ -42,7 +43,7 @@ from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
-from tether.core.outbox import Outgoing
+from tether.core.outbox import Delta, Outgoing
 from tether.core.pump import Pump, PumpEnd, Until, singles
 from tether.errors import (
     INVALID_REQUEST,
@@ -55,6 +56,7 @@ from tether.errors import (
 from tether.observability import tracing
 from tether.observability.metrics_http import metrics_response
 from tether.protocol import json_codec
+from tether.protocol.wire import SSE_DONE, TERMINAL_ARMS
 from tether.responses.v1 import service_pb2
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -212,7 +214,7 @@ class HttpHandlers:
                 raise common.InBandError.from_proto(pump.error)
             await writer.start()  # a stream that ended without any event
         watch.finishing()
-        await req.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await req.send({"type": "http.response.body", "body": writer.closing(), "more_body": False})
 
     # GET /v1/responses (without an upgrade)
     async def upgrade_required(self, req: HttpRequest) -> None:
@@ -418,13 +420,16 @@ def _final_response(pump: Pump) -> tuple[bytes, float]:
 
 
 class _SseWriter:
-    """The pump's writer for SSE: the headers once (`start`), then a frame per event."""
+    """The pump's writer for SSE: the headers once (`start`), then a frame per event, and
+    `data: [DONE]` after the last one when it ended the stream (`wire.SSE_DONE`: never before
+    the terminal event, nothing after it; a stream cut short has none)."""
 
-    __slots__ = ("_send", "started")
+    __slots__ = ("_send", "started", "_last")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self.started = False
+        self._last: Outgoing | None = None
 
     async def start(self) -> None:
         if not self.started:
@@ -436,7 +441,17 @@ class _SseWriter:
             await self.start()
         body = b"".join([sse_frame(ev) for ev in batch])
         await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        if batch:
+            self._last = batch[-1]
         return True
+
+    def closing(self) -> bytes:
+        """The stream's last bytes: `data: [DONE]` when its last event ended it."""
+        last = self._last
+        if last is None or type(last) is Delta:
+            return b""
+        arm = last.WhichOneof("event")  # type: ignore[union-attr]
+        return SSE_DONE if arm == "error" or arm in TERMINAL_ARMS else b""
 
 
 class _Discard:

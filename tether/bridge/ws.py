@@ -241,7 +241,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
     tracing.adopt_parent(scope["headers"])
     conn = WsConnection(ctx, receive, send, session)
     try:
-        await send({"type": "websocket.accept", "subprotocol": subprotocol})
+        await send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": app.sticky_headers})
     except BaseException:
         await session.close()
         raise

@@ -54,6 +54,9 @@ from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
 log = logging.getLogger("tether.session")
 
+# `response.steer.failed` / `response.inject.failed`: the target response has ended.
+RESPONSE_ALREADY_COMPLETED = "response_already_completed"
+
 LIFETIME_MESSAGE = (
     "Responses websocket connection limit reached ({minutes} minutes). "
     "Create a new websocket connection to continue."
@@ -124,6 +127,9 @@ class Session:
         self._active = asyncio.Semaphore(limits.max_active_responses)
         self._turns: dict[str, Turn] = {}  # response id -> running turn
         self._steers: dict[str, list[tuple[str, list[items_pb2.Item]]]] = {}  # response id -> accepted steers
+        # response id -> the injects answered when it ends, and their bytes (counted as queued)
+        self._injects: dict[str, list[tuple[service_pb2.InjectRequest, int]]] = {}
+        self._pending_injects = 0
         self.queued_bytes = 0  # of the creates in its lanes and running (tether.core.queued)
         self._created = self.clock.monotonic()
         self._last_activity = self._created
@@ -147,6 +153,8 @@ class Session:
             await self._enqueue(request.create, event_id, nbytes=nbytes)
         elif arm == "steer":
             await self._steer(request.steer, event_id)
+        elif arm == "inject":
+            await self._inject(request.inject, event_id)
         elif arm == "append":
             if self.strategy.deliver_append(self.id, request.append):  # a turn kind that waits for appends
                 return
@@ -359,10 +367,13 @@ class Session:
                 await self.emit_error(crash, stream_id=turn.stream_id)
             finally:
                 self._turns.pop(turn.response_id, None)
+                injects = self._take_injects(turn.response_id)
                 if turn.response_run is not None:  # ended here when no terminal event did (cancelled, refused, crashed)
                     turn.response_run.close(turn.refusal or crash)
             if self._detached:
                 return False
+            for inject in injects:
+                await self._inject_failed(inject, turn.stream_id, RESPONSE_ALREADY_COMPLETED)
             await self._after_turn(turn, self._steers.pop(turn.response_id, []))
         return True
 
@@ -438,7 +449,7 @@ class Session:
             problem = (
                 (errors.RESPONSE_NOT_FOUND, f"No response with id '{target}' is active on this connection.")
                 if target not in self.cache
-                else ("response_already_completed", f"Response '{target}' has already completed.")
+                else (RESPONSE_ALREADY_COMPLETED, f"Response '{target}' has already completed.")
             )
         elif not items or any(i.WhichOneof("item") != "message" for i in items):  # the rest are user messages
             problem = ("invalid_input", "Steer input must be a non-empty list of user messages.")
@@ -462,6 +473,73 @@ class Session:
         await self.outbox.put(ev)
         assert turn is not None  # no problem: the turn was found
         turn.interrupt_for_steer()
+
+    async def _inject(self, inject: service_pb2.InjectRequest, event_id: str = "") -> None:
+        """`response.inject` (beta, ws-mode contract 2.3; docs/fields.md "Injecting items"): the one place an
+        inject is answered. The items go into the response only while one of its agents waits for
+        them, which its turn decides (`Turn.take_injected`: `response.inject.created`). No turn
+        Tether runs yet has such an agent (it runs no multi-agent responses), so today a response
+        active on this connection answers `response.inject.failed` `response_already_completed`
+        when it ends, a finished one of this connection at once, and any other id
+        `response_not_found`; the failure carries the items back for a create continuing the
+        response. An inject naming no response or carrying no items is malformed: `error` (400)."""
+        missing = "response_id" if not inject.response_id else "input" if not inject.input else None
+        if missing is not None:
+            await self.emit_error(
+                TetherError(errors.INVALID_REQUEST, f"response.inject needs a non-empty '{missing}'.", param=missing),
+                event_id=event_id,
+            )
+            return
+        target = inject.response_id
+        turn = self._turns.get(target)
+        if turn is None:
+            entry = self.cache.get(target)
+            if entry is None:
+                await self._inject_failed(inject, "", errors.RESPONSE_NOT_FOUND)
+            else:
+                await self._inject_failed(inject, entry.lane, RESPONSE_ALREADY_COMPLETED)
+        elif turn.take_injected(inject.input):
+            ev = events_pb2.ServerEvent(stream_id=turn.stream_id)
+            ev.inject_created.response_id = target
+            await self.outbox.put(ev)
+        else:  # answered when the response ends; held like a queued create until then
+            nbytes = inject.ByteSize()
+            try:
+                if self._pending_injects >= self.limits.max_pending_injects:
+                    raise TetherError(
+                        errors.PENDING_INJECTS_FULL,
+                        f"Too many injects waiting for their responses to end (limit {self.limits.max_pending_injects}).",
+                        param="response_id",
+                    )
+                self.services.queued.admit(self.tenant, self.queued_bytes, nbytes)
+            except TetherError as exc:
+                await self.emit_error(exc, stream_id=turn.stream_id, event_id=event_id)
+                return
+            self.queued_bytes += nbytes
+            self._pending_injects += 1
+            self._injects.setdefault(target, []).append((inject, nbytes))
+
+    def _take_injects(self, response_id: str) -> list[service_pb2.InjectRequest]:
+        """The injects waiting for `response_id` to end, their bytes released."""
+        waiting = self._injects.pop(response_id, ())
+        for _, nbytes in waiting:
+            self._release(nbytes)
+        self._pending_injects -= len(waiting)
+        return [inject for inject, _ in waiting]
+
+    async def _inject_failed(self, inject: service_pb2.InjectRequest, stream_id: str, code: str) -> None:
+        ev = events_pb2.ServerEvent(stream_id=stream_id)
+        failed = ev.inject_failed
+        failed.response_id = inject.response_id
+        failed.error.code = code
+        failed.error.message = (
+            f"Response '{inject.response_id}' has already completed: send the input in a new "
+            "response.create with it as previous_response_id."
+            if code == RESPONSE_ALREADY_COMPLETED
+            else f"No response with id '{inject.response_id}' on this connection."
+        )
+        failed.input.extend(inject.input)  # the client still owns its input
+        await self.outbox.put(ev)
 
     async def _append(self, append: service_pb2.AppendRequest, event_id: str) -> None:
         """Legacy `response.append`: continue the default lane's last response with new input."""

@@ -162,6 +162,13 @@ class Turn:
         if self.phase is Phase.GENERATING and not calling:
             self.control.interrupt(Outcome.STEERED)
 
+    def take_injected(self, items: Sequence[items_pb2.Item]) -> bool:
+        """`response.inject`: commit `items` to this response now, because one of its agents waits
+        for them (a multi-agent turn's client tool outputs). True: committed. A standard turn has
+        no such agent (its response ends when it calls a client tool), so it takes nothing, and
+        the session answers the inject when the response ends (`Session._inject`)."""
+        return False
+
     # -- the turn ---------------------------------------------------------------------------------
 
     async def run(self) -> None:

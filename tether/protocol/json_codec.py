@@ -1326,6 +1326,8 @@ def _steer_failed_error_enc(m: events_pb2.SteerFailedEvent, out: dict) -> None:
 
 
 _STEER_SUB = _Sub("steer", _STEER_REF, ALWAYS)
+# `response.inject.failed`'s `error`: `{code, message}`, as the beta contract has it.
+_INJECT_ERROR = _Codec(events_pb2.Error, _Scalar("code"), _Scalar("message"), skip=())
 
 _MCP_ITEM_EVENT = _Codec(events_pb2.McpItemEvent, _Scalar("item_id"), _Scalar("output_index"))
 
@@ -1458,6 +1460,16 @@ _EVENT_ARMS: dict[str, tuple[str, _Codec | None]] = {
             _Custom("steer", _steer_failed_steer_dec, _steer_failed_steer_enc),
         ),
     ),
+    "inject_created": ("response.inject.created", _Codec(events_pb2.InjectCreatedEvent, _Scalar("response_id"))),
+    "inject_failed": (
+        "response.inject.failed",
+        _Codec(
+            events_pb2.InjectFailedEvent,
+            _Scalar("response_id"),
+            _items_field("input"),
+            _Sub("error", _INJECT_ERROR, ALWAYS),
+        ),
+    ),
 }
 _EVENT_BY_TYPE = {t: arm for arm, (t, _) in _EVENT_ARMS.items()}
 # Reads the envelope keys only (event_from_json ignores its leftovers).
@@ -1553,6 +1565,7 @@ _STEER_REQUEST = _Codec(
 _APPEND_REQUEST = _Codec(service_pb2.AppendRequest, _items_field("input"))
 _CANCEL_REQUEST = _Codec(service_pb2.CancelRequest, _Scalar("response_id"))
 _PROCESSED_REQUEST = _Codec(service_pb2.ProcessedRequest, _Scalar("response_id"))
+_INJECT_REQUEST = _Codec(service_pb2.InjectRequest, _Scalar("response_id"), _items_field("input"))
 
 # client event type -> (SessionRequest arm, codec). `create` uses `_PARAMS` (which drops `type`).
 _CLIENT_EVENTS: dict[str, tuple[str, _Codec]] = {
@@ -1561,6 +1574,7 @@ _CLIENT_EVENTS: dict[str, tuple[str, _Codec]] = {
     "response.append": ("append", _APPEND_REQUEST),
     "response.processed": ("processed", _PROCESSED_REQUEST),
     "response.cancel": ("cancel", _CANCEL_REQUEST),
+    "response.inject": ("inject", _INJECT_REQUEST),
 }
 _CLIENT_TYPES = {arm: t for t, (arm, _) in _CLIENT_EVENTS.items()}
 
@@ -1570,8 +1584,9 @@ def client_event_from_json(d: dict) -> service_pb2.SessionRequest:
 
     `response.create` carries the create body next to `type`; `response.steer` reads
     `previous_response_id` and `input` (string or items); `response.append` reads `input` and keeps
-    other keys (`client_metadata`) in `extra_json`; `response.processed` and the Tether extension
-    `response.cancel` read `response_id`. Unknown keys of steer/processed/cancel are ignored.
+    other keys (`client_metadata`) in `extra_json`; `response.inject` reads `response_id` and
+    `input` (items); `response.processed` and the Tether extension `response.cancel` read
+    `response_id`. Unknown keys of steer/inject/processed/cancel are ignored.
     """
     _require_object(d, "")
     t = d.get("type")

@@ -3,9 +3,9 @@
 The proto files define the messages; this module holds the rest of the contract that travels
 with them and that each side would otherwise spell for itself:
 
-- which events end a response (`TERMINAL_ARMS` in protobuf, `TERMINAL_EVENT_TYPES` in JSON), and
-  which stream a fragment of text (`DELTA_ARMS`: the server's outbox merges them, the lab counts
-  them and times the first one);
+- which events end a response (`TERMINAL_ARMS` in protobuf, `TERMINAL_EVENT_TYPES` in JSON), how
+  an SSE stream says it has ended (`SSE_DONE`), and which stream a fragment of text
+  (`DELTA_ARMS`: the server's outbox merges them, the lab counts them and times the first one);
 - Tether's own `include` strings;
 - the gRPC metadata keys: the API key, and the trailing metadata that carries a `TetherError`
   across a gRPC status (`tether-error-code`, `-param`, `-status`);
@@ -43,6 +43,11 @@ from tether.errors import (
 TERMINAL_ARMS = frozenset({"completed", "failed", "incomplete"})
 # The same events as JSON `type`s.
 TERMINAL_EVENT_TYPES = frozenset(f"response.{arm}" for arm in TERMINAL_ARMS)
+# The last frame of an SSE stream whose last event ended it (a terminal event, or an `error`),
+# as the Open Responses specification frames it: openai-python and openai-node stop at it, Codex
+# skips a data line that is not JSON (and stops after `response.completed` anyway). A stream cut
+# before its end (the server went away) has none: [DONE] means nothing is missing.
+SSE_DONE = b"data: [DONE]\n\n"
 # The `ServerEvent` oneof arms that stream a fragment of text in their `delta` field.
 DELTA_ARMS = frozenset(
     {

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from tether.protocol import json_codec
-from tether.protocol.wire import TERMINAL_EVENT_TYPES
+from tether.protocol.wire import SSE_DONE, TERMINAL_EVENT_TYPES
 from tether_lab.fuzz.mutation import Mutator, dumps, mutate_bytes, mutate_proto
 from tether_lab.fuzz.oracle import (
     Sdk,
@@ -248,8 +248,14 @@ def _check_http(sdk: Sdk, stats: SurfaceStats, method: str, path: str, r: Any, h
 
 def _check_sse(sdk: Sdk, stats: SurfaceStats, text: str) -> str:
     events = []
-    for block in text.split("\n\n"):
-        if not block.strip():
+    blocks = [block for block in text.split("\n\n") if block.strip()]
+    done = SSE_DONE.decode().strip()
+    ended = bool(blocks) and blocks[-1] == done
+    if ended:
+        blocks.pop()
+    for block in blocks:
+        if block == done:
+            stats.finding("sequence", "SSE [DONE] before the end of the stream", "done-early")
             continue
         lines = block.split("\n")
         if len(lines) < 2 or not lines[0].startswith("event: ") or not lines[1].startswith("data: "):
@@ -273,6 +279,9 @@ def _check_sse(sdk: Sdk, stats: SurfaceStats, text: str) -> str:
         if len(terminal) != 1 or events[-1] is not terminal[0]:
             stats.finding("sequence", f"SSE stream without one final terminal event: {[e.get('type') for e in events[-3:]]}",
                           "no-terminal" if not terminal else "after-terminal")  # fmt: skip
+    if events and ended != (events[-1].get("type") in TERMINAL_EVENT_TYPES or events[-1].get("type") == "error"):
+        stats.finding("sequence", f"SSE [DONE] {'after' if ended else 'missing after'} {events[-1].get('type')}",
+                      "done-placement")  # fmt: skip
     for e in events:
         if e.get("type") == "error" and e.get("code") == "server_error":
             stats.finding("server_error", e, "error-event")

@@ -17,8 +17,11 @@ import httpx
 import orjson
 from openai import AsyncOpenAI
 
+from tether.protocol.wire import SSE_DONE
 from tether_lab.transports.base import Transport, TurnOutcome, ssl_context
 from tether_lab.transports.sdk import EventCollector
+
+_DONE_LINE = SSE_DONE.decode().strip()  # the stream's last line (after its terminal event)
 
 
 def request_bytes(request: httpx.Request) -> int:
@@ -76,7 +79,7 @@ class SdkHttpTransport(Transport):
                 await resp.aread()
                 raise httpx.HTTPStatusError(f"{resp.status_code}: {resp.text[:500]}", request=resp.request, response=resp)
             async for line in resp.aiter_lines():
-                if line.startswith("data: "):
+                if line.startswith("data: ") and line != _DONE_LINE:
                     collector.feed(orjson.loads(line[6:]))
 
 

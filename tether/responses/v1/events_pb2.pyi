@@ -69,6 +69,8 @@ class ServerEvent(_message.Message):
     MCP_LIST_TOOLS_IN_PROGRESS_FIELD_NUMBER: _builtins.int
     MCP_LIST_TOOLS_COMPLETED_FIELD_NUMBER: _builtins.int
     MCP_LIST_TOOLS_FAILED_FIELD_NUMBER: _builtins.int
+    INJECT_CREATED_FIELD_NUMBER: _builtins.int
+    INJECT_FAILED_FIELD_NUMBER: _builtins.int
     OTHER_FIELD_NUMBER: _builtins.int
     sequence_number: _builtins.int
     """Per-response counter starting at 0 (connection-scoped `error` events carry 0)."""
@@ -157,6 +159,12 @@ class ServerEvent(_message.Message):
     @_builtins.property
     def mcp_list_tools_failed(self) -> Global___McpItemEvent: ...
     @_builtins.property
+    def inject_created(self) -> Global___InjectCreatedEvent:
+        """response.inject.created / .failed: the answer to a `response.inject` (docs/fields.md "Inject")."""
+
+    @_builtins.property
+    def inject_failed(self) -> Global___InjectFailedEvent: ...
+    @_builtins.property
     def other(self) -> _items_pb2.OtherJson:
         """An event type this schema does not model, kept whole (JSON object text)."""
 
@@ -203,13 +211,15 @@ class ServerEvent(_message.Message):
         mcp_list_tools_in_progress: Global___McpItemEvent | None = ...,
         mcp_list_tools_completed: Global___McpItemEvent | None = ...,
         mcp_list_tools_failed: Global___McpItemEvent | None = ...,
+        inject_created: Global___InjectCreatedEvent | None = ...,
+        inject_failed: Global___InjectFailedEvent | None = ...,
         other: _items_pb2.OtherJson | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "inject_created", b"inject_created", "inject_failed", b"inject_failed", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction_compacting", b"compaction_compacting", "completed", b"completed", "content_part_added", b"content_part_added", "content_part_done", b"content_part_done", "created", b"created", "custom_tool_call_input_delta", b"custom_tool_call_input_delta", "custom_tool_call_input_done", b"custom_tool_call_input_done", "error", b"error", "event", b"event", "failed", b"failed", "function_call_arguments_delta", b"function_call_arguments_delta", "function_call_arguments_done", b"function_call_arguments_done", "in_progress", b"in_progress", "incomplete", b"incomplete", "inject_created", b"inject_created", "inject_failed", b"inject_failed", "mcp_call_arguments_delta", b"mcp_call_arguments_delta", "mcp_call_arguments_done", b"mcp_call_arguments_done", "mcp_call_completed", b"mcp_call_completed", "mcp_call_failed", b"mcp_call_failed", "mcp_call_in_progress", b"mcp_call_in_progress", "mcp_list_tools_completed", b"mcp_list_tools_completed", "mcp_list_tools_failed", b"mcp_list_tools_failed", "mcp_list_tools_in_progress", b"mcp_list_tools_in_progress", "other", b"other", "output_item_added", b"output_item_added", "output_item_done", b"output_item_done", "output_text_delta", b"output_text_delta", "output_text_done", b"output_text_done", "queued", b"queued", "reasoning_summary_part_added", b"reasoning_summary_part_added", "reasoning_summary_part_done", b"reasoning_summary_part_done", "reasoning_summary_text_delta", b"reasoning_summary_text_delta", "reasoning_summary_text_done", b"reasoning_summary_text_done", "reasoning_text_delta", b"reasoning_text_delta", "reasoning_text_done", b"reasoning_text_done", "refusal_delta", b"refusal_delta", "refusal_done", b"refusal_done", "response_id", b"response_id", "sequence_number", b"sequence_number", "steer_accepted", b"steer_accepted", "steer_failed", b"steer_failed", "steer_pending", b"steer_pending", "stream_id", b"stream_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "custom_tool_call_input_delta", "custom_tool_call_input_done", "error", "steer_accepted", "steer_pending", "steer_failed", "mcp_call_arguments_delta", "mcp_call_arguments_done", "mcp_call_in_progress", "mcp_call_completed", "mcp_call_failed", "mcp_list_tools_in_progress", "mcp_list_tools_completed", "mcp_list_tools_failed", "other"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["created", "in_progress", "completed", "failed", "incomplete", "queued", "output_item_added", "output_item_done", "content_part_added", "content_part_done", "output_text_delta", "output_text_done", "refusal_delta", "refusal_done", "function_call_arguments_delta", "function_call_arguments_done", "reasoning_text_delta", "reasoning_text_done", "reasoning_summary_part_added", "reasoning_summary_part_done", "reasoning_summary_text_delta", "reasoning_summary_text_done", "compaction_compacting", "custom_tool_call_input_delta", "custom_tool_call_input_done", "error", "steer_accepted", "steer_pending", "steer_failed", "mcp_call_arguments_delta", "mcp_call_arguments_done", "mcp_call_in_progress", "mcp_call_completed", "mcp_call_failed", "mcp_list_tools_in_progress", "mcp_list_tools_completed", "mcp_list_tools_failed", "inject_created", "inject_failed", "other"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -820,3 +830,56 @@ class SteerFailedEvent(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__input_text) -> _WhichOneofReturnType__input_text | None: ...
 
 Global___SteerFailedEvent: _TypeAlias = SteerFailedEvent  # noqa: Y015
+
+@_typing.final
+class InjectCreatedEvent(_message.Message):
+    """inject.created: the injected items were committed to the response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response_id", b"response_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InjectCreatedEvent: _TypeAlias = InjectCreatedEvent  # noqa: Y015
+
+@_typing.final
+class InjectFailedEvent(_message.Message):
+    """inject.failed: the items were not committed; they come back so that the client can send them
+    in a new create continuing the response (`error.code`: response_already_completed |
+    response_not_found).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    @_builtins.property
+    def error(self) -> Global___Error: ...
+    @_builtins.property
+    def input(self) -> _containers.RepeatedCompositeFieldContainer[_items_pb2.Item]: ...
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+        error: Global___Error | None = ...,
+        input: _abc.Iterable[_items_pb2.Item] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "input", b"input", "response_id", b"response_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InjectFailedEvent: _TypeAlias = InjectFailedEvent  # noqa: Y015

@@ -33,6 +33,7 @@ class SessionRequest(_message.Message):
     APPEND_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     PROCESSED_FIELD_NUMBER: _builtins.int
+    INJECT_FIELD_NUMBER: _builtins.int
     EVENT_ID_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     """The client's own id for this event (`event_id` of a WebSocket frame): echoed on the `error`
@@ -58,6 +59,12 @@ class SessionRequest(_message.Message):
     def processed(self) -> Global___ProcessedRequest:
         """`response.processed`: accepted and ignored."""
 
+    @_builtins.property
+    def inject(self) -> Global___InjectRequest:
+        """`response.inject` (beta): items for an active response; answered by `inject_created` or
+        `inject_failed`.
+        """
+
     def __init__(
         self,
         *,
@@ -66,13 +73,14 @@ class SessionRequest(_message.Message):
         append: Global___AppendRequest | None = ...,
         cancel: Global___CancelRequest | None = ...,
         processed: Global___ProcessedRequest | None = ...,
+        inject: Global___InjectRequest | None = ...,
         event_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "inject", b"inject", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "event_id", b"event_id", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "cancel", b"cancel", "create", b"create", "event", b"event", "event_id", b"event_id", "inject", b"inject", "processed", b"processed", "steer", b"steer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["create", "steer", "append", "cancel", "processed"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["create", "steer", "append", "cancel", "processed", "inject"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -107,6 +115,31 @@ class SteerRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__input_text) -> _WhichOneofReturnType__input_text | None: ...
 
 Global___SteerRequest: _TypeAlias = SteerRequest  # noqa: Y015
+
+@_typing.final
+class InjectRequest(_message.Message):
+    """`response.inject`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_ID_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    response_id: _builtins.str
+    @_builtins.property
+    def input(self) -> _containers.RepeatedCompositeFieldContainer[_items_pb2.Item]: ...
+    def __init__(
+        self,
+        *,
+        response_id: _builtins.str = ...,
+        input: _abc.Iterable[_items_pb2.Item] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "response_id", b"response_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InjectRequest: _TypeAlias = InjectRequest  # noqa: Y015
 
 @_typing.final
 class AppendRequest(_message.Message):
