@@ -450,7 +450,7 @@ class _SseWriter:
         last = self._last
         if last is None or type(last) is Delta:
             return b""
-        arm = last.WhichOneof("event")  # type: ignore[union-attr]
+        arm = last.WhichOneof("event")
         return SSE_DONE if arm == "error" or arm in TERMINAL_ARMS else b""
 
 
