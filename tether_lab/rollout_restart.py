@@ -54,7 +54,14 @@ from typing import Any
 from tether import eventloop, workloads
 from tether.store.factory import open_store
 from tether_lab.processes import ServerProcess, free_ports
-from tether_lab.scaleout import Nginx, nginx_binary, pg_reachable, redis_reachable, scratch_store, write_config
+from tether_lab.scaleout import (
+    Nginx,
+    nginx_binary,
+    pg_reachable,
+    redis_reachable,
+    scratch_store,
+    write_config,
+)
 
 KINDS = ("ws", "http", "ws-ephemeral")
 STORED = {"ws": True, "http": True, "ws-ephemeral": False}
@@ -80,14 +87,22 @@ class Tally:
     lost: int = 0
     rollouts: int = 0
     max_wait_s: float = 0.0
-    waits: list[float] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # each turn's (start, end), monotonic
     seen: Counter[str] = field(default_factory=Counter)
     received: set[str] = field(default_factory=set)  # response ids whose terminal event arrived
     errors: list[str] = field(default_factory=list)
 
-    def waited(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.max_wait_s = max(self.max_wait_s, seconds)
+    def waited(self, start: float, end: float) -> None:
+        self.spans.append((start, end))
+        self.max_wait_s = max(self.max_wait_s, end - start)
+
+    def p50_wait_s(self) -> float:
+        waits = sorted(end - start for start, end in self.spans)
+        return waits[len(waits) // 2] if waits else float("nan")
+
+    def across(self, moments: list[float]) -> int:
+        """Turns in flight at one of `moments` (a SIGTERM): sent before it, answered after it."""
+        return sum(1 for start, end in self.spans if any(start < t < end for t in moments))
 
 
 @dataclass
@@ -134,9 +149,9 @@ class Agent:
         new_input = [wl.user_message()]
         previous: str | None = None
         for index in range(wl.turns):
-            started = time.perf_counter()
+            started = time.monotonic()
             response_id, output, calls = await self.turn_with_fallback(history, new_input, previous)
-            self.tally.waited(time.perf_counter() - started)
+            self.tally.waited(started, time.monotonic())
             self.tally.turns += 1
             self.tally.received.add(response_id)
             if not calls:
@@ -315,6 +330,7 @@ class HttpAgent(Agent):
 @dataclass
 class Restart:
     replica: str
+    at: float  # when it got SIGTERM (monotonic)
     exit_code: int | None
     drain_s: float  # SIGTERM -> the process exited
     back_s: float  # SIGTERM -> the new process ready
@@ -352,7 +368,7 @@ class Cluster:
         drained = time.monotonic() - t0
         replica.start()
         replica.wait_ready(timeout)
-        return Restart(replica.name, code, drained, time.monotonic() - t0)
+        return Restart(replica.name, t0, code, drained, time.monotonic() - t0)
 
 
 async def rolling_restart(cluster: Cluster, *, rounds: int, pause_s: float) -> list[Restart]:
@@ -446,13 +462,13 @@ def print_result(result: Result, out=sys.stdout) -> None:
     for r in result.restarts:
         print(f"  {r.replica}: exit {r.exit_code}, drained in {r.drain_s:.2f} s, ready again after {r.back_s:.2f} s",
               file=out)  # fmt: skip
-    print(f"{'agents':<14} {'store':<6} {'turns':>6} {'failed':>7} {'lost':>5} {'max wait s':>11} {'p50 wait s':>11}",
-          file=out)  # fmt: skip
+    sigterms = [r.at for r in result.restarts]
+    print(f"{'agents':<14} {'store':<6} {'turns':>6} {'across a SIGTERM':>17} {'failed':>7} {'lost':>5} "
+          f"{'max wait s':>11} {'p50 wait s':>11}", file=out)  # fmt: skip
     for kind, t in result.tallies.items():
-        p50 = sorted(t.waits)[len(t.waits) // 2] if t.waits else float("nan")
         store = "true" if STORED[kind] else "false"
-        print(f"{kind:<14} {store:<6} {t.turns:>6} {t.failed:>7} {t.lost:>5} {t.max_wait_s:>11.2f} {p50:>11.3f}",
-              file=out)  # fmt: skip
+        print(f"{kind:<14} {store:<6} {t.turns:>6} {t.across(sigterms):>17} {t.failed:>7} {t.lost:>5} "
+              f"{t.max_wait_s:>11.2f} {t.p50_wait_s():>11.3f}", file=out)  # fmt: skip
     print(f"duplicated output (completed responses no agent received): {sum(result.duplicated.values())}", file=out)
     print("what the clients saw:", file=out)
     for kind, t in result.tallies.items():
