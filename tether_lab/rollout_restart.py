@@ -373,11 +373,11 @@ class Cluster:
 
 async def rolling_restart(cluster: Cluster, *, rounds: int, pause_s: float) -> list[Restart]:
     """Every replica in turn, `rounds` times; the next goes only when the last is back."""
-    done = []
-    for _ in range(rounds):
-        for replica in cluster.replicas:
-            done.append(await asyncio.to_thread(cluster.restart, replica))
+    done: list[Restart] = []
+    for replica in cluster.replicas * rounds:
+        if done:
             await asyncio.sleep(pause_s)
+        done.append(await asyncio.to_thread(cluster.restart, replica))
     return done
 
 
