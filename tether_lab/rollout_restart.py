@@ -100,9 +100,10 @@ class Tally:
         waits = sorted(end - start for start, end in self.spans)
         return waits[len(waits) // 2] if waits else float("nan")
 
-    def across(self, moments: list[float]) -> int:
-        """Turns in flight at one of `moments` (a SIGTERM): sent before it, answered after it."""
-        return sum(1 for start, end in self.spans if any(start < t < end for t in moments))
+    def across(self, moments: list[float]) -> list[float]:
+        """The waits of the turns in flight at one of `moments` (a SIGTERM): sent before it,
+        answered after it."""
+        return [end - start for start, end in self.spans if any(start < t < end for t in moments)]
 
 
 @dataclass
@@ -153,7 +154,6 @@ class Agent:
             response_id, output, calls = await self.turn_with_fallback(history, new_input, previous)
             self.tally.waited(started, time.monotonic())
             self.tally.turns += 1
-            self.tally.received.add(response_id)
             if not calls:
                 self.tally.rollouts += 1
                 return
@@ -185,6 +185,14 @@ class Agent:
 
 class ContinuationNotFound(Exception):
     """`previous_response_not_found`: the agent sends the whole context instead."""
+
+
+def cut_by_shutdown(response: Any) -> bool:
+    """A response that failed because its replica stopped past the drain's grace: the Response's
+    `error.code` is OpenAI's `server_error`, Tether's own code is in `error.tether_code`. The
+    agent does such a turn again."""
+    error = getattr(response, "error", None)
+    return error is not None and (getattr(error, "tether_code", None) or error.code) == SHUTTING_DOWN
 
 
 def _outputs(response: Any) -> tuple[list[dict], list[dict]]:
@@ -252,29 +260,26 @@ class WsAgent(Agent):
                 self.created = True
                 self.resent_for_this_drop = False
             elif kind == "error":
-                code = getattr(ev.error, "code", None) if getattr(ev, "error", None) else getattr(ev, "code", None)
-                self.tally.seen[f"error {code}"] += 1 if code != NOT_FOUND else 0
+                code = ev.error.code
+                if code == NOT_FOUND and self.kind == "ws-ephemeral":
+                    raise ContinuationNotFound  # counted by the fallback
+                self.tally.seen[f"error {code}"] += 1
                 if code == SHUTTING_DOWN:
                     continue  # the replica's goodbye; the SDK reconnects on its close
-                if code == NOT_FOUND and self.kind == "ws-ephemeral":
-                    raise ContinuationNotFound
                 self.tally.failed += 1
                 raise TurnFailed(f"error event {code}: {ev}")
             elif kind in ("response.completed", "response.failed", "response.incomplete"):
                 r = ev.response
-                if kind != "response.completed":
-                    code = r.error.code if r.error else r.status
-                    self.tally.seen[f"{kind} {code}"] += 1
-                    if code == SHUTTING_DOWN or (r.error and SHUTTING_DOWN in (r.error.message or "")):
-                        # Cut past the drain's grace: the agent does the turn again.
-                        assert self.pending is not None
-                        self.created = False
-                        self.tally.seen["turn sent again after a cut"] += 1
-                        await self.conn.response.create(**self.pending)
-                        continue
-                    self.tally.failed += 1
-                    raise TurnFailed(f"{kind}: {r.error}")
-                return (r.id, *_outputs(r))
+                self.tally.received.add(r.id)
+                if kind == "response.completed":
+                    return (r.id, *_outputs(r))
+                if cut_by_shutdown(r):
+                    # The connection closes next; the reconnect handler sends the turn again.
+                    self.tally.seen[f"{kind} {SHUTTING_DOWN} (a turn cut past the grace)"] += 1
+                    self.created = self.resent_for_this_drop = False
+                    continue
+                self.tally.failed += 1
+                raise TurnFailed(f"{kind}: {r.error}")
         self.tally.lost += 1
         raise TurnLost("the connection ended and the SDK did not reconnect")
 
@@ -305,14 +310,22 @@ class HttpAgent(Agent):
         import openai
 
         try:
-            stream = await self.client.responses.create(**body, stream=True)
-            async for ev in stream:
-                if ev.type in ("response.completed", "response.failed", "response.incomplete"):
-                    r = ev.response
-                    if ev.type != "response.completed":
-                        self.tally.failed += 1
-                        raise TurnFailed(f"{ev.type}: {r.error}")
+            for _ in range(3):
+                stream = await self.client.responses.create(**body, stream=True)
+                r = None
+                async for ev in stream:
+                    if ev.type in ("response.completed", "response.failed", "response.incomplete"):
+                        r = ev.response
+                        break
+                if r is None:
+                    break
+                self.tally.received.add(r.id)
+                if ev.type == "response.completed":
                     return (r.id, *_outputs(r))
+                if not cut_by_shutdown(r):
+                    self.tally.failed += 1
+                    raise TurnFailed(f"{ev.type}: {r.error}")
+                self.tally.seen[f"{ev.type} {SHUTTING_DOWN} (a turn cut past the grace), sent again"] += 1
         except openai.APIStatusError as exc:
             self.tally.failed += 1
             self.tally.seen[f"HTTP {exc.status_code} after the SDK's retries"] += 1
@@ -464,11 +477,12 @@ def print_result(result: Result, out=sys.stdout) -> None:
               file=out)  # fmt: skip
     sigterms = [r.at for r in result.restarts]
     print(f"{'agents':<14} {'store':<6} {'turns':>6} {'across a SIGTERM':>17} {'failed':>7} {'lost':>5} "
-          f"{'max wait s':>11} {'p50 wait s':>11}", file=out)  # fmt: skip
+          f"{'max wait s':>11} {'of those across':>16} {'p50 wait s':>11}", file=out)  # fmt: skip
     for kind, t in result.tallies.items():
         store = "true" if STORED[kind] else "false"
-        print(f"{kind:<14} {store:<6} {t.turns:>6} {t.across(sigterms):>17} {t.failed:>7} {t.lost:>5} "
-              f"{t.max_wait_s:>11.2f} {t.p50_wait_s():>11.3f}", file=out)  # fmt: skip
+        across = t.across(sigterms)
+        print(f"{kind:<14} {store:<6} {t.turns:>6} {len(across):>17} {t.failed:>7} {t.lost:>5} "
+              f"{t.max_wait_s:>11.2f} {max(across, default=0.0):>16.2f} {t.p50_wait_s():>11.3f}", file=out)  # fmt: skip
     print(f"duplicated output (completed responses no agent received): {sum(result.duplicated.values())}", file=out)
     print("what the clients saw:", file=out)
     for kind, t in result.tallies.items():
