@@ -130,7 +130,11 @@ class Agent:
             async with self.session():
                 while not stop.is_set():
                     await self.rollout(stop)
-        except (TurnFailed, TurnLost) as exc:
+        except (TurnFailed, TurnLost) as exc:  # the agent stops: counted once, here
+            if isinstance(exc, TurnFailed):
+                self.tally.failed += 1
+            else:
+                self.tally.lost += 1
             self.tally.errors.append(f"{type(exc).__name__}: {exc}"[:500])
 
     def session(self) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -248,7 +252,6 @@ class WsAgent(Agent):
         try:
             return await asyncio.wait_for(self._read(), self.s.turn_timeout_s)
         except TimeoutError:
-            self.tally.lost += 1
             raise TurnLost(f"no answer to {body.get('previous_response_id') or 'a first turn'}") from None
         finally:
             self.pending = None
@@ -266,7 +269,6 @@ class WsAgent(Agent):
                 self.tally.seen[f"error {code}"] += 1
                 if code == SHUTTING_DOWN:
                     continue  # the replica's goodbye; the SDK reconnects on its close
-                self.tally.failed += 1
                 raise TurnFailed(f"error event {code}: {ev}")
             elif kind in ("response.completed", "response.failed", "response.incomplete"):
                 r = ev.response
@@ -278,9 +280,7 @@ class WsAgent(Agent):
                     self.tally.seen[f"{kind} {SHUTTING_DOWN} (a turn cut past the grace)"] += 1
                     self.created = self.resent_for_this_drop = False
                     continue
-                self.tally.failed += 1
                 raise TurnFailed(f"{kind}: {r.error}")
-        self.tally.lost += 1
         raise TurnLost("the connection ended and the SDK did not reconnect")
 
 
@@ -312,28 +312,24 @@ class HttpAgent(Agent):
         try:
             for _ in range(3):
                 stream = await self.client.responses.create(**body, stream=True)
-                r = None
-                async for ev in stream:
+                terminal = None
+                async for ev in stream:  # read to the end: the connection goes back to the pool
                     if ev.type in ("response.completed", "response.failed", "response.incomplete"):
-                        r = ev.response
-                        break
-                if r is None:
+                        terminal = ev
+                if terminal is None:
                     break
+                r = terminal.response
                 self.tally.received.add(r.id)
-                if ev.type == "response.completed":
+                if terminal.type == "response.completed":
                     return (r.id, *_outputs(r))
                 if not cut_by_shutdown(r):
-                    self.tally.failed += 1
-                    raise TurnFailed(f"{ev.type}: {r.error}")
-                self.tally.seen[f"{ev.type} {SHUTTING_DOWN} (a turn cut past the grace), sent again"] += 1
+                    raise TurnFailed(f"{terminal.type}: {r.error}")
+                self.tally.seen[f"{terminal.type} {SHUTTING_DOWN} (a turn cut past the grace), sent again"] += 1
         except openai.APIStatusError as exc:
-            self.tally.failed += 1
             self.tally.seen[f"HTTP {exc.status_code} after the SDK's retries"] += 1
             raise TurnFailed(f"HTTP {exc.status_code}: {exc}") from None
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-            self.tally.lost += 1
             raise TurnLost(f"{type(exc).__name__}: {exc}") from None
-        self.tally.lost += 1
         raise TurnLost("the stream ended without a terminal event")
 
 
