@@ -68,6 +68,11 @@ STORED = {"ws": True, "http": True, "ws-ephemeral": False}
 WORKLOAD = "bugfix20"
 SHUTTING_DOWN = "server_shutting_down"
 NOT_FOUND = "previous_response_not_found"
+# What a store=false agent may see on a continuation (anything else misses the contract):
+AFTER_RECONNECT = f"{NOT_FOUND} after a reconnect"  # expected: its response died with the connection
+FULL_CONTEXT_OK = "full-context create after it: completed"
+NOT_FOUND_SAME_CONNECTION = f"{NOT_FOUND} on the same connection"  # a bug
+FOUND_AFTER_RECONNECT = "store=false continuation found after a reconnect"  # a bug
 
 
 class TurnFailed(Exception):
@@ -124,6 +129,7 @@ class Agent:
         self.s = settings
         self.tally = tally
         self.workload = workload
+        self.connection = 0  # which connection of the agent's: WebSocket reconnects count it up
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -153,9 +159,11 @@ class Agent:
         history: list[dict] = []  # the whole context, for a store=false agent's full resend
         new_input = [wl.user_message()]
         previous: str | None = None
+        previous_on = self.connection  # the connection `previous` was answered on
         for index in range(wl.turns):
             started = time.monotonic()
-            response_id, output, calls = await self.turn_with_fallback(history, new_input, previous)
+            response_id, output, calls = await self.turn_with_fallback(history, new_input, previous, previous_on)
+            previous_on = self.connection
             self.tally.waited(started, time.monotonic())
             self.tally.turns += 1
             if not calls:
@@ -172,16 +180,24 @@ class Agent:
             if stop.is_set():
                 return
 
-    async def turn_with_fallback(self, history: list[dict], new_input: list[dict], previous: str | None):
+    async def turn_with_fallback(self, history: list[dict], new_input: list[dict], previous: str | None,
+                                 previous_on: int):  # fmt: skip
+        """A turn; for a store=false agent, the documented fallback: a continuation whose
+        response died with its connection gets previous_response_not_found, and the whole
+        context is sent instead. Whether it did is checked against the agent's reconnects."""
         if STORED[self.kind] or previous is None:
             return await self.turn(self.body(new_input, previous))
         try:
-            return await self.turn(self.body(new_input, previous))
+            out = await self.turn(self.body(new_input, previous))
         except ContinuationNotFound:
-            self.tally.seen[f"error {NOT_FOUND}"] += 1
+            moved = self.connection != previous_on
+            self.tally.seen[AFTER_RECONNECT if moved else NOT_FOUND_SAME_CONNECTION] += 1
             out = await self.turn(self.body(history + new_input, None))  # the whole context instead
-            self.tally.seen["full-context create after it: completed"] += 1
+            self.tally.seen[FULL_CONTEXT_OK] += 1
             return out
+        if self.connection != previous_on:
+            self.tally.seen[FOUND_AFTER_RECONNECT] += 1
+        return out
 
     async def turn(self, body: dict) -> tuple[str, list[dict], list[dict]]:
         raise NotImplementedError
@@ -233,6 +249,7 @@ class WsAgent(Agent):
         """Called by the SDK before each reconnect attempt: a turn whose create the old replica
         did not start is queued again (the SDK flushes its send queue on the new connection)."""
         self.tally.seen[f"reconnect after close {event.close_code}"] += 1
+        self.connection += 1
         if self.pending is not None and not self.created and not self.resent_for_this_drop:
             self.resent_for_this_drop = True
             self.tally.seen["turn sent again after reconnect"] += 1
@@ -420,7 +437,10 @@ class Result:
                 out.append(f"{kind}: no turn completed")
         eph = self.tallies.get("ws-ephemeral")
         if eph is not None:
-            nf, ok = eph.seen[f"error {NOT_FOUND}"], eph.seen["full-context create after it: completed"]
+            for wrong in (NOT_FOUND_SAME_CONNECTION, FOUND_AFTER_RECONNECT):
+                if eph.seen[wrong]:
+                    out.append(f"ws-ephemeral: {eph.seen[wrong]} x {wrong}")
+            nf, ok = eph.seen[AFTER_RECONNECT] + eph.seen[NOT_FOUND_SAME_CONNECTION], eph.seen[FULL_CONTEXT_OK]
             if nf != ok:
                 out.append(f"ws-ephemeral: {nf} previous_response_not_found but {ok} full-context creates completed")
         dup = sum(self.duplicated.values())
