@@ -234,6 +234,7 @@ class WsAgent(Agent):
         self.pending: dict | None = None  # the create of the turn in flight
         self.created = False  # its response.created arrived
         self.resent_for_this_drop = False
+        self.resends: set[asyncio.Task[None]] = set()  # held until sent (the loop keeps weak references)
 
     @contextlib.asynccontextmanager
     async def session(self):  # type: ignore[override]
@@ -253,7 +254,9 @@ class WsAgent(Agent):
         if self.pending is not None and not self.created and not self.resent_for_this_drop:
             self.resent_for_this_drop = True
             self.tally.seen["turn sent again after reconnect"] += 1
-            asyncio.get_running_loop().create_task(self.conn.response.create(**self.pending))
+            task = asyncio.get_running_loop().create_task(self.conn.response.create(**self.pending))
+            self.resends.add(task)
+            task.add_done_callback(self.resends.discard)
         return None
 
     async def turn(self, body: dict) -> tuple[str, list[dict], list[dict]]:
