@@ -479,7 +479,7 @@ async def test_sigterm_drains_and_exits_0(tmp_path: Path) -> None:
     db = tmp_path / "tether.db"
     config = write_config(
         tmp_path / "tether.toml", store=f"sqlite:///{db}",
-        sim={"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 40, "tick_ms": 5},
+        sim={"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 80, "tick_ms": 5},  # 2 s turns: the checks below run within them
         extra="\n[server]\nshutdown_grace_s = 30\n",
     )  # fmt: skip
     env = {"TETHER_API_KEYS": f"{KEY_A}:a"}
