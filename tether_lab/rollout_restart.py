@@ -19,8 +19,8 @@ the workload's script; the agents answer every tool call with the workload's out
 While they run, every replica in turn gets SIGTERM; the next one goes only once it is back and
 ready. Counted per agent kind: turns completed, failed (the server said the turn failed and the
 agent could not go on), lost (sent and never answered within `--turn-timeout-s`), duplicated
-output (responses the store's usage ledger has and no agent received), the longest an agent waited
-for one turn, and what the clients saw on the way (close codes, `server_shutting_down`, HTTP
+output (store=true responses the store's usage ledger has and no agent received; a second
+`response.created` for one WebSocket turn), the longest an agent waited for one turn, and what the clients saw on the way (close codes, `server_shutting_down`, HTTP
 statuses the SDK retried, resent turns, `previous_response_not_found`).
 
 What the agents do on a restart is what a careful agent does with the SDK as it is:
@@ -29,8 +29,9 @@ What the agents do on a restart is what a careful agent does with the SDK as it 
   and calls `on_reconnecting`; a turn whose `response.created` had not arrived when the
   connection went is sent again on the new connection (its create may never have reached the old
   replica, which drains only what it started). An `error` `server_shutting_down` is the old
-  replica's goodbye, not the turn's failure.
-- HTTP: the SDK retries a 502/503 itself.
+  replica's goodbye, not the turn's failure; so is a `response.failed` whose `tether_code` is
+  `server_shutting_down` (a turn cut when the grace ran out): that turn is sent again too.
+- HTTP: the SDK retries a 502/503 itself; a stream cut when the grace ran out is sent again.
 
 Exit status 0 when store=true agents lost and failed nothing and the store=false agents saw
 exactly the documented behaviour; 1 otherwise.
@@ -73,6 +74,7 @@ AFTER_RECONNECT = f"{NOT_FOUND} after a reconnect"  # expected: its response die
 FULL_CONTEXT_OK = "full-context create after it: completed"
 NOT_FOUND_SAME_CONNECTION = f"{NOT_FOUND} on the same connection"  # a bug
 FOUND_AFTER_RECONNECT = "store=false continuation found after a reconnect"  # a bug
+DUPLICATE = "a second response.created for one turn"  # a create that ran twice
 
 
 class TurnFailed(Exception):
@@ -280,6 +282,8 @@ class WsAgent(Agent):
         async for ev in self.conn:
             kind = ev.type
             if kind == "response.created":
+                if self.created:  # a second response for one turn: a create ran twice
+                    self.tally.seen[DUPLICATE] += 1
                 self.created = True
                 self.resent_for_this_drop = False
             elif kind == "error":
@@ -411,7 +415,8 @@ async def rolling_restart(cluster: Cluster, *, rounds: int, pause_s: float) -> l
 
 
 async def ledger_ids(store_url: str) -> set[str]:
-    """The response ids the store's usage ledger holds (one line per completed response)."""
+    """The response ids the store's usage ledger holds (one line per finished store=true
+    response)."""
     store = await open_store(store_url)
     try:
         return {r.response_id for r in await store.usage_records()}
@@ -448,7 +453,10 @@ class Result:
                 out.append(f"ws-ephemeral: {nf} previous_response_not_found but {ok} full-context creates completed")
         dup = sum(self.duplicated.values())
         if dup:
-            out.append(f"{dup} responses completed that no agent received")
+            out.append(f"{dup} store=true responses completed that no agent received")
+        for kind, t in self.tallies.items():
+            if t.seen[DUPLICATE]:
+                out.append(f"{kind}: {t.seen[DUPLICATE]} x {DUPLICATE}")
         for r in self.restarts:
             if r.exit_code != 0:
                 out.append(f"{r.replica} exited {r.exit_code} on SIGTERM")
@@ -502,7 +510,9 @@ def print_result(result: Result, out=sys.stdout) -> None:
         across = t.across(sigterms)
         print(f"{kind:<14} {store:<6} {t.turns:>6} {len(across):>17} {t.failed:>7} {t.lost:>5} "
               f"{t.max_wait_s:>11.2f} {max(across, default=0.0):>16.2f} {t.p50_wait_s():>11.3f}", file=out)  # fmt: skip
-    print(f"duplicated output (completed responses no agent received): {sum(result.duplicated.values())}", file=out)
+    print("duplicated output (store=true responses the usage ledger has and no agent received; a second "
+          f"response.created for one turn): {sum(result.duplicated.values())}; "
+          f"{sum(t.seen[DUPLICATE] for t in result.tallies.values())}", file=out)  # fmt: skip
     print("what the clients saw:", file=out)
     for kind, t in result.tallies.items():
         seen = ", ".join(f"{what}: {n}" for what, n in sorted(t.seen.items()) if n) or "nothing unusual"
