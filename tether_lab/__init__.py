@@ -16,7 +16,7 @@ campaign runs the real `tether serve` as a subprocess through `processes.ServerP
   (the real `tether serve` / `tether bridge`).
 - `fuzz`: every surface of a running server with malformed and hostile input; `load`: thousands
   of connections and tool loops against one server; `scaleout`: workers, replicas behind nginx,
-  shared stores.
+  shared stores; `rollout_restart`: agents through nginx while every replica restarts.
 - `bench_codec`, `bench_bridge`, `bench_hydrate`, `bench_tracing`: one component each.
 """
 

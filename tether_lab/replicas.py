@@ -120,10 +120,13 @@ def scaled_profile(time_scale: float) -> dict[str, float | int]:
 
 
 def replica_script(wl: workloads.Workload) -> dict:
-    """The workload's script without per-step TTFTs: the replica's prefill model decides TTFT."""
+    """The workload's script without per-step timing: the replica's prefill model decides TTFT,
+    and its decode model (`tokens_per_s`, slowed by `decode_slowdown` per sequence decoding) the
+    rest. A step's own `tokens_per_s` would override the replica's rate (0 = instant decode)."""
     script = wl.simulated_script(workloads.SpeedProfile("replicas", 0.0))
     for step in [*script["steps"], script["after"]]:
         step.pop("ttft_ms", None)
+        step.pop("tokens_per_s", None)
     return script
 
 

@@ -126,11 +126,23 @@ def render_template(text: str, values: dict[str, str]) -> str:
     return text
 
 
+def with_slots(template: str, count: int) -> str:
+    """deploy/nginx/tether.conf with `count` upstream slots: its two, plus a copy of each second
+    `server` line per further replica (what the file says to do for more replicas)."""
+    lines = []
+    for line in template.splitlines(keepends=True):
+        lines.append(line)
+        for name in ("TETHER_BRIDGE_2", "TETHER_GRPC_2"):
+            if "${" + name + "}" in line:
+                stem = name.removesuffix("2")
+                lines += [line.replace("${" + name + "}", "${" + f"{stem}{i}" + "}") for i in range(3, count + 1)]
+    return "".join(lines)
+
+
 def nginx_values(http_port: int, grpc_port: int, replicas: Sequence[ServerProcess]) -> dict[str, str]:
-    """Values for deploy/nginx/tether.conf: two upstream slots (one replica fills both)."""
+    """Values for deploy/nginx/tether.conf (`with_slots` for more than two replicas; one replica
+    fills both slots)."""
     slots = list(replicas) * (2 if len(replicas) == 1 else 1)
-    if len(slots) != 2:
-        raise ValueError("deploy/nginx/tether.conf has two upstream slots")
     values = {"TETHER_HTTP_LISTEN": f"127.0.0.1:{http_port}", "TETHER_GRPC_LISTEN": f"127.0.0.1:{grpc_port}"}
     for i, r in enumerate(slots, 1):
         values[f"TETHER_BRIDGE_{i}"] = f"{r.host}:{r.bridge_port}"
@@ -173,7 +185,8 @@ class Nginx:
     def write_config(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         site = render_template(
-            self.template.read_text(), nginx_values(self.http_port, self.grpc_port, self.replicas)
+            with_slots(self.template.read_text(), len(self.replicas)),
+            nginx_values(self.http_port, self.grpc_port, self.replicas),
         )
         (self.workdir / "tether.conf").write_text(site)
         w = self.workdir

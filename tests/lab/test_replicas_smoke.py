@@ -5,7 +5,12 @@ produce (where the prompt tokens went), never a speed."""
 from __future__ import annotations
 
 import json
+import time
 
+from tether import workloads
+from tether.backends.base import BackendRequest, Finish
+from tether.backends.registry import build_backend
+from tether.core.items import user_message
 from tether_lab import bench, replicas
 
 
@@ -32,3 +37,22 @@ def test_replicas_phase_runs_every_cell_and_routes_as_configured(tmp_path):
     assert "ws-affine/http-rr" in report and "balance" in report
     assert sorted(p.name for p in (out / "plots").iterdir()) == [
         "replicas-e2e.png", "replicas-hit-ratio-2.png", "replicas-ttft-by-turn-2.png"]
+
+
+async def test_the_replicas_decode_at_their_own_rate(tmp_path):
+    """The workload's script sets what the model says, the replica how fast: a step's own
+    `tokens_per_s` (the lab's speed profile) would override the replica's decode rate."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(replicas.replica_script(workloads.load("chat3"))))
+    rate = 400.0
+    backend = build_backend("r", "simulated", {"ttft_ms": 0, "tokens_per_s": rate, "prefill_tokens_per_s": 1e9,
+                                               "tick_ms": 2, "script": str(script)})  # fmt: skip
+    request = BackendRequest(model="m", instructions="i", items=[user_message("go")], input_tokens=10)
+    started = time.monotonic()
+    finish = None
+    async for chunk in backend.stream(request):
+        if isinstance(chunk, Finish):
+            finish = chunk
+    took = time.monotonic() - started
+    assert finish is not None and finish.usage.output_tokens >= 20
+    assert took >= 0.8 * finish.usage.output_tokens / rate, (took, finish.usage.output_tokens)
