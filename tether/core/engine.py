@@ -42,6 +42,7 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.telemetry import Telemetry
 from tether.core.turn import STANDARD_TURNS, TurnStrategy, response_skeleton
 from tether.errors import TetherError
+from tether.params_seal import ParamsSealer, SealError
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
@@ -76,6 +77,7 @@ class Engine:
         self.post = PostInference(store, on_done=telemetry.post_inference, on_failure=telemetry.post_inference_failure)
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
+        self.params_sealer = ParamsSealer(config.server.reasoning_key)  # MCP credentials of takeable runs
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         limits = config.limits
@@ -149,8 +151,17 @@ class Engine:
                 response.id, response.status = c.run_id, "queued"
                 run = self.runs.reserve(c.tenant, response)
                 self.runs.count("taken_over")
+                try:
+                    params = self.params_sealer.open(c.tenant, c.run_id, c.params)
+                except SealError:
+                    log.warning("queued response %s carries MCP credentials this replica cannot open "
+                                "(server.reasoning_key differs): it fails", c.run_id)  # fmt: skip
+                    run.close(TetherError(errors.MCP_CREDENTIALS_UNAVAILABLE, "The replica that took this response "
+                                          "over cannot open its MCP credentials (server.reasoning_key must be the "
+                                          "same on every replica); send the create again."))  # fmt: skip
+                    continue
                 log.info("took over queued response %s", c.run_id)
-                self._spawn_background(c.tenant, request_pb2.ResponseCreateParams.FromString(c.params), run)
+                self._spawn_background(c.tenant, params, run)
 
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
@@ -414,7 +425,7 @@ class Engine:
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
         if run.mirror is not None:  # any replica knows it once this answers, and can take it over
-            run.mirror.params = params.SerializeToString()
+            run.mirror.params = self.params_sealer.publishable(tenant, run.id, params)  # MCP credentials sealed
             await run.mirror.publish_now()
         self.runs.count("background")
         self._spawn_background(tenant, params, run)
