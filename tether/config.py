@@ -206,11 +206,17 @@ class McpConfig:
     allowed_servers: list[str] = field(default_factory=list)
     allow_private_networks: list[str] = field(default_factory=list)
     connect_timeout_s: float = 10.0  # open the session: connect + initialize
-    list_timeout_s: float = 10.0  # tools/list
+    list_timeout_s: float = 10.0  # the whole listing (tools/list, every page together)
     call_timeout_s: float = 60.0  # one tools/call
     max_servers_per_request: int = 8  # `mcp` tools in one create
     max_tools_per_server: int = 128  # tools a server may offer (more: the listing fails)
-    max_result_bytes: int = 1024 * 1024  # one call's result text (more: the call fails)
+    # What a server sends is bounded (more: that listing or call fails, and reading stops there):
+    max_list_pages: int = 16  # tools/list pages of one listing
+    max_list_bytes: int = 2 * 1024 * 1024  # one listing (all pages); also each tools/list answer as sent
+    max_tool_description_bytes: int = 8192  # one tool's description
+    max_tool_schema_bytes: int = 32 * 1024  # one tool's input schema (as JSON)
+    max_result_bytes: int = 1024 * 1024  # one call's result text; its answer as sent: this + 64 KiB
+    max_error_bytes: int = 4096  # a server's error message kept in `mcp_call.error` (longer: cut)
     max_calls_per_response: int = 32  # MCP calls in one response (then the model answers without them)
     max_sessions_per_connection: int = 16  # open MCP sessions a connection keeps (LRU-closed past it)
 
@@ -300,7 +306,8 @@ def validate(cfg: TetherConfig) -> None:
         if getattr(mcp, name) <= 0:
             raise ValueError(f"mcp.{name} must be > 0")
     for name in ("max_servers_per_request", "max_tools_per_server", "max_result_bytes", "max_calls_per_response",
-                 "max_sessions_per_connection"):  # fmt: skip
+                 "max_sessions_per_connection", "max_list_pages", "max_list_bytes", "max_tool_description_bytes",
+                 "max_tool_schema_bytes", "max_error_bytes"):  # fmt: skip
         if getattr(mcp, name) < 1:
             raise ValueError(f"mcp.{name} must be >= 1")
     for net in mcp.allow_private_networks:
