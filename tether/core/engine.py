@@ -387,6 +387,7 @@ class Engine:
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """The stored response; one in flight (or whose store write has not landed yet, or a
         background one that failed before it started) as its run has it."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is not None and not run.state.final:
             return run.snapshot()
@@ -464,6 +465,7 @@ class Engine:
     async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;
         again for a cancelled one (idempotent). A response that ended otherwise is a 400."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is None and self.shared is not None:  # another replica's run: its owner cancels it
             info = await self.shared.info(tenant, response_id)
@@ -498,6 +500,7 @@ class Engine:
         live ones until its terminal event, in batches (this subscriber's view: everything
         logged since its last batch). 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is None and self.shared is not None:  # another replica's run, from the shared log
             try:
@@ -517,6 +520,7 @@ class Engine:
         return _follow(run.follow(after), response_id)
 
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
+        _check_id(response_id)
         self.runs.forget(tenant, response_id)
         await self.post.wait_durable(tenant, response_id)
         if not await self.store.delete_response(tenant, response_id):
@@ -527,6 +531,7 @@ class Engine:
         self, tenant: str, request: service_pb2.ListInputItemsRequest
     ) -> service_pb2.ListInputItemsResponse:
         limit, order = list_args(request.limit, request.order)
+        _check_id(request.response_id)
         await self.post.wait_durable(tenant, request.response_id)
         page = await self.store.list_input_items(
             tenant, request.response_id, after=request.after or None, limit=limit, order=order
@@ -685,6 +690,12 @@ def _still_in_progress(response_id: str, wait_s: float) -> TetherError:
         f"Previous response '{response_id}' is still in progress after {wait_s:g} s; continue it once it has ended.",
         param="previous_response_id",
     )
+
+
+def _check_id(response_id: str) -> None:
+    """404 at once for an id no response can have (`ids.well_formed`): it reaches no store key."""
+    if not ids.well_formed(response_id):
+        raise _not_found(response_id[:64])
 
 
 def _not_found(response_id: str) -> TetherError:

@@ -96,7 +96,7 @@ def answer_limit(config: McpConfig, body: bytes) -> tuple[int, str]:
             pass
     if method == "tools/call":
         return config.max_result_bytes + ENVELOPE_BYTES, "mcp.max_result_bytes"
-    return config.max_list_bytes, "mcp.max_list_bytes"
+    return config.max_list_bytes + ENVELOPE_BYTES, "mcp.max_list_bytes"
 
 
 def _guarded_transport(policy: McpPolicy, config: McpConfig | None = None) -> Any:
@@ -150,7 +150,7 @@ def _guarded_transport(policy: McpPolicy, config: McpConfig | None = None) -> An
             if sse and request.method == "POST":
                 return response  # the SDK bounds each event (max_sse_event_size)
             if sse:
-                limit, setting = max(cfg.max_list_bytes, cfg.max_result_bytes + ENVELOPE_BYTES), "mcp.max_result_bytes"
+                limit, setting = max(cfg.max_list_bytes, cfg.max_result_bytes) + ENVELOPE_BYTES, "mcp.max_result_bytes"
             else:
                 limit, setting = answer_limit(cfg, request.content if request.method == "POST" else b"")
             return httpx2.Response(response.status_code, headers=response.headers, request=request,
@@ -263,7 +263,7 @@ class McpServerSession:
         http_mod = require("mcp.client.streamable_http", "mcp")
         # An SSE event carries one answer: a listing page or a call's result with its envelope;
         # past that the SDK stops reading (an answer never sits in memory whole beyond its bound).
-        event = max(cfg.max_list_bytes, cfg.max_result_bytes + ENVELOPE_BYTES)
+        event = max(cfg.max_list_bytes, cfg.max_result_bytes) + ENVELOPE_BYTES
         return http_mod.streamable_http_client(self.url, http_client=http, max_sse_event_size=event)
 
     async def _run(self, ready: asyncio.Future) -> None:
