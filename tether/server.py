@@ -57,6 +57,10 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
         }
     except ValueError as exc:
         raise StartupError(f"configuration: [backends] {exc}") from None
+    if config.mcp.enabled:  # its import would otherwise stall the loop on the first MCP create
+        from tether.mcp.client import preload
+
+        preload()
     store = await open_configured_store(config.store)
     limits = config.limits
     bus = run_bus_for(store, orphan_after_s=limits.run_orphan_after_s, max_events=limits.replay_max_events,

@@ -6,13 +6,14 @@
 A real `tether serve` (memory store, the instant simulated model, `[mcp]` at its defaults) and
 the hostile MCP server of the test suite (`python -m tests.fakes.hostile_mcp`, a process of its
 own) on 127.0.0.1. Another tenant sends a small create every 20 ms throughout; for each attack
-it reports that tenant's latency (p50 / p99 / max) before and while the attack runs, how long
-the attacked create took to end, what its item says, and the server's resident memory (peak,
-`VmHWM`, and after) against its resident memory before.
+it reports that tenant's latency (p50 / p99 / max) for `--seconds` before the attack and for
+`--seconds` while the attack is made again and again (one create after the other), how long an
+attacked create took to end (the first, the longest), what its item says, and the server's
+resident memory (peak, `VmHWM`, and after) against its resident memory before.
 
 Attacks: `description` (one tool with a 200 MB description), `result` (a 500 MB plain JSON
 result), `pages` (empty `tools/list` pages with a `nextCursor` for ever), `error` (an 8 MB error
-message).
+message), and `none` (the control: a small listing, as a benign server answers).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ ATTACKS = {
     "result": ["--result-bytes", "500000000"],
     "pages": ["--endless-pages"],
     "error": ["--error-bytes", "8000000"],
+    "none": [],  # the control: the same server answering a small listing, as a benign one would
 }
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = """store = "memory://"
@@ -99,10 +101,13 @@ async def attack(name: str, tether: ServerProcess, seconds: float) -> dict[str, 
         stop, latencies = asyncio.Event(), []
         load = asyncio.create_task(other_tenant(tether.api_url, stop, latencies))
         await asyncio.sleep(seconds)
+        took: list[float] = []
         async with httpx.AsyncClient(base_url=tether.api_url, timeout=600) as http:
             started = time.perf_counter()
-            r = await http.post("/responses", json=body)
-            took = time.perf_counter() - started
+            while not took or time.perf_counter() - started < seconds:  # the attack, again and again
+                one = time.perf_counter()
+                r = await http.post("/responses", json=body)
+                took.append(time.perf_counter() - one)
         ended = time.perf_counter()
         await asyncio.sleep(0.5)
         stop.set()
@@ -112,7 +117,8 @@ async def attack(name: str, tether: ServerProcess, seconds: float) -> dict[str, 
         what = item.get("error") or item.get("output")
         before = [lat for t, lat in latencies if t < started]
         during = [lat for t, lat in latencies if started <= t <= ended]
-        return {"attack": name, "status": r.status_code, "took_s": round(took, 3), "item": str(what)[:160],
+        return {"attack": name, "status": r.status_code, "attacks": len(took), "took_s_first": round(took[0], 3),
+                "took_s_max": round(max(took), 3), "item": str(what)[:160],
                 "response_bytes": len(r.content), "rss_before_mib": rss_before >> 20,
                 "rss_after_mib": tether.rss() >> 20, "peak_rss_mib": peak_rss(tether.pid) >> 20,
                 "other_p50_ms": (round(pct(before, 0.5), 1), round(pct(during, 0.5), 1)),

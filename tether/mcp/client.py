@@ -85,6 +85,14 @@ class CallResult:
     error: dict[str, Any] | None  # `mcp_tool_execution_error` when the tool reported one
 
 
+def preload() -> None:
+    """Import the MCP SDK now (a server with `[mcp]` on calls this at startup): its import takes
+    0.5-1.5 s, which the first MCP create would otherwise spend on the event loop, stalling every
+    other tenant."""
+    for module in ("httpx2", "mcp", "mcp.types", "mcp.client.session", "mcp.client.sse", "mcp.client.streamable_http"):
+        require(module, "mcp")
+
+
 def answer_limit(config: McpConfig, body: bytes) -> tuple[int, str]:
     """The most bytes the answer to a request with JSON-RPC `body` may have, and the setting."""
     method = None
