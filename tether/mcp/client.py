@@ -344,8 +344,14 @@ class McpServerSession:
             if left <= 0:
                 raise protocol_error(TIMEOUT, f"tools/list did not end within {cfg.list_timeout_s:g} s "
                                               "(mcp.list_timeout_s)")  # fmt: skip
-            page = await self._request(self._session_list(cursor), left, "tools/list", "mcp.list_timeout_s",
-                                       whole=cfg.list_timeout_s)  # fmt: skip
+            try:
+                page = await self._request(self._session_list(cursor), left, "tools/list", "mcp.list_timeout_s",
+                                           whole=cfg.list_timeout_s)  # fmt: skip
+            except McpFailure as exc:
+                if "byte limit" in exc.message:  # the SDK's SSE event cap (set from the bounds above)
+                    raise protocol_error(TOO_LARGE, f"a tools/list answer is over {cfg.max_list_bytes} bytes "
+                                                    "(mcp.max_list_bytes)") from None  # fmt: skip
+                raise
             for t in page.tools:
                 info = self._tool_info(t)
                 total += len(info.name.encode()) + len((info.description or "").encode()) + info.schema_bytes
