@@ -170,3 +170,33 @@ async def until(client: AsyncOpenAI, response_id: str, status: str) -> Any:
         assert r.status in ("queued", "in_progress", status), r
         await asyncio.sleep(0.02)
     raise AssertionError(f"{response_id} never {status}")
+
+
+@pytest.fixture
+def redis_store(redis_url: str) -> str:
+    return f"{redis_url}?prefix=tether_test:{RUN_ID}:mcp{secrets.token_hex(3)}"
+
+
+async def test_a_replica_without_the_key_fails_the_run_instead_of_running_it_bare(redis_store: str) -> None:
+    with McpTestServer() as mcp:
+        tool = {"type": "mcp", "server_label": "dice", "server_url": mcp.url, "require_approval": "never",
+                "authorization": "tok-never-sent-bare"}  # fmt: skip
+        a_config = replica_config(redis_store)
+        a_config.server.bridge = True
+        a = await server.start(a_config, authenticator=Authenticator({}))
+        try:
+            on_a = AsyncOpenAI(base_url=f"http://127.0.0.1:{a.bridge_port}/v1", api_key="x", max_retries=0)
+            await on_a.responses.create(model="sim-model", input="write", background=True)
+            waiting = await on_a.responses.create(model="sim-model", input="please roll", tools=[tool], background=True)
+            b_config = replica_config(redis_store)
+            b_config.server.reasoning_key = "another key"
+            async with running_stack(Authenticator({}), config=b_config) as b:
+                on_b = AsyncOpenAI(base_url=b.base_url, api_key="x", max_retries=0)
+                await a.stop(0.5)
+                a = None
+                failed = await until(on_b, waiting.id, "failed")
+                assert "reasoning_key" in failed.error.message
+                assert not [h for h in mcp.headers if "tok-never-sent-bare" in h.get("authorization", "")]
+        finally:
+            if a is not None:
+                await a.stop(0.5)
