@@ -87,8 +87,8 @@ class CallResult:
 
 def preload() -> None:
     """Import the MCP SDK now (a server with `[mcp]` on calls this at startup): its import takes
-    0.5-1.5 s, which the first MCP create would otherwise spend on the event loop, stalling every
-    other tenant."""
+    about a second (more on a busy machine), which the first MCP create would otherwise spend on
+    the event loop, stalling every other tenant."""
     for module in ("httpx2", "mcp", "mcp.types", "mcp.client.session", "mcp.client.sse", "mcp.client.streamable_http"):
         require(module, "mcp")
 
@@ -189,7 +189,7 @@ def _failure(exc: BaseException, max_error_bytes: int) -> McpFailure:
         return _failure(exc.exceptions[0], max_error_bytes)
     text = str(exc) if isinstance(exc, httpx2.StreamError | mcp.MCPError) else ""
     if TOO_LARGE_MARK in text:  # a bounded answer (the SDK wraps the stream's error in its own)
-        return protocol_error(TOO_LARGE, text[text.index(TOO_LARGE_MARK) :])
+        return protocol_error(TOO_LARGE, bounded(text[text.index(TOO_LARGE_MARK) :], max_error_bytes))
     if isinstance(exc, httpx2.HTTPStatusError):
         return McpFailure({"type": "http_error", "code": exc.response.status_code,
                            "message": f"the MCP server answered HTTP {exc.response.status_code}"})  # fmt: skip
