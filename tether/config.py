@@ -220,11 +220,17 @@ class McpConfig:
     allowed_servers: list[str] = field(default_factory=list)
     allow_private_networks: list[str] = field(default_factory=list)
     connect_timeout_s: float = 10.0  # open the session: connect + initialize
-    list_timeout_s: float = 10.0  # tools/list
+    list_timeout_s: float = 10.0  # the whole listing (tools/list, every page together)
     call_timeout_s: float = 60.0  # one tools/call
     max_servers_per_request: int = 8  # `mcp` tools in one create
     max_tools_per_server: int = 128  # tools a server may offer (more: the listing fails)
-    max_result_bytes: int = 1024 * 1024  # one call's result text (more: the call fails)
+    # What a server sends is bounded (more: that listing or call fails, and reading stops there):
+    max_list_pages: int = 16  # tools/list pages of one listing
+    max_list_bytes: int = 2 * 1024 * 1024  # one listing (all pages); also each tools/list answer as sent
+    max_tool_description_bytes: int = 8192  # one tool's description
+    max_tool_schema_bytes: int = 32 * 1024  # one tool's input schema (as JSON)
+    max_result_bytes: int = 1024 * 1024  # one call's result text; its answer as sent: this + 64 KiB
+    max_error_bytes: int = 4096  # a server's error message kept in `mcp_call.error` (longer: cut)
     max_calls_per_response: int = 32  # MCP calls in one response (then the model answers without them)
     max_sessions_per_connection: int = 16  # open MCP sessions a connection keeps (LRU-closed past it)
 
@@ -277,10 +283,11 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
                 options={k: v for k, v in spec.items() if k not in ("kind", "pool")},
                 pool=spec.get("pool"),
             )
-            for name, spec in data.pop("backends").items()
+            for name, spec in _tables(data.pop("backends"), "backends").items()
         }
     if "models" in data:
-        cfg.models = {name: _build(Route, spec, f"models.{name}") for name, spec in data.pop("models").items()}
+        cfg.models = {name: _build(Route, spec, f"models.{name}")
+                      for name, spec in _tables(data.pop("models"), "models").items()}  # fmt: skip
     elif any(spec.kind != "simulated" for spec in cfg.backends.values()):
         # A real backend and no [models]: names come from the backends' own model lists; an
         # unknown name is model_not_found, never silently answered by the simulated catch-all.
@@ -298,8 +305,25 @@ def from_dict(data: Mapping[str, Any]) -> TetherConfig:
     return cfg
 
 
+def _tables(section: Any, where: str) -> dict[str, dict[str, Any]]:
+    """`[where.NAME]` tables: each entry of `section` must be a table."""
+    if not isinstance(section, dict):
+        raise ValueError(f"[{where}] must be a table of [{where}.NAME] tables")
+    for name, spec in section.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"{where}.{name} must be a table ([{where}.{name}]), got {spec!r}")
+    return section
+
+
 def validate(cfg: TetherConfig) -> None:
     """The checks a setting's type cannot express; run after every source (file, env, --set)."""
+    for name, route in cfg.models.items():
+        if route.backend not in cfg.backends:
+            raise ValueError(f"models.{name}.backend: {route.backend!r} is not a configured backend "
+                             f"(defined: {', '.join(sorted(cfg.backends)) or 'none'}); add [backends.{route.backend}] "
+                             "or name one of those")  # fmt: skip
+    if not isinstance(cfg.store, str):
+        raise ValueError(f"store must be a URL string, got {cfg.store!r}")
     if cfg.store_durability not in ("overlap", "before_terminal"):
         raise ValueError("store_durability must be 'overlap' or 'before_terminal'")
     if cfg.server.allocator not in ALLOCATORS:
@@ -319,7 +343,8 @@ def validate(cfg: TetherConfig) -> None:
         if getattr(mcp, name) <= 0:
             raise ValueError(f"mcp.{name} must be > 0")
     for name in ("max_servers_per_request", "max_tools_per_server", "max_result_bytes", "max_calls_per_response",
-                 "max_sessions_per_connection"):  # fmt: skip
+                 "max_sessions_per_connection", "max_list_pages", "max_list_bytes", "max_tool_description_bytes",
+                 "max_tool_schema_bytes", "max_error_bytes"):  # fmt: skip
         if getattr(mcp, name) < 1:
             raise ValueError(f"mcp.{name} must be >= 1")
     for net in mcp.allow_private_networks:
@@ -380,7 +405,10 @@ def _build(cls: type, values: Mapping[str, Any], where: str) -> Any:
 
 
 def _coerce(value: Any, current: Any, where: str) -> Any:
-    if not isinstance(value, str) or isinstance(current, str) or current is None:
+    if not isinstance(value, str):
+        _check_type(value, current, where)
+        return value
+    if isinstance(current, str) or current is None:
         return value
     if isinstance(current, list):  # from the environment: comma-separated
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -398,3 +426,25 @@ def _coerce(value: Any, current: Any, where: str) -> Any:
     except ValueError:
         raise ValueError(f"{where}: cannot read {value!r} as {type(current).__name__}") from None
     return value
+
+
+def _check_type(value: Any, current: Any, where: str) -> None:
+    """A value from TOML (or a typed --set) has the setting's type (an int where a float goes)."""
+    if current is None or isinstance(current, dict | PromptLibrary):
+        return
+    if isinstance(current, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(current, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(current, float):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif isinstance(current, list):
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    else:
+        ok = isinstance(value, type(current))
+    if not ok:
+        raise ValueError(f"{where} must be {_TYPE_NAMES.get(type(current), type(current).__name__)}, got {value!r}")
+
+
+_TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list of strings"}  # fmt: skip

@@ -109,6 +109,7 @@ UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
 HOST_NOT_ALLOWED = "host_not_allowed"
 ORIGIN_NOT_ALLOWED = "origin_not_allowed"
 MCP_SERVER_NOT_ALLOWED = "mcp_server_not_allowed"
+MCP_CREDENTIALS_UNAVAILABLE = "mcp_credentials_unavailable"
 # Raised by the typed client (tether.client) itself, never by a server.
 CONNECTION_LOST = "connection_lost"
 MAX_TURNS_EXCEEDED = "max_turns_exceeded"
@@ -194,6 +195,7 @@ CATALOGUE: dict[str, ErrorKind] = {
     HOST_NOT_ALLOWED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "an HTTP Host outside server.allowed_hosts (loopback names when bound to loopback)"),
     ORIGIN_NOT_ALLOWED: ErrorKind(403, "PERMISSION_DENIED", "permission_error", _PROMPT, "a browser Origin that is not the server's own, loopback or in server.allowed_origins"),
     MCP_SERVER_NOT_ALLOWED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "an `mcp` tool's server_url outside [mcp] allowed_servers (or MCP is off)"),
+    MCP_CREDENTIALS_UNAVAILABLE: ErrorKind(500, "INTERNAL", _SERVER, _SERVER_SIDE, "a queued background run taken over by a replica without the shared server.reasoning_key that sealed its MCP credentials"),
     CONNECTION_LOST: ErrorKind(503, "UNAVAILABLE", _SERVER, _SERVER_SIDE, "client only: the connection broke and could not be resumed"),
     MAX_TURNS_EXCEEDED: ErrorKind(400, "INVALID_ARGUMENT", _BAD, _PROMPT, "client only: the tool loop ran out of turns"),
 }

@@ -48,6 +48,11 @@ class ReasoningSealer:
     def _mac(self, tenant: str, payload: bytes) -> bytes:
         return hmac.new(self._key, tenant.encode() + b"\0" + payload, hashlib.sha256).digest()
 
+    def mac(self, tenant: str, purpose: bytes, payload: bytes) -> bytes:
+        """A MAC of `payload` for `tenant` under the replicas' shared key, for another `purpose`
+        than reasoning blobs (whose payloads are JSON objects: a purpose never starts with `{`)."""
+        return self._mac(tenant, purpose + b"\0" + payload)
+
     def seal(self, tenant: str, item: items_pb2.Item) -> None:
         """Set the reasoning item's `encrypted_content` from its texts."""
         r = item.reasoning

@@ -35,7 +35,7 @@ from tether.observability.metrics_http import MetricsServer, start_metrics_serve
 from tether.observability.telemetry import Observability
 from tether.process_memory import MemoryReclaimer
 from tether.service.grpc_server import GrpcServer, start_grpc_server
-from tether.startup import check_tls, open_configured_store
+from tether.startup import StartupError, check_tls, open_configured_store
 from tether.store.factory import run_bus_for
 
 if TYPE_CHECKING:
@@ -50,11 +50,18 @@ async def build_engine(config: TetherConfig, *, strategy: TurnStrategy = STANDAR
     """The engine of `config`: its store opened, its backends built, started and discovered.
     `clock`: the time the sessions and turns read (a test sets its own)."""
     telemetry = Observability()
+    try:  # a backend's kind or options wrong: one line naming it (ValueError says which)
+        backends = {
+            name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
+            for name, spec in config.backends.items()
+        }
+    except ValueError as exc:
+        raise StartupError(f"configuration: [backends] {exc}") from None
+    if config.mcp.enabled:  # its import would otherwise stall the loop on the first MCP create
+        from tether.mcp.client import preload
+
+        preload()
     store = await open_configured_store(config.store)
-    backends = {
-        name: build_configured_backend(name, spec.kind, dict(spec.options), spec.pool)
-        for name, spec in config.backends.items()
-    }
     limits = config.limits
     bus = run_bus_for(store, orphan_after_s=limits.run_orphan_after_s, max_events=limits.replay_max_events,
                       max_bytes=limits.replay_max_bytes, retention_s=limits.replay_retention_s,

@@ -119,3 +119,79 @@ def test_a_tls_file_that_does_not_load(tmp_path: Path) -> None:
     # Several workers: refused once by the supervisor, before any worker starts.
     line = one_line(serve(tmp_path, *flags, "--workers", "2", "--tls-cert", str(missing), "--tls-key", str(missing)))
     assert line.startswith(f"tether: the TLS certificate file {missing} does not exist")
+
+
+BACKEND_MISTAKES = {  # a config file -> what its one line must say
+    '[backends.slow]\nkind = "simulated"\n[models."*"]\nbackend = "sim"\n':
+        "tether: configuration: models.*.backend: 'sim' is not a configured backend (defined: slow)",
+    '[backends.x]\nkind = "nope"\n[models."*"]\nbackend = "x"\n':
+        "tether: configuration: [backends] unknown backend kind 'nope'",
+    '[backends.o]\nkind = "openai"\n[models."*"]\nbackend = "o"\n':
+        "tether: configuration: [backends] backend 'o' (openai): base_url is required",
+}
+
+
+def test_a_backend_or_route_mistake_is_one_line(tmp_path: Path) -> None:
+    """The mistakes a new user makes first, each the real program (run side by side)."""
+    launch = "import runpy\nrunpy.run_module('tether', run_name='__main__', alter_sys=True)\n"
+    running = []
+    for i, text in enumerate(BACKEND_MISTAKES):
+        (tmp_path / f"{i}.toml").write_text(text)
+        running.append(subprocess.Popen([sys.executable, "-c", launch, "serve", "--config", f"{i}.toml", "--port", "0",
+                                         "--grpc-port", "0", "--store", "memory://"], cwd=tmp_path, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    for proc, expected in zip(running, BACKEND_MISTAKES.values(), strict=True):
+        out, err = proc.communicate(timeout=60)
+        line = one_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        assert line.startswith(expected), line
+
+
+LOADER_MISTAKES = {  # every error the configuration loader raises, as a file -> the setting its line names
+    "[server\n": "line 1",
+    "bogus = 1\n": "bogus",
+    "log_format = 'json'\n": "[server]",
+    "[server]\nbridge_port = 'x'\n": "server.bridge_port",
+    "[server]\nbridge_port = [1]\n": "server.bridge_port",
+    "[server]\nws_compression = 1\n": "server.ws_compression",
+    "[server]\nallocator = 'tcmalloc'\n": "server.allocator",
+    "[server]\nlog_format = 'xml'\n": "server.log_format",
+    "[server]\nevent_loop = 'trio'\n": "event_loop",
+    "[server]\nws_compress_min_bytes = -1\n": "server.ws_compress_min_bytes",
+    "[server]\nloop_lag_interval_s = -1\n": "server.loop_lag_interval_s",
+    "[limits]\nmax_turn_s = 0\n": "limits.max_turn_s",
+    "[limits]\ncoalesce_ms = -1\n": "limits.coalesce_ms",
+    "[limits]\nrun_orphan_after_s = 0\n": "limits.run_orphan_after_s",
+    "[limits]\non_client_gone = 'stay'\n": "limits.on_client_gone",
+    "[limits]\nmax_logprobs = 0\n": "limits.max_logprobs",
+    "[limits]\nnope = 1\n": "[limits]",
+    "store_durability = 'sometimes'\n": "store_durability",
+    "store = 5\n": "store",
+    "[mcp]\ncall_timeout_s = 0\n": "mcp.call_timeout_s",
+    "[mcp]\nmax_list_pages = 0\n": "mcp.max_list_pages",
+    "[mcp]\nmax_error_bytes = 0\n": "mcp.max_error_bytes",
+    "[mcp]\nallow_private_networks = ['not-a-net']\n": "mcp.allow_private_networks",
+    "[backends]\nx = 1\n": "backends.x",
+    "backends = 1\n": "[backends]",
+    "[models]\n'*' = 'sim'\n": "models.*",
+    "[models.m]\nbackend = 'gone'\n": "models.m.backend",
+    "[models.m]\nbogus = 1\n": "[models.m]",
+    "[models.m]\nbackend = 3\n": "models.m.backend",
+}
+
+
+def test_every_loader_mistake_is_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """`tether serve`'s own loader (`build_config`) on each mistake: SystemExit with one line
+    (the program prints it and exits 1; the subprocess cases above show that path)."""
+    from tether.cli import build_config, make_parser
+
+    for i, (text, setting) in enumerate(LOADER_MISTAKES.items()):
+        path = tmp_path / f"{i}.toml"
+        path.write_text(text)
+        with pytest.raises(SystemExit) as info:
+            build_config(make_parser().parse_args(["serve", "--config", str(path)]))
+        line = str(info.value.code)
+        assert line.startswith("tether: configuration: ") and "\n" not in line, (text, line)
+        assert setting in line, (text, line)
+    with pytest.raises(SystemExit) as info:
+        build_config(make_parser().parse_args(["serve", "--config", str(tmp_path / "missing.toml")]))
+    assert "missing.toml" in str(info.value.code) and "\n" not in str(info.value.code)

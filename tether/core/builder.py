@@ -96,6 +96,8 @@ class OutputBuilder:
         self._calls_started = 0
         self.finish: Finish | None = None
         self.mcp_routes: dict[str, McpRoute] = {}  # tool name -> its MCP server (the MCP loop sets it)
+        # The id of an approval request, from what it asks (the MCP loop sets it: a signed id).
+        self.approval_id: Callable[[items_pb2.McpApprovalRequest], str] | None = None
         # Items the MCP loop finishes (mcp_calls to run, a listing in progress) by output index, until done.
         self._external: dict[int, items_pb2.Item] = {}
         self.approvals_requested = 0
@@ -416,6 +418,8 @@ class OutputBuilder:
         elif o.kind == "mcp_approval_request":
             ar = item.mcp_approval_request
             ar.id, ar.server_label, ar.name, ar.arguments = o.item_id, o.server_label, o.name, text
+            if self.approval_id is not None:  # sent whole now: its id may sign what it asks
+                ar.id = self.approval_id(ar)
             self.approvals_requested += 1
             added = Event()
             added.output_item_added.output_index = o.index

@@ -77,7 +77,13 @@ class Conversations:
         self.limits = limits
 
     async def call(self, tenant: str, method: str, request):  # noqa: ANN001, ANN201 - typed by RPCS
-        """Answer one conversation RPC by name (see `RPCS`)."""
+        """Answer one conversation RPC by name (see `RPCS`); an id no conversation or item can
+        have (`ids.well_formed`) is a 404 at once, before any store key is built from it."""
+        conversation_id, item_id = getattr(request, "conversation_id", ""), getattr(request, "item_id", "")
+        if conversation_id and not ids.well_formed(conversation_id):
+            raise not_found(conversation_id[:64])
+        if item_id and not ids.well_formed(item_id):
+            raise _item_not_found(item_id[:64])
         return await getattr(self, method)(tenant, request)
 
     # -- for turns --------------------------------------------------------------------------------
@@ -86,7 +92,7 @@ class Conversations:
                       adding: Sequence[items_pb2.Item] = ()) -> list[items_pb2.Item]:  # fmt: skip
         """Every item of the conversation, oldest first (404 `conversation_not_found` when none);
         400 `conversation_too_large` when it and the create's new input (`adding`) pass the limits."""
-        items = await self.store.conversation_items(tenant, conversation_id)
+        items = await self.store.conversation_items(tenant, conversation_id) if ids.well_formed(conversation_id) else None
         if items is None:
             raise not_found(conversation_id, param="conversation")
         if items:  # measuring a large conversation is itself a pass over its bytes: off the loop

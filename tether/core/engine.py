@@ -43,6 +43,7 @@ from tether.core.stages.safety import Classifier, SecretDetector
 from tether.core.telemetry import Telemetry
 from tether.core.turn import STANDARD_TURNS, TurnStrategy, response_skeleton
 from tether.errors import TetherError
+from tether.params_seal import ParamsSealer, SealError
 from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, response_pb2, service_pb2
 from tether.store.base import Hydrated, Store, UsageRecord
@@ -77,6 +78,7 @@ class Engine:
         self.post = PostInference(store, on_done=telemetry.post_inference, on_failure=telemetry.post_inference_failure)
         self.conversations = Conversations(store, config.limits)
         self.reasoning = ReasoningSealer(config.server.reasoning_key)
+        self.params_sealer = ParamsSealer(config.server.reasoning_key)  # MCP credentials of takeable runs
         self.rate_limiter = RateLimiter(config.limits.requests_per_minute, config.limits.tokens_per_minute)
         self.token_cache = render.TokenCache(config.limits.token_cache_bytes)
         limits = config.limits
@@ -150,8 +152,17 @@ class Engine:
                 response.id, response.status = c.run_id, "queued"
                 run = self.runs.reserve(c.tenant, response)
                 self.runs.count("taken_over")
+                try:
+                    params = self.params_sealer.open(c.tenant, c.run_id, c.params)
+                except SealError:
+                    log.warning("queued response %s carries MCP credentials this replica cannot open "
+                                "(server.reasoning_key differs): it fails", c.run_id)  # fmt: skip
+                    run.close(TetherError(errors.MCP_CREDENTIALS_UNAVAILABLE, "The replica that took this response "
+                                          "over cannot open its MCP credentials (server.reasoning_key must be the "
+                                          "same on every replica); send the create again."))  # fmt: skip
+                    continue
                 log.info("took over queued response %s", c.run_id)
-                self._spawn_background(c.tenant, request_pb2.ResponseCreateParams.FromString(c.params), run)
+                self._spawn_background(c.tenant, params, run)
 
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
@@ -388,6 +399,7 @@ class Engine:
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """The stored response; one in flight (or whose store write has not landed yet, or a
         background one that failed before it started) as its run has it."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is not None and not run.state.final:
             return run.snapshot()
@@ -426,7 +438,7 @@ class Engine:
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
         if run.mirror is not None:  # any replica knows it once this answers, and can take it over
-            run.mirror.params = params.SerializeToString()
+            run.mirror.params = self.params_sealer.publishable(tenant, run.id, params)  # MCP credentials sealed
             await run.mirror.publish_now()
         self.runs.count("background")
         self._spawn_background(tenant, params, run)
@@ -465,6 +477,7 @@ class Engine:
     async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;
         again for a cancelled one (idempotent). A response that ended otherwise is a 400."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is None and self.shared is not None:  # another replica's run: its owner cancels it
             info = await self.shared.info(tenant, response_id)
@@ -499,6 +512,7 @@ class Engine:
         live ones until its terminal event, in batches (this subscriber's view: everything
         logged since its last batch). 404 for an unknown id; 400 `replay_unavailable` when
         its events are no longer retained (the log's bounds, or `replay_retention_s`)."""
+        _check_id(response_id)
         run = self.runs.get(tenant, response_id)
         if run is None and self.shared is not None:  # another replica's run, from the shared log
             try:
@@ -518,6 +532,7 @@ class Engine:
         return _follow(run.follow(after), response_id)
 
     async def delete_response(self, tenant: str, response_id: str) -> service_pb2.DeleteResponseResponse:
+        _check_id(response_id)
         self.runs.forget(tenant, response_id)
         await self.post.wait_durable(tenant, response_id)
         if not await self.store.delete_response(tenant, response_id):
@@ -528,6 +543,7 @@ class Engine:
         self, tenant: str, request: service_pb2.ListInputItemsRequest
     ) -> service_pb2.ListInputItemsResponse:
         limit, order = list_args(request.limit, request.order)
+        _check_id(request.response_id)
         await self.post.wait_durable(tenant, request.response_id)
         page = await self.store.list_input_items(
             tenant, request.response_id, after=request.after or None, limit=limit, order=order
@@ -686,6 +702,12 @@ def _still_in_progress(response_id: str, wait_s: float) -> TetherError:
         f"Previous response '{response_id}' is still in progress after {wait_s:g} s; continue it once it has ended.",
         param="previous_response_id",
     )
+
+
+def _check_id(response_id: str) -> None:
+    """404 at once for an id no response can have (`ids.well_formed`): it reaches no store key."""
+    if not ids.well_formed(response_id):
+        raise _not_found(response_id[:64])
 
 
 def _not_found(response_id: str) -> TetherError:

@@ -5,19 +5,20 @@ A create whose `tools` hold `{"type": "mcp", ...}` entries gets an `McpLoop` (`M
 standard turn kind hands its backend steps to `McpLoop.steps`, a step function over the turn's
 `StepIO` like any kind (tether.core.kinds):
 
-1. approvals: each `mcp_approval_response` in the new input that approves a request of the
-   history runs that call now (an `mcp_call` item with `approval_request_id`); a denial is left for
-   the model to read;
-2. listing: a server whose `mcp_list_tools` item is in the history is not listed again (the
+1. listing: a server whose `mcp_list_tools` item is in the history is not listed again (the
    model gets the tools that item names); any other is listed through the connection's session
    (`tether.mcp.sessions`: one initialised session per server for the connection's life, whose
    list is reused without asking the server again) and gets an `mcp_list_tools` item, with `error`
    set when listing failed (the response goes on without that server's tools);
+2. approvals: each `mcp_approval_response` in the new input that approves a request Tether issued
+   (its id signs it: `approval_id`) runs that call now (an `mcp_call` item with
+   `approval_request_id`); a denial is left for the model to read;
 3. model calls: the MCP tools go to the backend as function tools (routed back by name:
    `OutputBuilder.mcp_routes`). Each MCP call the model makes is run and its `mcp_call` item gets
    `output` or `error` (a failing, hanging or oversized server fails that call only), then the
    model is called again, until it answers, calls a client tool, asks for an approval
-   (`require_approval`), or `max_tool_calls` is reached. Past `[mcp] max_calls_per_response` the
+   (`require_approval`), or `max_tool_calls` is reached. Every call, approved or not, is checked
+   against the create's `allowed_tools` when it runs (`_call_allowed`). Past `[mcp] max_calls_per_response` the
    MCP tools are withdrawn and the model answers with what it has.
 
 Usage sums every model call of the response. `headers` and `authorization` reach the HTTP client
@@ -26,6 +27,8 @@ only; the Response's `tools` carry neither (`redacted_tools`).
 
 from __future__ import annotations
 
+import hmac
+import secrets
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from tether.mcp.client import (
 )
 from tether.mcp.policy import McpPolicy
 from tether.protocol.calls import call_of
+from tether.reasoning_codec import ReasoningSealer
 from tether.responses.v1 import items_pb2, request_pb2
 
 _APPROVAL_MODES = ("always", "never")
@@ -106,18 +110,51 @@ def validate(params: request_pb2.ResponseCreateParams, config: McpConfig) -> lis
     return servers
 
 
-def check_approval_responses(items: Sequence[items_pb2.Item], history: Iterable[items_pb2.Item]) -> None:
-    """Each `mcp_approval_response` answers an `mcp_approval_request` of the history or the input."""
+_APPROVAL = b"mcp-approval"
+
+
+def _approval_mac(sealer: ReasoningSealer, tenant: str, nonce: str, request: items_pb2.McpApprovalRequest) -> str:
+    fields = "\0".join((nonce, request.server_label, request.name, request.arguments)).encode()
+    return sealer.mac(tenant, _APPROVAL, fields)[:16].hex()
+
+
+def approval_id(sealer: ReasoningSealer, tenant: str, request: items_pb2.McpApprovalRequest) -> str:
+    """The id of an approval request Tether issues: `mcpr_` + a nonce + a MAC (under the
+    replicas' shared key) of the tenant, the nonce and what it asks (server, tool, arguments),
+    so that only a request Tether issued to this tenant, unaltered, can be approved."""
+    nonce = secrets.token_hex(8)
+    return f"mcpr_{nonce}{_approval_mac(sealer, tenant, nonce, request)}"
+
+
+def issued(sealer: ReasoningSealer, tenant: str, request: items_pb2.McpApprovalRequest) -> bool:
+    """Whether Tether issued `request` to `tenant`, as it stands (see `approval_id`)."""
+    rid = request.id
+    if not rid.startswith("mcpr_") or len(rid) != 5 + 16 + 32:
+        return False
+    nonce, mac = rid[5:21], rid[21:]
+    return hmac.compare_digest(mac, _approval_mac(sealer, tenant, nonce, request))
+
+
+def check_approval_responses(items: Sequence[items_pb2.Item], history: Iterable[items_pb2.Item],
+                             sealer: ReasoningSealer, tenant: str) -> None:  # fmt: skip
+    """Each `mcp_approval_response` answers an `mcp_approval_request` of the history or the input
+    that Tether issued to this tenant, unaltered (`issued`): a request a client wrote itself (into
+    the input, or into an earlier turn's input) cannot be approved."""
     answers = [(i, item.mcp_approval_response) for i, item in enumerate(items)
                if item.WhichOneof("item") == "mcp_approval_response"]  # fmt: skip
     if not answers:
         return
-    requests = {it.mcp_approval_request.id for it in (*history, *items)
+    requests = {it.mcp_approval_request.id: it.mcp_approval_request for it in (*history, *items)
                 if it.WhichOneof("item") == "mcp_approval_request"}  # fmt: skip
     for i, answer in answers:
-        if answer.approval_request_id not in requests:
+        request = requests.get(answer.approval_request_id)
+        if request is None:
             raise TetherError(errors.INVALID_ITEM, f"No mcp_approval_request with id {answer.approval_request_id!r} "
                               "in this conversation.", param=f"input[{i}].approval_request_id")  # fmt: skip
+        if not issued(sealer, tenant, request):
+            raise TetherError(errors.INVALID_ITEM, f"The mcp_approval_request {answer.approval_request_id!r} was not "
+                              "issued by this server for this API key, or was altered: only a request Tether made can "
+                              "be approved.", param=f"input[{i}].approval_request_id")  # fmt: skip
 
 
 def redacted_tools(tools: Sequence[request_pb2.Tool]) -> Sequence[request_pb2.Tool]:
@@ -288,8 +325,10 @@ class McpLoop:
         history = prepared.node.items()
         new_items = [seg.item for seg in prepared.new_segments]
         input_tokens = prepared.input_tokens
+        sealer, tenant = io.services.reasoning, io.tenant
+        builder.approval_id = lambda request: approval_id(sealer, tenant, request)
+        await self._list(io, builder, history)  # first: an approved call is checked against the listing
         approved = await self._run_approved(io, builder, new_items, history)
-        await self._list(io, builder, history)
         sums = [0, 0, 0]  # input, output, reasoning tokens of every model call
         first = not approved  # a forced tool_choice was honoured by the call just approved
         steps = 0
@@ -403,6 +442,21 @@ class McpLoop:
             count += 1
         return count
 
+    async def _call_allowed(self, io: StepIO, server: _Server, name: str) -> bool:
+        """The create's `allowed_tools` at call time, whatever the input claims: a name list is
+        checked as it stands; a `read_only` filter against the server's own listing (that of the
+        connection's session, listed now if it has none), not against a listing item of the
+        history, which a client may have written."""
+        tool = server.tool
+        arm = tool.WhichOneof("allowed")
+        if arm is None:
+            return True
+        if arm == "allowed_names" or not tool.allowed_filter.HasField("read_only"):
+            return allowed(tool, name, False)
+        session = await self._session(io, server)
+        tools = session.tools if session.tools is not None else await session.list_tools()
+        return any(t.name == name and allowed(tool, name, t.read_only) for t in tools)
+
     async def _run(self, io: StepIO, builder: OutputBuilder, index: int, item: items_pb2.Item) -> None:
         """Call the server for one `mcp_call` item and finish it (output or error, never raises)."""
         mc = item.mcp_call
@@ -418,6 +472,9 @@ class McpLoop:
                                      "(mcp.max_calls_per_response)")  # fmt: skip
             if server is None:
                 raise protocol_error(-32602, f"the MCP server {mc.server_label!r} is not in this create's tools")
+            if not await self._call_allowed(io, server, mc.name):
+                raise protocol_error(REFUSED, f"the tool {mc.name!r} is not in the allowed_tools of the MCP server "
+                                              f"{mc.server_label!r} (tools[{server.index}].allowed_tools)")  # fmt: skip
             self.calls += 1
             try:
                 arguments = orjson.loads(mc.arguments or "{}")

@@ -241,7 +241,8 @@ class Turn:
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
             if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
-                check_approval_responses(new_items, parent_node.items() if parent_node else ())
+                check_approval_responses(new_items, parent_node.items() if parent_node else (),
+                                         self.services.reasoning, self.ctx.tenant)  # fmt: skip
             if self.params.conversation:  # they join the conversation: their ids must be new to it
                 check_new_ids(new_items, parent_node.items() if parent_node else (), param="input")
         with self.clock.stage("render"):

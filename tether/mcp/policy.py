@@ -3,7 +3,7 @@
 Two checks, both from `[mcp]` (`McpConfig`):
 
 - `check_url` (at validation, before `response.created`): the tool's `server_url` is an http(s)
-  URL without userinfo that `allowed_servers` names (a URL prefix up to a path boundary, or a host
+  URL without userinfo, its path in RFC 3986 normal form (`not_normal`), that `allowed_servers` names (a URL prefix up to a path boundary, or a host
   with an optional port). Anything else is a 400 `mcp_server_not_allowed` naming
   `tools[i].server_url`.
 - `check_addresses` (at connect time, for every HTTP request the MCP SDK makes, so redirects are
@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
+import string
 from urllib.parse import urlsplit
 
 from tether import errors
@@ -28,6 +30,30 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 class AddressRefused(Exception):
     """A request to an MCP server whose URL or address the policy does not allow."""
+
+
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+_PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
+
+
+def not_normal(path: str) -> str | None:
+    """What keeps a URL path from its RFC 3986 normal form (None when it is in it): a
+    percent-encoded unreserved character, a dot segment, or an encoded or back slash (which
+    servers may decode into a path separator). Such a URL is refused, not rewritten: what the
+    allow-list checks is then exactly what Tether sends, and no server can read it otherwise."""
+    for m in _PERCENT.finditer(path):
+        char = chr(int(m.group(1), 16))
+        if char in _UNRESERVED:
+            return f"a percent-encoded unreserved character ({m.group(0)})"
+        if char in "/\\":
+            return f"an encoded slash ({m.group(0)})"
+    if "\\" in path:
+        return "a backslash"
+    if any(seg in (".", "..") for seg in path.split("/")):
+        return "a dot segment"
+    if "%" in _PERCENT.sub("", path):
+        return "a '%' that is not a percent-encoding"
+    return None
 
 
 def _default_port(scheme: str) -> int:
@@ -63,6 +89,9 @@ class McpPolicy:
             return "server_url must be an http or https URL"
         if parts.username is not None or parts.password is not None:
             return "server_url must not carry credentials (send them in headers or authorization)"
+        odd = not_normal(parts.path)
+        if odd is not None:
+            return f"server_url must be in its normal form (RFC 3986): its path has {odd}"
         host = parts.hostname.lower()
         for allowed_host, allowed_port in self._hosts:
             if host == allowed_host and (allowed_port is None or (port or _default_port(parts.scheme)) == allowed_port):
@@ -70,7 +99,7 @@ class McpPolicy:
         for prefix in self._prefixes:
             if url == prefix or (url.startswith(prefix) and (prefix[-1] in "/?#" or url[len(prefix)] in "/?#")):
                 return None
-        return f"server_url {url!r} is not in this server's [mcp] allowed_servers"
+        return "server_url is not in this server's [mcp] allowed_servers"
 
     def check_url(self, url: str, param: str) -> None:
         """Raise the 400 naming `param` when `url` may not be used."""

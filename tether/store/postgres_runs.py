@@ -47,7 +47,7 @@ WITH up AS (
   VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $14)
   ON CONFLICT (tenant, id) DO UPDATE SET
     owner = excluded.owner, state = excluded.state, response = coalesce(excluded.response, r.response),
-    next_seq = excluded.next_seq, expires_at = excluded.expires_at, params = coalesce(excluded.params, r.params)
+    next_seq = excluded.next_seq, expires_at = excluded.expires_at, params = CASE WHEN excluded.state = 'queued' THEN coalesce(excluded.params, r.params) END
   WHERE r.state NOT IN {_FINAL}
   RETURNING 1),
 ev AS (

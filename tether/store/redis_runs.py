@@ -13,7 +13,7 @@ Keys (T: the tenant's hash tag, as the store's other keys of that tenant):
 * channel `P:{runs}:cancel`: cancels, `[tenant, run id]` as JSON; every replica listens and the
   owner acts.
 * `P:{runs}:queued`: a sorted set of the hash keys of queued background runs (their hash holds
-  `params`, `t` and `id` besides): a replica with capacity takes over one whose owner's
+  `params`, `t` and `id` besides; `params` goes once the run leaves `queued`): a replica with capacity takes over one whose owner's
   heartbeat is gone (`claim`, a Lua script: one replica gets it); entries no longer queued are
   dropped as it scans.
 
@@ -71,6 +71,8 @@ if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'resp', ARGV[3]) end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'params', ARGV[7])
   redis.call('ZADD', KEYS[3], ARGV[8], KEYS[1])
+elseif ARGV[2] ~= 'queued' then
+  redis.call('HDEL', KEYS[1], 'params')
 end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 if #ARGV >= 10 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end

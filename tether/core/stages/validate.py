@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import orjson
 
-from tether import errors
+from tether import errors, ids
 from tether.compaction_codec import is_tether_payload
 from tether.config import Limits
 from tether.core.stages import fields
@@ -77,6 +77,9 @@ def validate_params(
         )
     _check_logprobs_volume(params, limits)
     check_metadata(params.metadata, limits)
+    if params.previous_response_id and not ids.well_formed(params.previous_response_id):
+        raise TetherError(errors.PREVIOUS_RESPONSE_NOT_FOUND, "'previous_response_id' is not the id of a response.",
+                          param="previous_response_id")  # fmt: skip
     if params.conversation and params.previous_response_id:
         raise TetherError(
             errors.INVALID_REQUEST,
