@@ -117,10 +117,10 @@ def _guarded_transport(policy: McpPolicy, config: McpConfig | None = None) -> An
     httpx2 = require("httpx2", "mcp")
     cfg = config or policy.config
 
-    class AnswerTooLarge(httpx2.StreamError):
+    class AnswerTooLarge(httpx2.StreamError):  # type: ignore[name-defined]  # the optional package's class, imported at call time
         pass
 
-    class Capped(httpx2.AsyncByteStream):
+    class Capped(httpx2.AsyncByteStream):  # type: ignore[name-defined]  # the optional package's class, imported at call time
         def __init__(self, inner: Any, limit: int, setting: str, per_event: bool) -> None:
             self.inner, self.limit, self.setting, self.per_event = inner, limit, setting, per_event
 
