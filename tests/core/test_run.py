@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import tracemalloc
 
 import pytest
 
@@ -114,6 +115,27 @@ def test_replay_log_is_bounded_by_events_and_bytes() -> None:
     for _ in range(4):
         run.stamp(_delta("xxxx"), None)  # 4 bytes each: 12 > 10 drops the oldest
     assert len(by_bytes) == 2 and by_bytes.nbytes == 8 and by_bytes.first_seq == 2
+
+
+def test_a_read_of_the_replay_log_copies_only_the_new_events() -> None:
+    """A follower's read costs what it returns, not the log's length: reading the newest event
+    of a 20,000-event log allocates a one-element list, not a copy of the log (hundreds of
+    followers read on every wake-up)."""
+    log = ReplayLog(max_events=20_000, max_bytes=1 << 30)
+    run = ResponseRun("resp_1", log=log)
+    for _ in range(20_000 + 500):  # past the bound: the oldest were dropped, the rest kept in order
+        run.stamp(_delta("x"), None)
+    assert len(log) == 20_000 and log.first_seq == 500
+    assert [e.sequence_number for e in log.since(20_497)] == [20_498, 20_499]
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        for after in range(20_400, 20_499):
+            assert len(log.since(after)) == 20_499 - after
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - start < 20_000 * 8 // 4, f"a read allocated {peak - start} bytes (a copy of the log: 160 kB)"
 
 
 async def test_subscribers_replay_after_n_then_follow_live_until_the_end() -> None:

@@ -82,7 +82,7 @@ def _response(status: str, rid: str = "resp_1") -> bytes:
 async def test_events_published_by_one_replica_are_read_and_followed_on_another(replicas: Replicas) -> None:
     a, b = await replicas.bus(), await replicas.bus()
     await a.publish(T, "resp_1", [(n, _event(n)) for n in range(5)], state="in_progress",
-                    response=_response("in_progress"), next_seq=5)  # fmt: skip
+                    response=_response("in_progress"), epoch=1, next_seq=5)  # fmt: skip
     info = await b.info(T, "resp_1")
     assert info is not None
     assert (info.owner, info.state, info.next_seq, info.owner_alive) == (a.replica, "in_progress", 5, True)
@@ -95,7 +95,7 @@ async def test_events_published_by_one_replica_are_read_and_followed_on_another(
     waiting = asyncio.create_task(b.read(T, "resp_1", 4, 5.0))
     await asyncio.sleep(0.2)
     started = time.monotonic()
-    await a.publish(T, "resp_1", [(5, _event(5))], state="in_progress", response=None, next_seq=6)
+    await a.publish(T, "resp_1", [(5, _event(5))], state="in_progress", response=None, epoch=1, next_seq=6)
     got = await waiting
     assert [s for s, _ in got] == [5] and time.monotonic() - started < 1.0  # woken, not polled
 
@@ -103,8 +103,8 @@ async def test_events_published_by_one_replica_are_read_and_followed_on_another(
 async def test_a_final_run_never_changes(replicas: Replicas) -> None:
     a, b = await replicas.bus(), await replicas.bus()
     await a.publish(T, "resp_1", [(0, _event(0, "completed"))], state="completed", response=_response("completed"),
-                    next_seq=1)  # fmt: skip
-    await a.publish(T, "resp_1", [(1, _event(1))], state="in_progress", response=_response("in_progress"), next_seq=2)
+                    epoch=1, next_seq=1)  # fmt: skip
+    await a.publish(T, "resp_1", [(1, _event(1))], state="in_progress", response=_response("in_progress"), epoch=1, next_seq=2)
     info = await b.info(T, "resp_1")
     assert info is not None and (info.state, info.next_seq) == ("completed", 1)
     assert [s for s, _ in await b.read(T, "resp_1", -1, 0)] == [0]
@@ -120,7 +120,7 @@ async def test_the_shared_log_is_bounded_by_max_bytes(replicas: Replicas) -> Non
     pad = "x" * 1000
     for start in range(0, 400, 4):
         await a.publish(T, "resp_1", [(n, _event(n, text=pad)) for n in range(start, start + 4)], state="in_progress",
-                        response=_response("in_progress") if start == 0 else None, next_seq=start + 4)  # fmt: skip
+                        response=_response("in_progress") if start == 0 else None, epoch=1, next_seq=start + 4)  # fmt: skip
     retained = await b.read(T, "resp_1", -1, 0)
     size = sum(len(e) for _, e in retained)
     assert 48 * 1024 <= size <= 64 * 1024 + 16 * 1024 + 4 * 1100, size
@@ -134,7 +134,7 @@ async def test_the_shared_log_is_bounded_by_max_events_and_a_gap_is_reported(rep
     b = await replicas.bus(max_events=300)
     for start in range(0, 1000, 10):
         await a.publish(T, "resp_1", [(n, _event(n)) for n in range(start, start + 10)], state="in_progress",
-                        response=_response("in_progress") if start == 0 else None, next_seq=start + 10)  # fmt: skip
+                        response=_response("in_progress") if start == 0 else None, epoch=1, next_seq=start + 10)  # fmt: skip
     retained = await b.read(T, "resp_1", -1, 0)
     first = retained[0][0]
     assert 300 <= len(retained) <= 300 + 256 and [s for s, _ in retained] == list(range(first, 1000))
@@ -165,7 +165,7 @@ async def test_a_run_whose_owner_stopped_heartbeating_ends_failed_once(replicas:
     owner = await replicas.bus(start=False)  # never heartbeats: as good as killed
     b = await replicas.bus()
     await owner.publish(T, "resp_1", [(n, _event(n)) for n in range(3)], state="in_progress",
-                        response=_response("in_progress"), next_seq=3)  # fmt: skip
+                        response=_response("in_progress"), epoch=1, next_seq=3)  # fmt: skip
     orphaned: list[str] = []
     shared = SharedRuns(b, orphan_after_s=5.0, on_event=orphaned.append)
     events = await shared.follow(T, "resp_1", -1)
@@ -178,9 +178,14 @@ async def test_a_run_whose_owner_stopped_heartbeating_ends_failed_once(replicas:
     assert info is not None and info.state == "failed" and shared.snapshot("resp_1", info).status == "failed"
     assert orphaned == ["orphaned"]
     assert not await b.fail_orphan(T, "resp_1", 3, _event(3, "failed"), _response("failed"))  # once only
-    # the owner comes back: its late events are refused by the shared log
-    await owner.publish(T, "resp_1", [(3, _event(3))], state="in_progress", response=None, next_seq=4)
+    # the owner comes back: its late events and state are refused (fenced) by the shared log
+    assert not await owner.publish(T, "resp_1", [(3, _event(3))], state="in_progress", response=None, epoch=1,
+                                   next_seq=4)  # fmt: skip
+    assert not await owner.publish(T, "resp_1", [(3, _event(3, "completed"))], state="completed",
+                                   response=_response("completed"), epoch=1, next_seq=4)  # fmt: skip
     assert [s for s, _ in await b.read(T, "resp_1", -1, 0)] == [0, 1, 2, 3]
+    info = await b.info(T, "resp_1")
+    assert info is not None and (info.state, info.next_seq) == ("failed", 4)
 
 
 async def test_a_run_publishes_one_write_per_batch_of_numbered_events(replicas: Replicas) -> None:
@@ -191,9 +196,9 @@ async def test_a_run_publishes_one_write_per_batch_of_numbered_events(replicas: 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.bus, name)
 
-        async def publish(self, tenant: str, run_id: str, events: Any, **kw: Any) -> None:
+        async def publish(self, tenant: str, run_id: str, events: Any, **kw: Any) -> bool:
             self.calls.append(len(events))
-            await self.bus.publish(tenant, run_id, events, **kw)
+            return bool(await self.bus.publish(tenant, run_id, events, **kw))
 
     a, b = await replicas.bus(), await replicas.bus()
     counting = Counting(a)
@@ -226,9 +231,9 @@ async def test_a_queued_run_of_a_silent_replica_is_claimed_by_one_replica_once(r
     alive = await replicas.bus()
     b, c = await replicas.bus(), await replicas.bus()
     params = b"serialized-params"
-    await dead.publish(T, "resp_q", [], state="queued", response=_response("queued", "resp_q"), next_seq=0,
+    await dead.publish(T, "resp_q", [], state="queued", response=_response("queued", "resp_q"), epoch=1, next_seq=0,
                        params=params)  # fmt: skip
-    await alive.publish(T, "resp_kept", [], state="queued", response=_response("queued", "resp_kept"), next_seq=0,
+    await alive.publish(T, "resp_kept", [], state="queued", response=_response("queued", "resp_kept"), epoch=1, next_seq=0,
                         params=params)  # fmt: skip
     assert await b.claim(0) == []
     first, second = await asyncio.gather(b.claim(8), c.claim(8))
@@ -241,6 +246,13 @@ async def test_a_queued_run_of_a_silent_replica_is_claimed_by_one_replica_once(r
     shared = SharedRuns(alive, orphan_after_s=5.0)
     assert (await shared.info(T, "resp_q")).state == "queued"  # queued: taken over, never orphaned
     assert await b.claim(8) == [] and await c.claim(8) == []
+    # The claim raised the run's epoch: the old owner, back from a pause, is fenced off; the new one writes.
+    assert claimed[0].epoch == 2
+    assert not await dead.publish(T, "resp_q", [(0, _event(0))], state="in_progress", response=None, epoch=1,
+                                  next_seq=1)  # fmt: skip
+    assert await winner.publish(T, "resp_q", [(0, _event(0))], state="in_progress", response=None,
+                                epoch=claimed[0].epoch, next_seq=1)  # fmt: skip
+    assert (await alive.info(T, "resp_q")).owner == winner.replica
 
 
 @pytest.mark.parametrize("value", [0, -1])
