@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 
 import openai
@@ -224,3 +225,39 @@ async def test_a_continuation_on_one_replica_waits_for_its_parent_running_on_ano
                                         max_output_tokens=5)  # fmt: skip
     assert child.status in ("completed", "incomplete") and child.previous_response_id == parent.id
     assert (await on_b.responses.retrieve(parent.id)).status in ("completed", "incomplete")
+
+
+async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
+    """SIGSTOP the owner past `run_orphan_after_s`: the other replica ends its run `failed`
+    (`run_orphaned`). SIGCONT: the owner's later events, state and store write are refused by the
+    store (fencing) and counted, it stops generating, and both replicas answer `failed` with the
+    same output, not the owner's `completed`."""
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    await _until_in_progress(on_b, created.id)
+    await asyncio.sleep(0.3)  # some output
+    a.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(ORPHAN_AFTER_S + 0.5)
+        orphaned = await on_b.responses.retrieve(created.id)  # the owner is silent: B ends the run
+        assert orphaned.status == "failed" and orphaned.error.code == "server_error", orphaned
+    finally:
+        a.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while (seen_on_a := await on_a.responses.retrieve(created.id)).status == "in_progress":
+        assert time.monotonic() < deadline, "the owner never saw that its run had ended"
+        await asyncio.sleep(0.05)
+    metrics = a.metrics()
+    assert metrics.get('tether_runs_total{event="fenced"}', 0) >= 1, "the refused write was not counted"
+    await asyncio.sleep(1.0)  # the owner generated nothing more, and its store write did not land
+    for replica in (on_a, on_b):
+        got = await replica.responses.retrieve(created.id)
+        assert got.status == "failed" and got.error.code == "server_error", got
+        assert got.output_text == orphaned.output_text
+    assert seen_on_a.status == "failed"
+    replay = await on_b.responses.retrieve(created.id, stream=True)
+    events = [event async for event in replay]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.failed" and not any(e.type == "response.completed" for e in events)
