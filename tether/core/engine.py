@@ -35,8 +35,8 @@ from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.run import ReplayGap, ResponseRun, Runs
 from tether.core.session import Session
-from tether.core.slots import BackgroundSlots, per_key_cap
 from tether.core.shared_runs import SharedRuns, not_retained
+from tether.core.slots import BackgroundSlots, per_key_cap
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
