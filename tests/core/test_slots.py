@@ -75,3 +75,12 @@ async def test_background_slots_serve_waiters_fairly_and_survive_cancels() -> No
     await asyncio.gather(*holding, queued_a, queued_c)
     assert order == ["a", "a", "c", "a"]  # "c" (running none) before a's third run; "b" gave up
     assert slots.fair.in_use == 0 and not slots.fair.has_waiters
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5])
+def test_a_key_share_outside_zero_to_one_is_refused_at_config_load(share: float) -> None:
+    from tether.config import from_dict
+
+    assert from_dict({"limits": {"background_key_share": 1.0}}).limits.background_key_share == 1.0
+    with pytest.raises(ValueError, match="background_key_share"):
+        from_dict({"limits": {"background_key_share": share}})
