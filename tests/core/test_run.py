@@ -276,3 +276,22 @@ async def test_each_subscriber_batches_what_was_logged_since_its_last_batch() ->
     late = [[e.sequence_number for e in batch] async for batch in run.follow(0)]
     assert live == [[0], [1], [2], [3], [4], [5]]
     assert late == [[1, 2, 3, 4, 5]]
+
+
+def test_a_disowned_run_is_forgotten_in_flight_or_finished_and_frees_its_background_slot() -> None:
+    """A run whose shared writes were fenced off (another replica ended it or took it over) is no
+    longer this process's: neither in flight nor among the finished runs (its local log and
+    ending are not the run's), and its background admission is given back."""
+    runs = _runs()
+    queued = runs.reserve("t", response_pb2.Response(id="resp_q", status="queued"))
+    assert runs.background_counts() == (1, 0)
+    runs.disown(queued)
+    assert runs.get("t", "resp_q") is None and runs.background_counts() == (0, 0)
+    runs.admit_background("t")  # its slot is free again
+    finished = runs.open("t", response_pb2.Response(id="resp_f", store=True), None)
+    finished.close(TetherError(errors.SERVER_ERROR, "ended here"))
+    assert runs.get("t", "resp_f") is finished and finished.state is RunState.FAILED
+    runs.disown(finished)
+    assert runs.get("t", "resp_f") is None
+    queued.close(None)  # its late ending changes nothing here
+    assert runs.get("t", "resp_q") is None and runs.background_counts() == (0, 0)

@@ -18,6 +18,8 @@ from tether.core.outbox import Delta
 from tether.core.run import ReplayGap, ResponseRun, RunState
 from tether.core.shared_runs import SharedRuns
 from tether.responses.v1 import events_pb2, response_pb2
+from tether.store._common import FencedWrite
+from tether.store.base import ResponseRecord
 from tether.store.factory import run_bus_for
 
 from .conftest import _spec
@@ -271,3 +273,37 @@ async def test_memory_and_sqlite_stores_keep_runs_in_one_process(tmp_path: Any) 
     options = {"orphan_after_s": 5.0, "max_events": 10, "retention_s": 1.0, "live_ttl_s": 1.0}
     assert run_bus_for(MemoryStore(), **options) is None
     assert run_bus_for(SqliteStore(str(tmp_path / "x.db")), **options) is None
+
+
+async def test_an_owner_whose_run_another_replica_ended_is_fenced_once_and_stops_writing(replicas: Replicas) -> None:
+    """The core's side of fencing: the owner's next write after another replica ended its run
+    is refused; the mirror calls `on_fenced` once, counts it, and writes nothing more; the run's
+    failed Response goes to the store with the raised epoch, so the owner's own store write is
+    refused there too."""
+    owner_bus = await replicas.bus(start=False)  # stops heartbeating: as good as paused
+    other_bus = await replicas.bus()
+    store = replicas.stores[-1]
+    fenced: list[ResponseRun] = []
+    counted: list[str] = []
+    owner = SharedRuns(owner_bus, orphan_after_s=5.0, on_event=counted.append, on_fenced=fenced.append)
+    run = ResponseRun("resp_f", T, response=response_pb2.Response(id="resp_f", status="in_progress", store=True))
+    owner.attach(run)
+    created = events_pb2.ServerEvent(response_id="resp_f")
+    created.created.response.id, created.created.response.status = "resp_f", "in_progress"
+    run.stamp(created, "created")
+    await owner.drain()
+    other = SharedRuns(other_bus, orphan_after_s=5.0, store=store)
+    info = await other.info(T, "resp_f")  # the owner is silent: the other replica ends the run
+    assert info is not None and info.state == "failed"
+    for n in range(3):  # the owner wakes up and goes on
+        d = Delta("output_text_delta", "msg_1", 0, f"t{n} ")
+        d.response_id = "resp_f"
+        run.stamp(d, None)
+        await owner.drain()
+    assert fenced == [run] and counted == ["fenced"] and run.mirror is not None and run.mirror.fenced
+    assert [s for s, _ in await other_bus.read(T, "resp_f", -1, 0)] == [0, 1]  # created, then the failure
+    assert (await store.get_response(T, "resp_f")).status == "failed"
+    stale = ResponseRecord(tenant=T, response=response_pb2.Response(id="resp_f", status="completed"), input_keys=(),
+                           output_keys=(), new_items=(), epoch=run.epoch)  # fmt: skip
+    with pytest.raises(FencedWrite):
+        await store.put_response(stale)

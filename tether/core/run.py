@@ -356,10 +356,15 @@ class Runs:
         return self._finished.get(key)
 
     def disown(self, run: ResponseRun) -> None:
-        """Another replica owns the run now (its shared writes were fenced off): this process
-        forgets it, and asks the store about it from now on; its background slot is freed."""
-        if self._live.pop((run.tenant, run.id), None) is not None:
+        """Another replica ended or owns the run now (this one's shared writes were fenced off):
+        this process forgets it, in flight or finished here (its local log and ending are not
+        the run's), and asks the shared side and the store about it from now on; its background
+        slot is freed."""
+        key = (run.tenant, run.id)
+        if self._live.pop(key, None) is not None:
             self._release_background(run)
+        elif self._finished.get(key) is run:
+            self._drop(key)
 
     def forget(self, tenant: str, response_id: str) -> None:
         """Drop a finished run (its response was deleted); one in flight stays."""
