@@ -30,6 +30,7 @@ from .conftest import unavailable
 
 MODEL = "tether-sim"
 ORPHAN_AFTER_S = 2.0
+_FENCED = 'tether_runs_total{event="fenced"}'
 SLOW = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 4000, "tick_ms": 1}  # ~100 s unless stopped
 
 
@@ -235,6 +236,7 @@ async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
     a, b = pair
     _ensure_up(a)
     on_a, on_b = _client(a), _client(b)
+    fenced_before = a.metrics().get(_FENCED, 0)
     created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
     await _until_in_progress(on_b, created.id)
     await asyncio.sleep(0.3)  # some output
@@ -249,8 +251,7 @@ async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
     while (seen_on_a := await on_a.responses.retrieve(created.id)).status == "in_progress":
         assert time.monotonic() < deadline, "the owner never saw that its run had ended"
         await asyncio.sleep(0.05)
-    metrics = a.metrics()
-    assert metrics.get('tether_runs_total{event="fenced"}', 0) >= 1, "the refused write was not counted"
+    assert a.metrics().get(_FENCED, 0) == fenced_before + 1, "the refused write was not counted"
     await asyncio.sleep(1.0)  # the owner generated nothing more, and its store write did not land
     for replica in (on_a, on_b):
         got = await replica.responses.retrieve(created.id)
@@ -261,3 +262,27 @@ async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
     events = [event async for event in replay]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type == "response.failed" and not any(e.type == "response.completed" for e in events)
+
+
+async def test_a_paused_owner_stops_a_run_that_produced_nothing_meanwhile(pair) -> None:
+    """The same pause, with a run that produces no event after it (a 30 s time to first token):
+    the owner learns at its first check after the stall, not at its next event."""
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    quiet = "tether-lab/bugfix20@40@30000:30000"  # the simulated model waits 30 s before its first token
+    fenced_before = a.metrics().get(_FENCED, 0)
+    created = await on_a.responses.create(model=quiet, input="think first", background=True)
+    await _until_in_progress(on_b, created.id)
+    a.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(ORPHAN_AFTER_S + 0.5)
+        assert (await on_b.responses.retrieve(created.id)).status == "failed"
+    finally:
+        a.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    while (status := (await on_a.responses.retrieve(created.id)).status) == "in_progress":
+        assert time.monotonic() - resumed < 3, "the owner kept a run another replica had ended"
+        await asyncio.sleep(0.05)
+    assert status == "failed"
+    assert a.metrics().get(_FENCED, 0) == fenced_before + 1

@@ -135,11 +135,18 @@ class Engine:
 
     async def _take_over(self) -> None:
         """Every poll interval, while this replica has free background slots: take over queued
-        background runs of replicas that stopped heartbeating, and run them here."""
+        background runs of replicas that stopped heartbeating, and run them here. After a stall
+        of this process past `run_orphan_after_s` (it was paused: other replicas may have ended
+        or taken its runs), first check its runs in flight against the shared side
+        (`SharedRuns.recheck`), so that one producing no events meanwhile stops too."""
         assert self.shared is not None
         limits = self.config.limits
+        loop = asyncio.get_running_loop()
         while not self._stopping:
+            before = loop.time()
             await asyncio.sleep(self.shared.poll_s)
+            if loop.time() - before > limits.run_orphan_after_s:
+                await self.shared.recheck(self.runs.in_flight_runs())
             queued, running = self.runs.background_counts()
             free = min(limits.max_background_running - running - queued,
                        limits.max_background_per_process - self.runs.background_total)  # fmt: skip

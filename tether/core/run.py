@@ -393,6 +393,10 @@ class Runs:
                 retry_after=1.0,
             )
 
+    def in_flight_runs(self) -> list[ResponseRun]:
+        """Every registered run not final yet (a copy: the caller may await between them)."""
+        return list(self._live.values())
+
     def background_counts(self) -> tuple[int, int]:
         """(queued, running) background runs."""
         queued = sum(1 for r in self._live.values() if r.background and r.state is RunState.QUEUED)

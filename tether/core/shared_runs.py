@@ -76,7 +76,7 @@ class RunMirror:
             self._task = self.shared.spawn(self._flush())
         await asyncio.shield(self._task)
 
-    def _fence(self) -> None:
+    def fence(self) -> None:
         """The shared log refused a write of this run: another replica ended it (an orphan) or
         took it over. Stop generating now and leave the run to the shared side."""
         self.fenced = True
@@ -106,7 +106,7 @@ class RunMirror:
                     log.warning("publishing run %s to the store failed: %s", run.id, exc)
                 else:
                     if not accepted and (entries or not run.state.final):
-                        self._fence()
+                        self.fence()
                         return
                 if not self._pending and not self._dirty:
                     return
@@ -122,7 +122,8 @@ class SharedRuns:
                  on_fenced: Callable[[ResponseRun], None] = lambda run: None) -> None:  # fmt: skip
         """`store`: where the failed Response of an orphan this replica ends is stored (with the
         run's new epoch); `on_fenced`: called once with a run of this replica whose shared write
-        was refused (`RunMirror._fence`: the engine stops it and forgets it)."""
+        was refused or that the shared side gave to another (`RunMirror.fence`: the engine stops it
+        and forgets it)."""
         self.bus = bus
         self.orphan_after_s = orphan_after_s
         self.poll_s = max(0.05, min(1.0, orphan_after_s / 3))  # a follower's longest wait between checks
@@ -136,6 +137,22 @@ class SharedRuns:
         the one its claim got)."""
         run.epoch = 1
         run.mirror = RunMirror(self, run)
+
+    async def recheck(self, runs: list[ResponseRun]) -> None:
+        """This process was stalled long enough for other replicas to end its runs or take
+        them over: fence off each run of `runs` the shared side says is no longer this
+        replica's to write (another owner, or final there and not here)."""
+        for run in runs:
+            mirror = run.mirror
+            if mirror is None or mirror.fenced or run.state.final:
+                continue
+            try:
+                info = await self.bus.info(run.tenant, run.id)
+            except Exception as exc:  # noqa: BLE001 - the next write will tell
+                log.warning("checking run %s after a stall failed: %s", run.id, exc)
+                continue
+            if info is not None and (info.owner != self.bus.replica or info.state in FINAL_STATES):
+                mirror.fence()
 
     def fenced(self, run: ResponseRun) -> None:
         self._on_event("fenced")
