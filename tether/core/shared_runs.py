@@ -78,7 +78,10 @@ class RunMirror:
 
     def fence(self) -> None:
         """The shared log refused a write of this run: another replica ended it (an orphan) or
-        took it over. Stop generating now and leave the run to the shared side."""
+        took it over. Stop generating now and leave the run to the shared side (once: a write in
+        flight and the check after a stall may both find it)."""
+        if self.fenced:
+            return
         self.fenced = True
         self._pending = []
         run = self.run
