@@ -9,8 +9,9 @@ One `tether serve` (SQLite store, a simulated model, `coalesce_ms = 0`: one even
 the run's log grows by one entry per token) runs one background response; N clients follow it
 with `GET /v1/responses/{id}?stream=true` from its first event to its last. While it runs,
 `/metrics` is scraped every 0.25 s: the largest `tether_event_loop_lag_max_seconds` seen is the
-figure (how long the server's loop was blocked at worst). Each follower must receive every
-event, in order.
+figure (how long the server's loop was blocked at worst), with the server's CPU time per event
+delivered to one follower (`process_cpu_seconds_total`: less at the mercy of other processes on
+the machine than the lag). Each follower must receive every event, in order.
 
 `--in-process` measures the run's side alone, without sockets: one `ResponseRun` whose log
 already holds `--log-events` events, N `follow()` subscribers, then 200 more events committed one
@@ -45,30 +46,39 @@ class Result:
     events: int  # per follower
     lag_max_s: float
     wall_s: float
+    cpu_us_per_delivery: float  # the server's CPU per event delivered to one follower
 
 
 async def _follow(client: httpx.AsyncClient, response_id: str) -> list[int]:
     numbers: list[int] = []
-    async with client.stream("GET", f"/v1/responses/{response_id}", params={"stream": "true"}) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                numbers.append(json.loads(line[6:])["sequence_number"])
+    try:
+        async with client.stream("GET", f"/v1/responses/{response_id}", params={"stream": "true"}) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    numbers.append(json.loads(line[6:])["sequence_number"])
+    except httpx.TransportError as exc:
+        raise RuntimeError(f"a follower's stream broke after {len(numbers)} events: {exc!r}") from exc
     return numbers
 
 
-async def _lag_max(client: httpx.AsyncClient) -> float:
+async def _sample(client: httpx.AsyncClient, name: str) -> float:
     text = (await client.get("/metrics")).text
     for line in text.splitlines():
-        if line.startswith("tether_event_loop_lag_max_seconds"):
+        if line.startswith(name + " "):
             return float(line.rpartition(" ")[2])
     return 0.0
+
+
+async def _lag_max(client: httpx.AsyncClient) -> float:
+    return await _sample(client, "tether_event_loop_lag_max_seconds")
 
 
 async def measure(server: ServerProcess, followers: int) -> Result:
     limits = httpx.Limits(max_connections=followers + 8, max_keepalive_connections=followers + 8)
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as client:
         await _lag_max(client)  # resets the gauge's window
+        cpu_before = await _sample(client, "process_cpu_seconds_total")
         created = (await client.post("/v1/responses", json={"model": MODEL, "input": "go", "background": True})).json()
         started = time.monotonic()
         readers = [asyncio.create_task(_follow(client, created["id"])) for _ in range(followers)]
@@ -79,9 +89,11 @@ async def measure(server: ServerProcess, followers: int) -> Result:
         got = [r.result() for r in readers]
         wall = time.monotonic() - started
         worst = max(worst, await _lag_max(client))
+        cpu = await _sample(client, "process_cpu_seconds_total") - cpu_before
     counts = {len(numbers) for numbers in got}
     assert len(counts) == 1 and all(numbers == list(range(len(numbers))) for numbers in got), "a follower lost events"
-    return Result(followers, counts.pop(), worst, wall)
+    events = counts.pop()
+    return Result(followers, events, worst, wall, cpu / (events * followers) * 1e6)
 
 
 async def measure_in_process(followers: int, log_events: int, events: int = 200) -> tuple[float, float]:
@@ -139,14 +151,16 @@ def main(argv: list[str] | None = None) -> None:
         server.start()
         try:
             server.wait_ready()
-            print(f"{'followers':>9} {'events each':>11} {'loop lag max (s)':>16} {'wall (s)':>8}")
+            print(f"{'followers':>9} {'events each':>11} {'loop lag max (s)':>16} {'wall (s)':>8} "
+                  f"{'server CPU µs per event and follower':>36}")  # fmt: skip
             for n in counts:
                 try:
                     r = asyncio.run(measure(server, n))
                 except Exception:
                     print(server.logs())
                     raise
-                print(f"{r.followers:>9} {r.events:>11} {r.lag_max_s:>16.3f} {r.wall_s:>8.2f}")
+                print(f"{r.followers:>9} {r.events:>11} {r.lag_max_s:>16.3f} {r.wall_s:>8.2f} "
+                      f"{r.cpu_us_per_delivery:>36.1f}")  # fmt: skip
         finally:
             server.stop(timeout=15)
 
