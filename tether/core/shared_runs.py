@@ -20,10 +20,11 @@ Final is final (fencing): ownership carries the run's epoch (`tether.store.runbu
 that ends an orphan raises it and stores the failed Response with the new epoch; a takeover
 raises it too. An owner that was only paused (SIGSTOP, a long GC, a VM migration) and wakes up
 finds its next write refused (or, for a run that writes nothing meanwhile, its check after the
-stall, `recheck`, finds the run ended or moved): it counts it (`tether_runs_total{event="fenced"}`), stops the
-turn at once (it is cut, failed `run_orphaned`, generating nothing more), forgets the run (this
-replica answers for it from the store from then on), and its own store write is refused by the
-store (`FencedWrite`), so every replica keeps answering what the shared log says.
+stall, `recheck`, finds the run ended or moved): it counts it
+(`tether_runs_total{event="fenced"}`), stops the turn at once (it is cut, failed
+`run_orphaned`, generating nothing more), forgets the run (this replica answers for it from the
+store from then on), and its own store write is refused by the store (`FencedWrite`), so every
+replica keeps answering what the shared log says.
 """
 
 from __future__ import annotations
@@ -79,8 +80,9 @@ class RunMirror:
 
     def fence(self) -> None:
         """The shared log refused a write of this run, or says after a stall that it is no longer
-        this replica's: another replica ended it (an orphan) or took it over. Stop generating now and leave the run to the shared side (once: a write in
-        flight and the check after a stall may both find it)."""
+        this replica's: another replica ended it (an orphan) or took it over. Stop generating now
+        and leave the run to the shared side (once: a write in flight and the check after a stall
+        may both find it)."""
         if self.fenced:
             return
         self.fenced = True
