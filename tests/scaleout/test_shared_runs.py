@@ -31,6 +31,7 @@ from .conftest import unavailable
 MODEL = "tether-sim"
 ORPHAN_AFTER_S = 2.0
 _FENCED = 'tether_runs_total{event="fenced"}'
+_WRITE_REFUSED = 'tether_post_inference_failures_total{reason="fenced"}'
 SLOW = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 4000, "tick_ms": 1}  # ~100 s unless stopped
 
 
@@ -236,7 +237,8 @@ async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
     a, b = pair
     _ensure_up(a)
     on_a, on_b = _client(a), _client(b)
-    fenced_before = a.metrics().get(_FENCED, 0)
+    before = a.metrics()
+    fenced_before, refused_before = before.get(_FENCED, 0), before.get(_WRITE_REFUSED, 0)
     created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
     await _until_in_progress(on_b, created.id)
     await asyncio.sleep(0.3)  # some output
@@ -252,6 +254,9 @@ async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
         assert time.monotonic() < deadline, "the owner never saw that its run had ended"
         await asyncio.sleep(0.05)
     assert a.metrics().get(_FENCED, 0) == fenced_before + 1, "the refused write was not counted"
+    while a.metrics().get(_WRITE_REFUSED, 0) == refused_before:  # the owner's store write: refused, counted
+        assert time.monotonic() < deadline + 5, "the owner's store write was not refused"
+        await asyncio.sleep(0.05)
     await asyncio.sleep(1.0)  # the owner generated nothing more, and its store write did not land
     for replica in (on_a, on_b):
         got = await replica.responses.retrieve(created.id)
