@@ -84,3 +84,27 @@ def test_a_key_share_outside_zero_to_one_is_refused_at_config_load(share: float)
     assert from_dict({"limits": {"background_key_share": 1.0}}).limits.background_key_share == 1.0
     with pytest.raises(ValueError, match="background_key_share"):
         from_dict({"limits": {"background_key_share": share}})
+
+
+async def test_a_waiter_cancelled_as_its_slot_frees_gives_the_slot_back() -> None:
+    """The slot frees (its holder ends) after a waiter's task was cancelled but before that task
+    has run its handler: the grant skips the cancelled waiter and the slot goes on."""
+    slots = BackgroundSlots(total=1, per_key=1)
+    release = asyncio.Event()
+
+    async def run(key: str) -> None:
+        async with slots.hold(key):
+            await release.wait()
+
+    holder = asyncio.create_task(run("a"))
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(run("b"))
+    later = asyncio.create_task(run("c"))
+    await asyncio.sleep(0)
+    release.set()  # the holder wakes first ...
+    waiter.cancel()  # ... and its release finds this waiter's future cancelled
+    await holder
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await later  # got the slot
+    assert slots.fair.in_use == 0 and not slots.fair.has_waiters

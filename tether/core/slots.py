@@ -112,7 +112,7 @@ class BackgroundSlots:
             except asyncio.CancelledError:
                 if self._futures.pop(ticket, None) is not None:
                     fair.leave(key, ticket)
-                elif future.done() and not future.cancelled():  # granted as it was cancelled
+                elif not future.cancelled():  # granted, then cancelled before it ran
                     self._release(key)
                 raise
         try:
@@ -126,5 +126,9 @@ class BackgroundSlots:
 
     def _grant(self) -> None:
         while (granted := self.fair.next_grant()) is not None:
-            future = self._futures.pop(granted[1])
+            key, ticket = granted
+            future = self._futures.pop(ticket)
+            if future.cancelled():  # its task was cancelled and has not run its handler yet
+                self.fair.release(key)
+                continue
             future.set_result(None)
