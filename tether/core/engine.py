@@ -96,7 +96,7 @@ class Engine:
         self.shared: SharedRuns | None = None
         if bus is not None:
             self.shared = SharedRuns(bus, orphan_after_s=limits.run_orphan_after_s, on_event=self.runs.count,
-                                     store=store, on_fenced=self._fenced)  # fmt: skip
+                                     on_fenced=self._fenced)  # fmt: skip
             self.runs.attach = self.shared.attach
         self._background_slots = BackgroundSlots(
             limits.max_background_running, per_key_cap(limits.max_background_running, limits.background_key_share)

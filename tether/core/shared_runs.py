@@ -17,14 +17,13 @@ owner stopped is taken over (`RunBus.claim`) by a replica with a free background
 there (`Engine`).
 
 Final is final (fencing): ownership carries the run's epoch (`tether.store.runbus`). The replica
-that ends an orphan raises it and stores the failed Response with the new epoch; a takeover
-raises it too. An owner that was only paused (SIGSTOP, a long GC, a VM migration) and wakes up
+that ends an orphan raises it, and so does a takeover. An owner that was only paused (SIGSTOP, a long GC, a VM migration) and wakes up
 finds its next write refused (or, for a run that writes nothing meanwhile, its check after the
 stall, `recheck`, finds the run ended or moved): it counts it
 (`tether_runs_total{event="fenced"}`), stops the turn at once (it is cut, failed
 `run_orphaned`, generating nothing more), forgets the run (this replica answers for it from the
-store from then on), and its own store write is refused by the store (`FencedWrite`), so every
-replica keeps answering what the shared log says.
+store from then on), and its own store write is refused by the store (`FencedWrite`: the run's
+epoch is higher than the write's), so every replica keeps answering what the shared log says.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from tether.core.run import RESPONSE_ARMS, ReplayGap, ResponseRun
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, response_pb2
-from tether.store.base import ResponseRecord, Store
 from tether.store.runbus import FINAL_STATES, RunBus, RunInfo
 
 log = logging.getLogger("tether.runs")
@@ -124,18 +122,15 @@ class SharedRuns:
     """The engine's view of runs held by other replicas (see the module docstring)."""
 
     def __init__(self, bus: RunBus, *, orphan_after_s: float, on_event: Callable[[str], None] = lambda kind: None,
-                 store: Store | None = None,
                  on_fenced: Callable[[ResponseRun], None] = lambda run: None) -> None:  # fmt: skip
-        """`store`: where the failed Response of an orphan this replica ends is stored (with the
-        run's new epoch); `on_fenced`: called once with a run of this replica whose shared write
-        was refused or that the shared side gave to another (`RunMirror.fence`: the engine stops it
-        and forgets it)."""
+        """`on_fenced`: called once with a run of this replica whose shared write was refused or
+        that the shared side gave to another (`RunMirror.fence`: the engine stops it and forgets
+        it)."""
         self.bus = bus
         self.orphan_after_s = orphan_after_s
         self.poll_s = max(0.05, min(1.0, orphan_after_s / 3))  # a follower's longest wait between checks
         self._tasks: set[asyncio.Task] = set()
         self._on_event = on_event
-        self._store = store
         self._on_fenced = on_fenced
 
     def attach(self, run: ResponseRun) -> None:
@@ -196,20 +191,11 @@ class SharedRuns:
         )
         ev = events_pb2.ServerEvent(response_id=run_id, sequence_number=info.next_seq)
         ev.failed.response.CopyFrom(response)
-        epoch = await self.bus.fail_orphan(tenant, run_id, info.next_seq, ev.SerializeToString(),
-                                           response.SerializeToString())  # fmt: skip
-        if not epoch:
-            return
-        log.warning("response %s orphaned: replica %s stopped heartbeating", run_id, info.owner)
-        self._on_event("orphaned")
-        if self._store is not None:
-            # Stored with the new epoch: the old owner's write, should it wake up, is refused.
-            record = ResponseRecord(tenant=tenant, response=response, input_keys=(), output_keys=(), new_items=(),
-                                    epoch=epoch)  # fmt: skip
-            try:
-                await self._store.put_response(record)
-            except Exception as exc:  # noqa: BLE001 - the shared log says failed until it expires
-                log.warning("storing orphaned response %s failed: %s", run_id, exc)
+        # The write raises the run's epoch: the old owner's writes, should it wake up, are refused
+        # (its events and state by the bus, its response by the store).
+        if await self.bus.fail_orphan(tenant, run_id, info.next_seq, ev.SerializeToString(), response.SerializeToString()):
+            log.warning("response %s orphaned: replica %s stopped heartbeating", run_id, info.owner)
+            self._on_event("orphaned")
 
     @staticmethod
     def snapshot(run_id: str, info: RunInfo) -> response_pb2.Response:

@@ -131,7 +131,8 @@ class MissingItemError(LookupError):
 
 class FencedWrite(RuntimeError):
     """A response write whose fencing token is stale: the stored response was written with a
-    higher `ResponseRecord.epoch` (a replica that took the run's ending over from its owner,
+    higher `ResponseRecord.epoch`, or its run shared between replicas is owned with a higher one
+    (another replica ended it for an owner it took for dead, or took it over:
     `tether.core.shared_runs`). Every engine raises it from `put_response`, checked in the same
     write, and then writes nothing: a paused owner that wakes up cannot bring a final response
     back."""

@@ -99,8 +99,9 @@ class Store(Protocol):
     async def put_response(self, record: ResponseRecord) -> None:
         """Write the new items and the response row atomically. Writing the same response id
         twice replaces the response row and ignores items whose keys already exist, unless the
-        row was written with a higher `epoch`: then nothing is written (`FencedWrite`, checked
-        in the same write)."""
+        row was written with a higher `epoch`, or (engines that share runs between replicas,
+        `tether.store.runbus`) the response's run is owned with a higher one: then nothing is
+        written (`FencedWrite`, checked in the same write)."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response | None: ...

@@ -293,7 +293,14 @@ class PostgresStore:
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _LOCK_CLASS, tenant)
             # Upsert the response row first: its row lock serializes two writes of one id.
-            # ... unless a newer owner wrote it (a higher epoch): then nothing is written.
+            # ... unless a newer owner wrote it or owns its run (a higher epoch: the run's row is
+            # read FOR SHARE, so an orphan's ending cannot slip in before this commits); then
+            # nothing is written.
+            run_epoch = await conn.fetchval(
+                "SELECT epoch FROM runs WHERE tenant = $1 AND id = $2 FOR SHARE", tenant, rid
+            )
+            if run_epoch is not None and run_epoch > record.epoch:
+                raise FencedWrite(tenant, rid, record.epoch)
             written = await conn.fetchval(
                 """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, replica, epoch)
                    VALUES ($1, $2, $3, $4, $5, $6, $7)

@@ -4,9 +4,10 @@ Tables (`migrations/postgres/0004_runs.sql`):
 
 * `runs(tenant, id, owner, epoch, state, response, next_seq, expires_at, params)`: a run's state
   and its Response as it stands; `epoch` is the owner's fencing token (raised by a takeover and by
-  an orphan's ending; a write with another epoch changes nothing); `params`, for a queued background run, lets a replica with
-  capacity take it over when its owner's heartbeat is gone (`claim`: `FOR UPDATE SKIP LOCKED`,
-  so one replica gets it).
+  an orphan's ending; a write with another epoch changes nothing, and the store's
+  `put_response` refuses a response write with a lower one); `params`, for a queued background
+  run, lets a replica with capacity take it over when its owner's heartbeat is gone (`claim`:
+  `FOR UPDATE SKIP LOCKED`, so one replica gets it).
 * `run_events(tenant, run_id, seq, event)`: its serialized events by sequence number; at most
   `replay_max_events` of them (older ones are deleted as it passes multiples of 256 beyond) and
   about `replay_max_bytes` of them (the owner counts what it published since the last trim; past
@@ -78,12 +79,12 @@ WITH up AS (
   UPDATE runs SET state = 'failed', response = $4, next_seq = $3 + 1, expires_at = now() + make_interval(secs => $5),
                   epoch = epoch + 1
    WHERE tenant = $1 AND id = $2 AND next_seq = $3 AND state NOT IN {_FINAL}
-  RETURNING epoch),
+  RETURNING 1),
 ev AS (
   INSERT INTO run_events (tenant, run_id, seq, event) SELECT $1, $2, $3, $6 FROM up
   ON CONFLICT DO NOTHING
   RETURNING 1)
-SELECT up.epoch, pg_notify($7, $8) FROM up
+SELECT pg_notify($7, $8) FROM up
 """
 
 _CLAIM = """
@@ -251,7 +252,7 @@ class PostgresRunBus:
     async def cancel(self, tenant: str, run_id: str) -> None:
         await self._pool.execute("SELECT pg_notify($1, $2)", self.channel, f"c{tenant}\x1f{run_id}")
 
-    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> int:
+    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> bool:
         rows = await self._pool.fetch(_ORPHAN, tenant, run_id, next_seq, response, self.retention_s, event,
                                       self.channel, f"e{tenant}\x1f{run_id}")  # fmt: skip
-        return int(rows[0][0]) if rows else 0
+        return len(rows) == 1

@@ -107,16 +107,16 @@ local alive = redis.call('EXISTS', ARGV[1] .. (r[1] or ''))
 return {r[1] or '', r[2], r[3] or '', r[4] or '0', alive}
 """
 
-# KEYS: hash, stream; ARGV: next, event, response, ttl. -> the run's new epoch | 0 (not done)
+# KEYS: hash, stream; ARGV: next, event, response, ttl. -> 1 done (the epoch raised) | 0
 _ORPHAN_LUA = _FINAL_LUA + """
 local r = redis.call('HMGET', KEYS[1], 'state', 'next')
 if not r[1] or final[r[1]] or tonumber(r[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
 redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[1]) + 1), 'e', ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 'failed', 'resp', ARGV[3], 'next', tonumber(ARGV[1]) + 1)
-local ep = redis.call('HINCRBY', KEYS[1], 'ep', 1)
+redis.call('HINCRBY', KEYS[1], 'ep', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
-return ep
+return 1
 """
 
 
@@ -144,7 +144,7 @@ class RedisRunBus:
         self._pubsub: Any = None
 
     def _keys(self, tenant: str, run_id: str) -> list[str]:
-        base = f"{self.store._tenant_tag(tenant)}:run:{run_id}"
+        base = self.store.run_key(tenant, run_id)
         return [base, base + ":ev"]
 
     async def start(self, on_cancel: Callable[[str, str], None]) -> None:
@@ -239,7 +239,7 @@ class RedisRunBus:
     async def cancel(self, tenant: str, run_id: str) -> None:
         await self._client.publish(self.channel, json.dumps([tenant, run_id]))
 
-    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> int:
+    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> bool:
         res = await self._orphan(keys=self._keys(tenant, run_id), args=[next_seq, event, response, self.retention_s],
                                  client=self._client)  # fmt: skip
-        return int(res)
+        return int(res) == 1

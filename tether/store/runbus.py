@@ -98,8 +98,8 @@ class RunBus(Protocol):
         """Ask the run's owner to cancel it."""
         ...
 
-    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> int:
+    async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> bool:
         """End a run whose owner died: atomically, when it is not final and its next number is
         still `next_seq`, append `event` as number `next_seq`, mark it failed with `response` and
-        raise its epoch (the old owner is fenced off). Returns the new epoch, 0 when it did not."""
+        raise its epoch (the old owner is fenced off). Returns whether it did."""
         ...
