@@ -6,7 +6,9 @@ Real parts only: two `tether serve` subprocesses (ports 0) sharing a store priva
 response created on A is retrieved, resumed from a sequence number and cancelled on B; then
 `kill -9` of the replica running a response: the other replica's subscriber gets `failed`
 (`run_orphaned`) within `run_orphan_after_s` and a poll interval, and a background response
-still queued there is taken over by the other replica and completes.
+still queued there is taken over by the other replica and completes. Then SIGSTOP of the owner
+past `run_orphan_after_s` and SIGCONT: fencing keeps the run the other replica ended final (the
+owner's later writes are refused, counted, and it stops generating).
 
 Needs PostgreSQL (TETHER_TEST_PG_URL) and Redis (TETHER_TEST_REDIS_URL); a missing one skips
 with the reason (fails under TETHER_TEST_REQUIRE_SERVERS=1).
