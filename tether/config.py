@@ -92,6 +92,7 @@ class Limits:
     # One API key runs at most this share of `max_background_running` at once (at least one; the
     # rest of its runs wait `queued`), and a freed slot goes to the key running the fewest
     # (tether/core/slots.py): another key's queued run starts at the next slot turnover at the latest.
+    # A server with one API key sets 1.0 (the cap holds even while no other key waits).
     background_key_share: float = 0.5
     # Replicas sharing a Redis or PostgreSQL store (docs/background.md "Many replicas"): each
     # heartbeats every third of this; a response in flight on a replica silent this long is
