@@ -96,6 +96,11 @@ class Limits:
     max_background_per_key: int = 64
     max_background_per_process: int = 1024
     max_background_running: int = 64
+    # One API key runs at most this share of `max_background_running` at once (at least one; the
+    # rest of its runs wait `queued`), and a freed slot goes to the key running the fewest
+    # (tether/core/slots.py): another key's queued run starts at the next slot turnover at the latest.
+    # A server with one API key sets 1.0 (the cap holds even while no other key waits).
+    background_key_share: float = 0.5
     # Replicas sharing a Redis or PostgreSQL store (docs/background.md "Many replicas"): each
     # heartbeats every third of this; a response in flight on a replica silent this long is
     # marked failed (`run_orphaned`) by whichever replica is asked about it.
@@ -364,6 +369,8 @@ def validate(cfg: TetherConfig) -> None:
         raise ValueError("limits.run_orphan_after_s must be > 0 (replicas heartbeat every third of it)")
     if limits.on_client_gone not in ("finish", "cancel"):
         raise ValueError("limits.on_client_gone must be 'finish' or 'cancel'")
+    if not 0 < limits.background_key_share <= 1:
+        raise ValueError("limits.background_key_share must be > 0 and <= 1")
     if limits.max_logprobs < 1:
         raise ValueError("limits.max_logprobs must be >= 1")
     if cfg.server.loop_lag_interval_s < 0:

@@ -288,3 +288,37 @@ async def test_a_stored_response_on_a_websocket_is_cancelled_from_http(make_stac
         while (ev := await recv_json(conn))["type"] != "response.incomplete":
             pass
         assert ev["response"]["status"] == "cancelled"  # the client on the socket sees it end
+
+
+async def test_a_background_create_is_no_connection(make_stack: Any) -> None:
+    """With one connection per key allowed and a WebSocket of that key open, a background create
+    of the same key still runs to its end: it counts against the background limits only."""
+    async with make_stack(backend=SLOW, max_connections_per_key=1) as stack, stack.ws() as conn:
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "hi", "store": False})
+        while (await recv_json(conn))["type"] != "response.completed":
+            pass
+        async with stack.client() as client:
+            created = await client.responses.create(model="sim-model", input="hello", background=True)
+            done = await poll(client, created.id)
+            assert done.status == "completed", done.error
+        await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "again", "store": False})
+        while (await recv_json(conn))["type"] != "response.completed":  # the WebSocket is still served
+            pass
+
+
+async def test_one_key_cannot_take_every_background_slot(make_stack: Any) -> None:
+    """Two slots: key A's long runs hold at most one (`background_key_share` 0.5), so key B's
+    short run starts at once and ends while A's are still running or queued."""
+    async with make_stack(backend={"tokens_per_s": 100, "output_tokens": 5000}, max_background_running=2) as stack:
+        async with stack.client() as a, stack.client("sk-b") as b:
+            long_runs = [await a.responses.create(model="sim-model", input=f"long {i}", background=True)
+                         for i in range(3)]  # fmt: skip
+            states = [(await a.responses.retrieve(r.id)).status for r in long_runs]
+            assert states.count("in_progress") + states.count("queued") == 3 and "queued" in states
+            short = await b.responses.create(model="sim-model", input="short", background=True,
+                                             max_output_tokens=16)  # fmt: skip
+            done = await poll(b, short.id, timeout=5.0)
+            assert done.status in ("completed", "incomplete")
+            assert [(await a.responses.retrieve(r.id)).status for r in long_runs].count("queued") >= 1
+            for r in long_runs:
+                await a.responses.cancel(r.id)

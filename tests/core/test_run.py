@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import tracemalloc
 
 import pytest
 
@@ -114,6 +115,27 @@ def test_replay_log_is_bounded_by_events_and_bytes() -> None:
     for _ in range(4):
         run.stamp(_delta("xxxx"), None)  # 4 bytes each: 12 > 10 drops the oldest
     assert len(by_bytes) == 2 and by_bytes.nbytes == 8 and by_bytes.first_seq == 2
+
+
+def test_a_read_of_the_replay_log_copies_only_the_new_events() -> None:
+    """A follower's read costs what it returns, not the log's length: reading the newest event
+    of a 20,000-event log allocates a one-element list, not a copy of the log (hundreds of
+    followers read on every wake-up)."""
+    log = ReplayLog(max_events=20_000, max_bytes=1 << 30)
+    run = ResponseRun("resp_1", log=log)
+    for _ in range(20_000 + 500):  # past the bound: the oldest were dropped, the rest kept in order
+        run.stamp(_delta("x"), None)
+    assert len(log) == 20_000 and log.first_seq == 500
+    assert [e.sequence_number for e in log.since(20_497)] == [20_498, 20_499]
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        for after in range(20_400, 20_499):
+            assert len(log.since(after)) == 20_499 - after
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - start < 20_000 * 8 // 4, f"a read allocated {peak - start} bytes (a copy of the log: 160 kB)"
 
 
 async def test_subscribers_replay_after_n_then_follow_live_until_the_end() -> None:
@@ -254,3 +276,22 @@ async def test_each_subscriber_batches_what_was_logged_since_its_last_batch() ->
     late = [[e.sequence_number for e in batch] async for batch in run.follow(0)]
     assert live == [[0], [1], [2], [3], [4], [5]]
     assert late == [[1, 2, 3, 4, 5]]
+
+
+def test_a_disowned_run_is_forgotten_in_flight_or_finished_and_frees_its_background_slot() -> None:
+    """A run whose shared writes were fenced off (another replica ended it or took it over) is no
+    longer this process's: neither in flight nor among the finished runs (its local log and
+    ending are not the run's), and its background admission is given back."""
+    runs = _runs()
+    queued = runs.reserve("t", response_pb2.Response(id="resp_q", status="queued"))
+    assert runs.background_counts() == (1, 0)
+    runs.disown(queued)
+    assert runs.get("t", "resp_q") is None and runs.background_counts() == (0, 0)
+    runs.admit_background("t")  # its slot is free again
+    finished = runs.open("t", response_pb2.Response(id="resp_f", store=True), None)
+    finished.close(TetherError(errors.SERVER_ERROR, "ended here"))
+    assert runs.get("t", "resp_f") is finished and finished.state is RunState.FAILED
+    runs.disown(finished)
+    assert runs.get("t", "resp_f") is None
+    queued.close(None)  # its late ending changes nothing here
+    assert runs.get("t", "resp_q") is None and runs.background_counts() == (0, 0)

@@ -6,7 +6,9 @@ Real parts only: two `tether serve` subprocesses (ports 0) sharing a store priva
 response created on A is retrieved, resumed from a sequence number and cancelled on B; then
 `kill -9` of the replica running a response: the other replica's subscriber gets `failed`
 (`run_orphaned`) within `run_orphan_after_s` and a poll interval, and a background response
-still queued there is taken over by the other replica and completes.
+still queued there is taken over by the other replica and completes. Then SIGSTOP of the owner
+past `run_orphan_after_s` and SIGCONT: fencing keeps the run the other replica ended final (the
+owner's later writes are refused, counted, and it stops generating).
 
 Needs PostgreSQL (TETHER_TEST_PG_URL) and Redis (TETHER_TEST_REDIS_URL); a missing one skips
 with the reason (fails under TETHER_TEST_REQUIRE_SERVERS=1).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 
 import openai
@@ -29,6 +32,8 @@ from .conftest import unavailable
 
 MODEL = "tether-sim"
 ORPHAN_AFTER_S = 2.0
+_FENCED = 'tether_runs_total{event="fenced"}'
+_WRITE_REFUSED = 'tether_post_inference_failures_total{reason="fenced"}'
 SLOW = {"ttft_ms": 0, "tokens_per_s": 40, "output_tokens": 4000, "tick_ms": 1}  # ~100 s unless stopped
 
 
@@ -224,3 +229,67 @@ async def test_a_continuation_on_one_replica_waits_for_its_parent_running_on_ano
                                         max_output_tokens=5)  # fmt: skip
     assert child.status in ("completed", "incomplete") and child.previous_response_id == parent.id
     assert (await on_b.responses.retrieve(parent.id)).status in ("completed", "incomplete")
+
+
+async def test_a_paused_owner_cannot_bring_a_final_run_back(pair) -> None:
+    """SIGSTOP the owner past `run_orphan_after_s`: the other replica ends its run `failed`
+    (`run_orphaned`). SIGCONT: the owner's later events, state and store write are refused by the
+    store (fencing) and counted, it stops generating, and both replicas answer `failed` with the
+    same output, not the owner's `completed`."""
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    before = a.metrics()
+    fenced_before, refused_before = before.get(_FENCED, 0), before.get(_WRITE_REFUSED, 0)
+    created = await on_a.responses.create(model=MODEL, input="write a long story", background=True)
+    await _until_in_progress(on_b, created.id)
+    await asyncio.sleep(0.3)  # some output
+    a.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(ORPHAN_AFTER_S + 0.5)
+        orphaned = await on_b.responses.retrieve(created.id)  # the owner is silent: B ends the run
+        assert orphaned.status == "failed" and orphaned.error.code == "server_error", orphaned
+    finally:
+        a.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while (seen_on_a := await on_a.responses.retrieve(created.id)).status == "in_progress":
+        assert time.monotonic() < deadline, "the owner never saw that its run had ended"
+        await asyncio.sleep(0.05)
+    assert a.metrics().get(_FENCED, 0) == fenced_before + 1, "the refused write was not counted"
+    while a.metrics().get(_WRITE_REFUSED, 0) == refused_before:  # the owner's store write: refused, counted
+        assert time.monotonic() < deadline + 5, "the owner's store write was not refused"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # the owner generated nothing more, and its store write did not land
+    for replica in (on_a, on_b):
+        got = await replica.responses.retrieve(created.id)
+        assert got.status == "failed" and got.error.code == "server_error", got
+        assert got.output_text == orphaned.output_text
+    assert seen_on_a.status == "failed"
+    replay = await on_b.responses.retrieve(created.id, stream=True)
+    events = [event async for event in replay]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.failed" and not any(e.type == "response.completed" for e in events)
+
+
+async def test_a_paused_owner_stops_a_run_that_produced_nothing_meanwhile(pair) -> None:
+    """The same pause, with a run that produces no event after it (a 30 s time to first token):
+    the owner learns at its first check after the stall, not at its next event."""
+    a, b = pair
+    _ensure_up(a)
+    on_a, on_b = _client(a), _client(b)
+    quiet = "tether-lab/bugfix20@40@30000:30000"  # the simulated model waits 30 s before its first token
+    fenced_before = a.metrics().get(_FENCED, 0)
+    created = await on_a.responses.create(model=quiet, input="think first", background=True)
+    await _until_in_progress(on_b, created.id)
+    a.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(ORPHAN_AFTER_S + 0.5)
+        assert (await on_b.responses.retrieve(created.id)).status == "failed"
+    finally:
+        a.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    while (status := (await on_a.responses.retrieve(created.id)).status) == "in_progress":
+        assert time.monotonic() - resumed < 3, "the owner kept a run another replica had ended"
+        await asyncio.sleep(0.05)
+    assert status == "failed"
+    assert a.metrics().get(_FENCED, 0) == fenced_before + 1

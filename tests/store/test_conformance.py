@@ -12,7 +12,7 @@ import pytest
 from tether.config import Limits
 from tether.core.conversations import Conversations
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
-from tether.store._common import MissingItemError
+from tether.store._common import FencedWrite, MissingItemError
 from tether.store.base import Hydrated, KeyedItem, ResponseRecord, UsageRecord
 
 T1, T2 = "tenant-a", "tenant-b"
@@ -239,6 +239,29 @@ async def test_put_with_unknown_key_fails_and_writes_nothing(store):
         await store.put_response(record)
     assert await store.get_response(T1, "resp_bad") is None
     assert await store.item_count(T1) == 0
+
+
+async def test_a_write_with_a_stale_fencing_token_is_refused_and_writes_nothing(store):
+    """A response written by a newer owner (a higher epoch: a replica that ended the run for an
+    owner that stopped) is final: the stale owner's later write is refused in the same write and
+    leaves the response, its items and their references as they were; the same epoch rewrites."""
+    chain = Chain()
+    owner, inputs, outs = chain.next(n_inputs=1, n_outputs=2)
+    owner = dataclasses.replace(owner, epoch=1)
+    failed = dataclasses.replace(owner, response=response(owner.response.id, status="failed"), input_keys=[],
+                                 output_keys=[], new_items=[], epoch=2)  # fmt: skip
+    await store.put_response(failed)
+    with pytest.raises(FencedWrite):
+        await store.put_response(owner)
+    assert (await store.get_response(T1, owner.response.id)).status == "failed"
+    assert await store.item_count(T1) == 0  # none of the stale write's items
+    await store.put_response(failed)  # the same epoch rewrites
+    newer = dataclasses.replace(owner, epoch=3)
+    await store.put_response(newer)
+    assert_hydrated(await store.load_context(T1, owner.response.id), newer, inputs, outs)
+    with pytest.raises(FencedWrite):
+        await store.put_response(failed)
+    assert (await store.get_response(T1, owner.response.id)).status == "completed"
 
 
 async def test_returned_protos_are_copies(store):

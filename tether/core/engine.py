@@ -37,6 +37,7 @@ from tether.core.ratelimit import RateLimiter
 from tether.core.run import ReplayGap, ResponseRun, Runs
 from tether.core.session import Session
 from tether.core.shared_runs import SharedRuns, not_retained
+from tether.core.slots import BackgroundSlots, per_key_cap
 from tether.core.stages import fields, validate
 from tether.core.stages.route import Resolved, Router
 from tether.core.stages.safety import Classifier, SecretDetector
@@ -59,6 +60,8 @@ _MAX_KEPT_ITEMS = 32
 # A response another replica ran has ended: how long a continuation waits for its store write
 # (written after its terminal event with store_durability = "overlap").
 _STORE_WRITE_WAIT_S = 5.0
+# The transport name of the session a background run runs in (not a connection: `_new_session`).
+_BACKGROUND = "background"
 
 
 class Engine:
@@ -95,9 +98,12 @@ class Engine:
         )
         self.shared: SharedRuns | None = None
         if bus is not None:
-            self.shared = SharedRuns(bus, orphan_after_s=limits.run_orphan_after_s, on_event=self.runs.count)
+            self.shared = SharedRuns(bus, orphan_after_s=limits.run_orphan_after_s, on_event=self.runs.count,
+                                     on_fenced=self._fenced)  # fmt: skip
             self.runs.attach = self.shared.attach
-        self._background_slots = asyncio.Semaphore(max(1, limits.max_background_running))
+        self._background_slots = BackgroundSlots(
+            limits.max_background_running, per_key_cap(limits.max_background_running, limits.background_key_share)
+        )
         self._background_tasks: set[asyncio.Task] = set()
         self._takeover: asyncio.Task | None = None
         self.services = TurnServices(
@@ -132,11 +138,18 @@ class Engine:
 
     async def _take_over(self) -> None:
         """Every poll interval, while this replica has free background slots: take over queued
-        background runs of replicas that stopped heartbeating, and run them here."""
+        background runs of replicas that stopped heartbeating, and run them here. After a stall
+        of this process past `run_orphan_after_s` (it was paused: other replicas may have ended
+        or taken its runs), first check its runs in flight against the shared side
+        (`SharedRuns.recheck`), so that one producing no events meanwhile stops too."""
         assert self.shared is not None
         limits = self.config.limits
+        loop = asyncio.get_running_loop()
         while not self._stopping:
+            before = loop.time()
             await asyncio.sleep(self.shared.poll_s)
+            if loop.time() - before > limits.run_orphan_after_s:
+                await self.shared.recheck(self.runs.in_flight_runs())
             queued, running = self.runs.background_counts()
             free = min(limits.max_background_running - running - queued,
                        limits.max_background_per_process - self.runs.background_total)  # fmt: skip
@@ -151,6 +164,7 @@ class Engine:
                 response = response_pb2.Response.FromString(c.response)
                 response.id, response.status = c.run_id, "queued"
                 run = self.runs.reserve(c.tenant, response)
+                run.epoch = c.epoch  # the claim's fencing token: the old owner's writes are refused
                 self.runs.count("taken_over")
                 try:
                     params = self.params_sealer.open(c.tenant, c.run_id, c.params)
@@ -193,6 +207,8 @@ class Engine:
     # -- sessions ---------------------------------------------------------------------------------
 
     async def open_session(self, tenant: str, *, transport: str) -> Session:
+        """A client's connection (WebSocket, gRPC Session, a stateless HTTP create): counted
+        against `max_connections_per_key`."""
         if self._stopping:
             raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
         if self._per_tenant[tenant] >= self.config.limits.max_connections_per_key:
@@ -200,19 +216,24 @@ class Engine:
                 errors.RATE_LIMIT_EXCEEDED,
                 f"Too many open connections for this API key (limit {self.config.limits.max_connections_per_key}).",
             )
+        session = self._new_session(tenant, transport)
+        self._per_tenant[tenant] += 1
+        self.telemetry.session_opened(transport)
+        return session
+
+    def _new_session(self, tenant: str, transport: str) -> Session:
         session = Session(self.services, tenant, transport, cache_budget=self.cache_budget, strategy=self.strategy,
                           on_closed=self._session_closed)  # fmt: skip
         self.sessions.add(session)
-        self._per_tenant[tenant] += 1
-        self.telemetry.session_opened(transport)
         return session
 
     def _session_closed(self, session: Session) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
-            self._per_tenant[session.tenant] -= 1
             self.sessions_closed += 1
-            self.telemetry.session_closed(session.transport)
+            if session.transport != _BACKGROUND:
+                self._per_tenant[session.tenant] -= 1
+                self.telemetry.session_closed(session.transport)
 
     # -- shared stage helpers ---------------------------------------------------------------------
 
@@ -419,7 +440,8 @@ class Engine:
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> response_pb2.Response:
         """`background: true`: check the request, reserve its run and return it `queued`; a task
-        runs it (at most `max_background_running` at once) in a session of its own."""
+        runs it (at most `max_background_running` at once, fairly shared between keys:
+        `tether.core.slots`) in a session of its own."""
         if self._stopping:
             raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
         if params.HasField("store") and not params.store:
@@ -451,10 +473,13 @@ class Engine:
 
     async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         try:
-            async with self._background_slots:
+            async with self._background_slots.hold(tenant):
                 if run.state.final:  # cancelled while queued
                     return
-                session = await self.open_session(tenant, transport="background")
+                if self._stopping:
+                    raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
+                # A background run is no connection: it counts against the background limits only.
+                session = self._new_session(tenant, _BACKGROUND)
                 drain = asyncio.create_task(_discard(session.events()))  # the run logs each batch
                 try:
                     await session.start(params, run)
@@ -500,6 +525,22 @@ class Engine:
             except TimeoutError:
                 pass
         return run.snapshot()
+
+    def _fenced(self, run: ResponseRun) -> None:
+        """Another replica ended this replica's run (it took this one for dead: a pause past
+        `run_orphan_after_s`) or took it over: stop generating at once, and answer for the run
+        from the shared side from now on."""
+        self.runs.disown(run)
+        if run.state.final:
+            return
+        reason = TetherError(
+            errors.RUN_ORPHANED,
+            "Another server replica ended this response while this one was not responding; it did not finish.",
+        )
+        if run.control is None:  # still queued here: it never starts
+            run.close(reason)
+        else:
+            run.control.interrupt(Outcome.CUT, reason)
 
     def _cancel_asked(self, tenant: str, response_id: str) -> None:
         """Another replica asked to cancel a run: this one acts when it runs it."""

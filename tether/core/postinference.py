@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tether.core.chain import Node
-from tether.store._common import MissingItemError, is_transient
+from tether.store._common import FencedWrite, MissingItemError, is_transient
 from tether.store.base import KeyedItem, ResponseRecord, Store, UsageRecord
 
 log = logging.getLogger("tether.post")
@@ -64,7 +64,9 @@ class PostJob:
 class PostInference:
     """`on_done(seconds)` times each finished job; `on_failure(reason)` counts a failed attempt:
     "retried" (transient, tried again), "repaired" (a referenced item was gone, written again
-    self-contained), "permanent" (given up: the response is not stored)."""
+    self-contained), "fenced" (the response was already ended by another replica, which took
+    over from this one: not stored, `tether.store.base.ResponseRecord.epoch`), "permanent" (given
+    up: the response is not stored)."""
 
     def __init__(
         self,
@@ -212,6 +214,14 @@ class PostInference:
             if job.usage is not None:
                 await self._store.record_usage(job.usage)
             return None
+        except FencedWrite as exc:
+            # Another replica ended this run for an owner it took for dead (this one, paused):
+            # the response it stored is final. The tokens were spent all the same: the ledger
+            # line is still written.
+            self._count("fenced")
+            log.warning("a response write was refused: another replica ended the response",
+                        extra={"response_id": exc.response_id})  # fmt: skip
+            return dataclasses.replace(job, record=None, context=None) if job.usage is not None else None
         except MissingItemError as exc:
             if job.context is not None:
                 self._count("repaired")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -88,37 +88,52 @@ class ReplayGap(Exception):
 class ReplayLog:
     """The events of one run in order, bounded by `max_events` and `max_bytes` (the oldest go
     first; `first_seq` says where the log starts). Sizes: a delta's text length, an event's
-    serialized size."""
+    serialized size.
 
-    __slots__ = ("_entries", "max_events", "max_bytes", "nbytes", "first_seq")
+    Reads cost what they return: the entries sit in a list behind a head index (dropping the
+    oldest moves the index; the list is compacted once the dropped part is as long as the rest),
+    so `since(after)` is one slice of the new entries. A run followed by hundreds of subscribers
+    is read hundreds of times per wake-up: a read that copied the whole log would cost them all
+    O(log) each."""
+
+    __slots__ = ("_entries", "_sizes", "_head", "max_events", "max_bytes", "nbytes", "first_seq")
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
-        self._entries: deque[tuple[Any, int]] = deque()
+        self._entries: list[Any] = []
+        self._sizes: list[int] = []
+        self._head = 0  # entries before it were dropped (not yet compacted away)
         self.max_events = max(1, max_events)
         self.max_bytes = max(1, max_bytes)
         self.nbytes = 0
         self.first_seq = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) - self._head
 
     def append(self, entry: Any, size: int) -> None:
-        entries = self._entries
-        entries.append((entry, size))
+        entries, sizes = self._entries, self._sizes
+        entries.append(entry)
+        sizes.append(size)
         self.nbytes += size
-        while len(entries) > 1 and (len(entries) > self.max_events or self.nbytes > self.max_bytes):
-            _, dropped = entries.popleft()
-            self.nbytes -= dropped
+        head = self._head
+        while len(entries) - head > 1 and (len(entries) - head > self.max_events or self.nbytes > self.max_bytes):
+            self.nbytes -= sizes[head]
+            entries[head] = None  # let it go now, not at the next compaction
+            head += 1
             self.first_seq += 1
+        if head and head >= len(entries) - head:
+            del entries[:head]
+            del sizes[:head]
+            head = 0
+        self._head = head
 
     def since(self, after: int) -> list[Any]:
-        """The entries numbered above `after`; ReplayGap when some of them were dropped."""
+        """The entries numbered above `after` (a new list of just those); ReplayGap when some of
+        them were dropped."""
         start = after + 1 - self.first_seq
         if start < 0:
             raise ReplayGap(f"events {after + 1}..{self.first_seq - 1} are no longer retained")
-        if start >= len(self._entries):
-            return []
-        return [e for e, _ in list(self._entries)[start:]]
+        return self._entries[self._head + start :]
 
 
 class RunSink(Protocol):
@@ -147,7 +162,7 @@ class ResponseRun:
     """One response's run (see the module docstring). `control` is the turn's `TurnControl`
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
-    __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq",
+    __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq", "epoch",
                  "terminal_produced", "settled", "sink", "finished_at", "mirror", "_wake", "_settled", "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
@@ -162,6 +177,9 @@ class ResponseRun:
         self.background = background
         self.log = log
         self.next_seq = 0
+        # This replica's fencing token for the run's shared side (`tether.store.runbus`): every
+        # shared write and the response's store write carry it; 0 for a run kept in one process.
+        self.epoch = 0
         self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
         self.sink: RunSink | None = None  # the outbox its events leave through (`Outbox.bind`)
@@ -359,6 +377,17 @@ class Runs:
         self._expire()
         return self._finished.get(key)
 
+    def disown(self, run: ResponseRun) -> None:
+        """Another replica ended or owns the run now (this one's shared writes were fenced off):
+        this process forgets it, in flight or finished here (its local log and ending are not
+        the run's), and asks the shared side and the store about it from now on; its background
+        slot is freed."""
+        key = (run.tenant, run.id)
+        if self._live.pop(key, None) is not None:
+            self._release_background(run)
+        elif self._finished.get(key) is run:
+            self._drop(key)
+
     def forget(self, tenant: str, response_id: str) -> None:
         """Drop a finished run (its response was deleted); one in flight stays."""
         if (tenant, response_id) in self._finished:
@@ -386,6 +415,10 @@ class Runs:
                 retry_after=1.0,
             )
 
+    def in_flight_runs(self) -> list[ResponseRun]:
+        """Every registered run not final yet (a copy: the caller may await between them)."""
+        return list(self._live.values())
+
     def background_counts(self) -> tuple[int, int]:
         """(queued, running) background runs."""
         queued = sum(1 for r in self._live.values() if r.background and r.state is RunState.QUEUED)
@@ -396,14 +429,17 @@ class Runs:
         if self._live.pop(key, None) is None:
             return
         run.finished_at = self._clock()
+        self._release_background(run)
+        self._finished[key] = run
+        self._finished_nbytes += run.log.nbytes if run.log is not None else 0
+        self._expire()
+
+    def _release_background(self, run: ResponseRun) -> None:
         if run.background:
             self._background[run.tenant] -= 1
             if self._background[run.tenant] <= 0:
                 del self._background[run.tenant]
             self.background_total -= 1
-        self._finished[key] = run
-        self._finished_nbytes += run.log.nbytes if run.log is not None else 0
-        self._expire()
 
     def _expire(self) -> None:
         """Drop finished runs, oldest first: past the count, the bytes or the retention."""

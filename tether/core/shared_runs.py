@@ -15,13 +15,22 @@ whose owner stopped heartbeating for `run_orphan_after_s` is ended `failed` with
 events), with a terminal event that every follower receives. A queued background run whose
 owner stopped is taken over (`RunBus.claim`) by a replica with a free background slot, and runs
 there (`Engine`).
+
+Final is final (fencing): ownership carries the run's epoch (`tether.store.runbus`). The replica
+that ends an orphan raises it, and so does a takeover. An owner that was only paused (SIGSTOP, a long GC, a VM migration) and wakes up
+finds its next write refused (or, for a run that writes nothing meanwhile, its check after the
+stall, `recheck`, finds the run ended or moved): it counts it
+(`tether_runs_total{event="fenced"}`), stops the turn at once (it is cut, failed
+`run_orphaned`, generating nothing more), forgets the run (this replica answers for it from the
+store from then on), and its own store write is refused by the store (`FencedWrite`: the run's
+epoch is higher than the write's), so every replica keeps answering what the shared log says.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tether import errors
@@ -39,7 +48,7 @@ class RunMirror:
     """Publishes one run's events to the bus as they are numbered (`ResponseRun.stamp` calls
     `push`), batched: one write per outbox batch, never two in flight for one run (order)."""
 
-    __slots__ = ("shared", "run", "params", "_pending", "_dirty", "_task")
+    __slots__ = ("shared", "run", "params", "fenced", "_pending", "_dirty", "_task")
 
     def __init__(self, shared: SharedRuns, run: ResponseRun) -> None:
         self.shared = shared
@@ -48,8 +57,11 @@ class RunMirror:
         self._dirty = True  # the Response changed since the last write (the first write carries it)
         self._task: asyncio.Task | None = None
         self.params: bytes | None = None  # a queued background run's create params, sent once (takeover)
+        self.fenced = False  # a write was refused: another replica ended or took the run
 
     def push(self, entry: Any, arm: str | None) -> None:
+        if self.fenced:
+            return
         self._pending.append(entry)
         if arm is not None and arm in RESPONSE_ARMS:
             self._dirty = True
@@ -64,6 +76,19 @@ class RunMirror:
             self._task = self.shared.spawn(self._flush())
         await asyncio.shield(self._task)
 
+    def fence(self) -> None:
+        """The shared log refused a write of this run, or says after a stall that it is no longer
+        this replica's: another replica ended it (an orphan) or took it over. Stop generating now
+        and leave the run to the shared side (once: a write in flight and the check after a stall
+        may both find it)."""
+        if self.fenced:
+            return
+        self.fenced = True
+        self._pending = []
+        run = self.run
+        log.warning("response %s: another replica ended or took over this run; stopping it here", run.id)
+        self.shared.fenced(run)
+
     async def _flush(self) -> None:
         run, bus = self.run, self.shared.bus
         try:
@@ -76,11 +101,17 @@ class RunMirror:
                 params, self.params = self.params, None
                 self._dirty = False
                 try:
-                    await bus.publish(run.tenant, run.id, events, state=run.state.value, response=response,
-                                      next_seq=run.next_seq if not entries else entries[-1].sequence_number + 1,
-                                      params=params)  # fmt: skip
+                    accepted = await bus.publish(
+                        run.tenant, run.id, events, state=run.state.value, response=response,
+                        next_seq=run.next_seq if not entries else entries[-1].sequence_number + 1,
+                        epoch=run.epoch, params=params,
+                    )  # fmt: skip
                 except Exception as exc:  # noqa: BLE001 - the local run goes on; other replicas lag
                     log.warning("publishing run %s to the store failed: %s", run.id, exc)
+                else:
+                    if not accepted and (entries or not run.state.final):
+                        self.fence()
+                        return
                 if not self._pending and not self._dirty:
                     return
         finally:
@@ -90,15 +121,43 @@ class RunMirror:
 class SharedRuns:
     """The engine's view of runs held by other replicas (see the module docstring)."""
 
-    def __init__(self, bus: RunBus, *, orphan_after_s: float, on_event: Any = lambda kind: None) -> None:
+    def __init__(self, bus: RunBus, *, orphan_after_s: float, on_event: Callable[[str], None] = lambda kind: None,
+                 on_fenced: Callable[[ResponseRun], None] = lambda run: None) -> None:  # fmt: skip
+        """`on_fenced`: called once with a run of this replica whose shared write was refused or
+        that the shared side gave to another (`RunMirror.fence`: the engine stops it and forgets
+        it)."""
         self.bus = bus
         self.orphan_after_s = orphan_after_s
         self.poll_s = max(0.05, min(1.0, orphan_after_s / 3))  # a follower's longest wait between checks
         self._tasks: set[asyncio.Task] = set()
         self._on_event = on_event
+        self._on_fenced = on_fenced
 
     def attach(self, run: ResponseRun) -> None:
+        """Mirror a run this replica creates: its owner, with the first epoch (a takeover sets
+        the one its claim got)."""
+        run.epoch = 1
         run.mirror = RunMirror(self, run)
+
+    async def recheck(self, runs: list[ResponseRun]) -> None:
+        """This process was stalled long enough for other replicas to end its runs or take
+        them over: fence off each run of `runs` the shared side says is no longer this
+        replica's to write (another owner, or final there and not here)."""
+        for run in runs:
+            mirror = run.mirror
+            if mirror is None or mirror.fenced or run.state.final:
+                continue
+            try:
+                info = await self.bus.info(run.tenant, run.id)
+            except Exception as exc:  # noqa: BLE001 - the next write will tell
+                log.warning("checking run %s after a stall failed: %s", run.id, exc)
+                continue
+            if info is not None and (info.owner != self.bus.replica or info.state in FINAL_STATES):
+                mirror.fence()
+
+    def fenced(self, run: ResponseRun) -> None:
+        self._on_event("fenced")
+        self._on_fenced(run)
 
     def spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -132,6 +191,8 @@ class SharedRuns:
         )
         ev = events_pb2.ServerEvent(response_id=run_id, sequence_number=info.next_seq)
         ev.failed.response.CopyFrom(response)
+        # The write raises the run's epoch: the old owner's writes, should it wake up, are refused
+        # (its events and state by the bus, its response by the store).
         if await self.bus.fail_orphan(tenant, run_id, info.next_seq, ev.SerializeToString(), response.SerializeToString()):
             log.warning("response %s orphaned: replica %s stopped heartbeating", run_id, info.owner)
             self._on_event("orphaned")

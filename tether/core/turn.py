@@ -649,6 +649,7 @@ class Turn:
             new_items=[KeyedItem(s.key, s.item) for s in _unstored(prepared, out_segments)],
             conversation_tokens=context.token_count,
             replica=self.replica,
+            epoch=self.response_run.epoch if self.response_run is not None else 0,  # the store fences it
         )
         return PostJob(usage=usage, record=record, context=context)
 

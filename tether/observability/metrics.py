@@ -89,7 +89,8 @@ class Metrics:
         self.post_failures = Counter(
             "tether_post_inference_failures",
             "Failed store/ledger write attempts: retried (transient), repaired (a referenced item was deleted "
-            "meanwhile; written again self-contained), permanent (the response is not stored)",
+            "meanwhile; written again self-contained), fenced (refused: another replica had ended the response), "
+            "permanent (the response is not stored)",
             ["reason"], registry=r,
         )  # fmt: skip
         self.compactions = Counter(
@@ -148,7 +149,8 @@ class Metrics:
         self.runs = Counter(
             "tether_runs", "Response runs by event: background (created), resumed (stream retrieves), "
             "cancelled (cancels of runs in flight), detached (a client went away, its stored response ran on), orphaned (a run whose replica stopped, failed), "
-            "taken_over (a queued background run of a replica that stopped, run here)",
+            "taken_over (a queued background run of a replica that stopped, run here), fenced (a run of this "
+            "replica that another one had ended or taken over: its writes refused, stopped here)",
             ["event"], registry=r,
         )
         self.background_runs = Gauge("tether_background_runs", "Background responses now, by state (queued, running)",

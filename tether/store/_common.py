@@ -129,6 +129,21 @@ class MissingItemError(LookupError):
         self.key = key
 
 
+class FencedWrite(RuntimeError):
+    """A response write whose fencing token is stale: the stored response was written with a
+    higher `ResponseRecord.epoch`, or its run shared between replicas is owned with a higher one
+    (another replica ended it for an owner it took for dead, or took it over:
+    `tether.core.shared_runs`). Every engine raises it from `put_response`, checked in the same
+    write, and then writes nothing: a paused owner that wakes up cannot bring a final response
+    back."""
+
+    def __init__(self, tenant: str, response_id: str, epoch: int) -> None:
+        super().__init__(f"response {response_id!r} was written by a newer owner than epoch {epoch}")
+        self.tenant = tenant
+        self.response_id = response_id
+        self.epoch = epoch
+
+
 # Errors of the drivers that mean "try again": the server is unreachable, restarting, overloaded
 # or the transaction lost a race; named by module and class so this module imports no driver.
 _TRANSIENT_DRIVER_ERRORS = {

@@ -44,6 +44,9 @@ class ResponseRecord:
     new_items: Sequence[KeyedItem]  # items not stored before: this turn's new input and its output
     conversation_tokens: int = 0  # rendered tokens of input + output (lets hydration skip a recount)
     replica: str = ""  # the backend-pool replica that served it (chain-affine routing survives reconnects)
+    # The writer's fencing token (its run's ownership epoch, `tether.store.runbus`): a response
+    # stored with a higher epoch is not replaced (`FencedWrite`); 0 for runs kept in one process.
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,10 @@ class Store(Protocol):
 
     async def put_response(self, record: ResponseRecord) -> None:
         """Write the new items and the response row atomically. Writing the same response id
-        twice replaces the response row and ignores items whose keys already exist."""
+        twice replaces the response row and ignores items whose keys already exist, unless the
+        row was written with a higher `epoch`, or (engines that share runs between replicas,
+        `tether.store.runbus`) the response's run is owned with a higher one: then nothing is
+        written (`FencedWrite`, checked in the same write)."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response | None: ...

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
-from ._common import MissingItemError, check_page_args, item_api_id, page, parse_items
+from ._common import FencedWrite, MissingItemError, check_page_args, item_api_id, page, parse_items
 from .base import Hydrated, ItemPage, KeyedItem, ResponseRecord, UsageRecord
 
 
@@ -25,6 +25,7 @@ class _StoredResponse:
     output_keys: tuple[str, ...]
     conversation_tokens: int
     replica: str
+    epoch: int = 0
 
 
 @dataclass
@@ -65,6 +66,9 @@ class MemoryStore:
         rid = record.response.id
         if not rid:
             raise ValueError("response.id is empty")
+        stored = self._responses.get((tenant, rid))
+        if stored is not None and stored.epoch > record.epoch:
+            raise FencedWrite(tenant, rid, record.epoch)
         data = record.response.SerializeToString()
         known = {k.key for k in record.new_items}
         for key in (*record.input_keys, *record.output_keys):
@@ -82,7 +86,8 @@ class MemoryStore:
                 item.refs += 1
         old = self._responses.get((tenant, rid))
         self._responses[(tenant, rid)] = _StoredResponse(
-            data, tuple(record.input_keys), tuple(record.output_keys), record.conversation_tokens, record.replica
+            data, tuple(record.input_keys), tuple(record.output_keys), record.conversation_tokens, record.replica,
+            record.epoch,
         )
         if old is not None:
             self._release(tenant, set(old.input_keys) | set(old.output_keys))

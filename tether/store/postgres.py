@@ -58,6 +58,7 @@ from tether.logging_setup import redact_url
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
+    FencedWrite,
     MissingItemError,
     check_page_args,
     item_api_id,
@@ -292,20 +293,33 @@ class PostgresStore:
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _LOCK_CLASS, tenant)
             # Upsert the response row first: its row lock serializes two writes of one id.
-            await conn.execute(
-                """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, replica)
-                   VALUES ($1, $2, $3, $4, $5, $6)
+            # ... unless a newer owner wrote it or owns its run (a higher epoch: the run's row is
+            # read FOR SHARE, so an orphan's ending cannot slip in before this commits); then
+            # nothing is written.
+            run_epoch = await conn.fetchval(
+                "SELECT epoch FROM runs WHERE tenant = $1 AND id = $2 FOR SHARE", tenant, rid
+            )
+            if run_epoch is not None and run_epoch > record.epoch:
+                raise FencedWrite(tenant, rid, record.epoch)
+            written = await conn.fetchval(
+                """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, replica, epoch)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7)
                    ON CONFLICT (tenant, id) DO UPDATE SET
                      response = excluded.response, created_at = excluded.created_at,
                      conversation_tokens = excluded.conversation_tokens, stored_at = now(),
-                     replica = excluded.replica""",
+                     replica = excluded.replica, epoch = excluded.epoch
+                   WHERE responses.epoch <= excluded.epoch
+                   RETURNING 1""",
                 tenant,
                 rid,
                 record.response.SerializeToString(),
                 record.response.created_at,
                 record.conversation_tokens,
                 record.replica,
+                record.epoch,
             )
+            if written is None:
+                raise FencedWrite(tenant, rid, record.epoch)
             old = await conn.fetch(
                 "DELETE FROM response_items WHERE tenant = $1 AND response_id = $2 RETURNING item_key",
                 tenant,

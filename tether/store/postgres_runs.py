@@ -2,10 +2,12 @@
 
 Tables (`migrations/postgres/0004_runs.sql`):
 
-* `runs(tenant, id, owner, state, response, next_seq, expires_at, params)`: a run's state and
-  its Response as it stands; `params`, for a queued background run, lets a replica with
-  capacity take it over when its owner's heartbeat is gone (`claim`: `FOR UPDATE SKIP LOCKED`,
-  so one replica gets it).
+* `runs(tenant, id, owner, epoch, state, response, next_seq, expires_at, params)`: a run's state
+  and its Response as it stands; `epoch` is the owner's fencing token (raised by a takeover and by
+  an orphan's ending; a write with another epoch changes nothing, and the store's
+  `put_response` refuses a response write with a lower one); `params`, for a queued background
+  run, lets a replica with capacity take it over when its owner's heartbeat is gone (`claim`:
+  `FOR UPDATE SKIP LOCKED`, so one replica gets it).
 * `run_events(tenant, run_id, seq, event)`: its serialized events by sequence number; at most
   `replay_max_events` of them (older ones are deleted as it passes multiples of 256 beyond) and
   about `replay_max_bytes` of them (the owner counts what it published since the last trim; past
@@ -43,12 +45,12 @@ _TRIM_EVERY = 256
 
 _PUBLISH = f"""
 WITH up AS (
-  INSERT INTO runs AS r (tenant, id, owner, state, response, next_seq, expires_at, params)
-  VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $14)
+  INSERT INTO runs AS r (tenant, id, owner, state, response, next_seq, expires_at, params, epoch)
+  VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $14, $18)
   ON CONFLICT (tenant, id) DO UPDATE SET
     owner = excluded.owner, state = excluded.state, response = coalesce(excluded.response, r.response),
     next_seq = excluded.next_seq, expires_at = excluded.expires_at, params = CASE WHEN excluded.state = 'queued' THEN coalesce(excluded.params, r.params) END
-  WHERE r.state NOT IN {_FINAL}
+  WHERE r.state NOT IN {_FINAL} AND r.epoch = excluded.epoch
   RETURNING 1),
 ev AS (
   INSERT INTO run_events (tenant, run_id, seq, event)
@@ -74,7 +76,8 @@ SELECT r.owner, r.state, r.response, r.next_seq,
 
 _ORPHAN = f"""
 WITH up AS (
-  UPDATE runs SET state = 'failed', response = $4, next_seq = $3 + 1, expires_at = now() + make_interval(secs => $5)
+  UPDATE runs SET state = 'failed', response = $4, next_seq = $3 + 1, expires_at = now() + make_interval(secs => $5),
+                  epoch = epoch + 1
    WHERE tenant = $1 AND id = $2 AND next_seq = $3 AND state NOT IN {_FINAL}
   RETURNING 1),
 ev AS (
@@ -85,7 +88,7 @@ SELECT pg_notify($7, $8) FROM up
 """
 
 _CLAIM = """
-UPDATE runs SET owner = $1
+UPDATE runs SET owner = $1, epoch = runs.epoch + 1
  WHERE (tenant, id) IN (
    SELECT r.tenant, r.id FROM runs r
     WHERE r.state = 'queued' AND r.params IS NOT NULL AND r.expires_at > now()
@@ -94,7 +97,7 @@ UPDATE runs SET owner = $1
     ORDER BY r.expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED)
-RETURNING tenant, id, params, response
+RETURNING tenant, id, params, response, epoch
 """
 
 _SWEEP = """
@@ -184,7 +187,7 @@ class PostgresRunBus:
     # -- the bus -----------------------------------------------------------------------------
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, epoch: int, params: bytes | None = None) -> bool:  # fmt: skip
         final = state in ("completed", "incomplete", "failed", "cancelled")
         start = events[0][0] if events else next_seq
         trim = next_seq > self.max_events and (next_seq // _TRIM_EVERY) != (start // _TRIM_EVERY)
@@ -196,18 +199,20 @@ class PostgresRunBus:
             self._untrimmed.pop(key, None)
         else:
             self._untrimmed[key] = 0 if trim_bytes else untrimmed
-        await self._pool.execute(
+        rows = await self._pool.fetch(
             _PUBLISH, tenant, run_id, self.replica, state, response, next_seq,
             self.retention_s if final else self.live_ttl_s,
             [s for s, _ in events], [e for _, e in events], trim, self.max_events,
-            self.channel, f"e{tenant}\x1f{run_id}", params, self.max_bytes, trim_bytes, added,
+            self.channel, f"e{tenant}\x1f{run_id}", params, self.max_bytes, trim_bytes, added, epoch,
         )  # fmt: skip
+        return len(rows) == 1
 
     async def claim(self, limit: int) -> list[Claimed]:
         if limit <= 0:
             return []
         rows = await self._pool.fetch(_CLAIM, self.replica, limit, self.orphan_after_s)
-        return [Claimed(tenant, run_id, bytes(params), bytes(response or b"")) for tenant, run_id, params, response in rows]
+        return [Claimed(tenant, run_id, bytes(params), bytes(response or b""), epoch)
+                for tenant, run_id, params, response, epoch in rows]  # fmt: skip
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
         row = await self._pool.fetchrow(_INFO, tenant, run_id, self.orphan_after_s)

@@ -7,7 +7,9 @@ Layout (P = the `prefix` option, default "tether"; T = the tenant, percent-encod
   number of stored responses referencing it.
 * `P:{t:T}:r:<response id>`: a hash per response: `d` serialized Response proto, `tok`
   conversation tokens, `in` / `out` the ordered key lists as JSON arrays, `ca` created_at, `rep`
-  the backend-pool replica that served it.
+  the backend-pool replica that served it, `ep` its writer's fencing token: a write with a lower
+  one than this, or than its run's (`P:{t:T}:run:<id>`, field `ep`, `redis_runs`), is refused
+  (`FencedWrite`).
 * `P:{usage}:stream`: the usage ledger, a stream (XADD, one entry per response, fields as in
   UsageRecord); `P:{usage}:seen`: the idempotency set, members `[tenant, response_id]` as JSON.
   A Lua script does `SADD seen member` and XADDs only when the member is new (the "SETNX on the
@@ -53,6 +55,7 @@ from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
 from ._common import (
     USAGE_FIELDS,
+    FencedWrite,
     MissingItemError,
     check_page_args,
     item_api_id,
@@ -83,12 +86,16 @@ end
 return res
 """
 
-# KEYS[1] response hash; ARGV: item prefix, ttl, response bytes, tokens, in json, out json,
-# created_at, replica, then (key, item_id, item bytes) per new item. -> {1} | {0, missing key}
+# KEYS[1] response hash, KEYS[2] its run's hash (redis_runs); ARGV: item prefix, ttl, response
+# bytes, tokens, in json, out json, created_at, replica, epoch, then (key, item_id, item bytes)
+# per new item. -> {1} | {0, missing key} | {2} (fenced: the response was written, or its run is
+# owned, with a higher epoch)
 _PUT_LUA = """
-local prefix, ttl = ARGV[1], tonumber(ARGV[2])
+local prefix, ttl, epoch = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[9])
+if tonumber(redis.call('HGET', KEYS[1], 'ep') or '0') > epoch then return {2} end
+if tonumber(redis.call('HGET', KEYS[2], 'ep') or '0') > epoch then return {2} end
 local new = {}
-for j = 9, #ARGV, 3 do new[ARGV[j]] = j end
+for j = 10, #ARGV, 3 do new[ARGV[j]] = j end
 local refs, order = {}, {}
 for _, list in ipairs({cjson.decode(ARGV[5]), cjson.decode(ARGV[6])}) do
   for _, k in ipairs(list) do
@@ -139,7 +146,8 @@ if old[1] then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'tok', ARGV[4], 'in', ARGV[5], 'out', ARGV[6], 'ca', ARGV[7], 'rep', ARGV[8])
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'tok', ARGV[4], 'in', ARGV[5], 'out', ARGV[6], 'ca', ARGV[7], 'rep', ARGV[8],
+           'ep', ARGV[9])
 if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 return {1}
 """
@@ -245,6 +253,11 @@ class RedisStore:
     def response_key(self, tenant: str, response_id: str) -> str:
         return f"{self._tenant_tag(tenant)}:r:{response_id}"
 
+    def run_key(self, tenant: str, response_id: str) -> str:
+        """The hash of the response's run shared between replicas (`redis_runs`): its `ep` field
+        is the run's fencing token, which `put_response` checks."""
+        return f"{self._tenant_tag(tenant)}:run:{response_id}"
+
     def item_prefix(self, tenant: str) -> str:
         return f"{self._tenant_tag(tenant)}:i:"
 
@@ -327,14 +340,17 @@ class RedisStore:
             json.dumps(list(record.output_keys), ensure_ascii=False, separators=(",", ":")),
             record.response.created_at,
             record.replica,
+            record.epoch,
         ]
         for keyed in record.new_items:
             args += [keyed.key, item_api_id(keyed.item), keyed.item.SerializeToString()]
         result = await self._scripts["put"](
-            keys=[self.response_key(tenant, rid)], args=args, client=self.client
+            keys=[self.response_key(tenant, rid), self.run_key(tenant, rid)], args=args, client=self.client
         )
         if int(result[0]) == 0:
             raise MissingItemError(tenant, rid, result[1].decode())
+        if int(result[0]) == 2:
+            raise FencedWrite(tenant, rid, record.epoch)
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response | None:
         data = await self.client.hget(self.response_key(tenant, response_id), "d")

@@ -2,8 +2,9 @@
 
 Keys (T: the tenant's hash tag, as the store's other keys of that tenant):
 
-* `P:{t:T}:run:<id>`: a hash: `owner` (replica id), `state`, `resp` (serialized Response as it
-  stands), `next` (the next sequence number).
+* `P:{t:T}:run:<id>`: a hash: `owner` (replica id), `ep` (its fencing token: the ownership
+  epoch, raised by a takeover and by an orphan's ending), `state`, `resp` (serialized Response as
+  it stands), `next` (the next sequence number).
 * `P:{t:T}:run:<id>:ev`: a Stream, one entry per event, field `e` the serialized ServerEvent,
   entry id `0-<sequence_number + 1>`: "the events above N" is `XREAD ... 0-<N + 1>`. It holds at
   most `replay_max_events` events and `replay_max_bytes` bytes of them (the hash's `nb` counts
@@ -19,8 +20,8 @@ Keys (T: the tenant's hash tag, as the store's other keys of that tenant):
 
 Both keys of a run expire `replay_retention_s` after it ends, and at the latest
 `live_ttl_s` after its last event while it runs (a run whose every replica died is gone then).
-Writes are Lua scripts (all-or-nothing; a run already final never changes), one round trip per
-published batch.
+Writes are Lua scripts (all-or-nothing; a run already final never changes, and a write whose
+epoch is not the run's is refused: fencing), one round trip per published batch.
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ log = logging.getLogger("tether.store.redis_runs")
 _FINAL_LUA = "local final = {completed = true, incomplete = true, failed = true, cancelled = true}\n"
 
 # KEYS: hash, stream, queued index; ARGV: owner, state, response ('' keeps it), next, maxlen,
-# ttl, params ('' none), score, maxbytes, then (seq, event) pairs. -> 1 written | 0 the run is
-# already final. The oldest events go while the log holds more than maxlen of them or more than
-# maxbytes bytes (at least the newest stays).
+# ttl, params ('' none), score, maxbytes, epoch, then (seq, event) pairs. -> 1 written | 0
+# refused: the run is already final, or another owner holds it (its epoch is not this one's).
+# The oldest events go while the log holds more than maxlen of them or more than maxbytes bytes
+# (at least the newest stays).
 _PUBLISH_LUA = _FINAL_LUA + """
-local st = redis.call('HGET', KEYS[1], 'state')
-if st and final[st] then return 0 end
+local r = redis.call('HMGET', KEYS[1], 'state', 'ep')
+if r[1] and final[r[1]] then return 0 end
+if r[2] and tonumber(r[2]) ~= tonumber(ARGV[10]) then return 0 end
 local added = 0
-for i = 10, #ARGV, 2 do
+for i = 11, #ARGV, 2 do
   redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[i]) + 1), 'e', ARGV[i + 1])
   added = added + #ARGV[i + 1]
 end
@@ -66,7 +69,7 @@ if added > 0 then
   end
   redis.call('HSET', KEYS[1], 'nb', nb)
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', ARGV[2], 'next', ARGV[4])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', ARGV[2], 'next', ARGV[4], 'ep', ARGV[10])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'resp', ARGV[3]) end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'params', ARGV[7])
@@ -75,12 +78,12 @@ elseif ARGV[2] ~= 'queued' then
   redis.call('HDEL', KEYS[1], 'params')
 end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-if #ARGV >= 10 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
+if #ARGV >= 11 then redis.call('EXPIRE', KEYS[2], ARGV[6]) end
 return 1
 """
 
 # KEYS: queued index; ARGV: replica key prefix, this replica, limit, scan.
-# -> {tenant, id, params, response, ...} of the runs taken over
+# -> {tenant, id, params, response, epoch, ...} of the runs taken over (each one's epoch raised)
 _CLAIM_LUA = """
 local out, taken = {}, 0
 for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
@@ -89,8 +92,10 @@ for _, key in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)) do
     redis.call('ZREM', KEYS[1], key)
   elseif taken < tonumber(ARGV[3]) and redis.call('EXISTS', ARGV[1] .. (r[2] or '')) == 0 then
     redis.call('HSET', key, 'owner', ARGV[2])
+    local ep = redis.call('HINCRBY', key, 'ep', 1)
     taken = taken + 1
     out[#out + 1] = r[5]; out[#out + 1] = r[6]; out[#out + 1] = r[3]; out[#out + 1] = r[4] or ''
+    out[#out + 1] = ep
   end
 end
 return out
@@ -104,12 +109,13 @@ local alive = redis.call('EXISTS', ARGV[1] .. (r[1] or ''))
 return {r[1] or '', r[2], r[3] or '', r[4] or '0', alive}
 """
 
-# KEYS: hash, stream; ARGV: next, event, response, ttl. -> 1 | 0
+# KEYS: hash, stream; ARGV: next, event, response, ttl. -> 1 done (the epoch raised) | 0
 _ORPHAN_LUA = _FINAL_LUA + """
 local r = redis.call('HMGET', KEYS[1], 'state', 'next')
 if not r[1] or final[r[1]] or tonumber(r[2] or '0') ~= tonumber(ARGV[1]) then return 0 end
 redis.call('XADD', KEYS[2], '0-' .. (tonumber(ARGV[1]) + 1), 'e', ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 'failed', 'resp', ARGV[3], 'next', tonumber(ARGV[1]) + 1)
+redis.call('HINCRBY', KEYS[1], 'ep', 1)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
 return 1
@@ -140,7 +146,7 @@ class RedisRunBus:
         self._pubsub: Any = None
 
     def _keys(self, tenant: str, run_id: str) -> list[str]:
-        base = f"{self.store._tenant_tag(tenant)}:run:{run_id}"
+        base = self.store.run_key(tenant, run_id)
         return [base, base + ":ev"]
 
     async def start(self, on_cancel: Callable[[str, str], None]) -> None:
@@ -194,24 +200,24 @@ class RedisRunBus:
             on_cancel(tenant, run_id)
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, epoch: int, params: bytes | None = None) -> bool:  # fmt: skip
         ttl = self.retention_s if state in ("completed", "incomplete", "failed", "cancelled") else self.live_ttl_s
         keys = [*self._keys(tenant, run_id), self.queued_key]
         if params:  # the run's tenant and id, for a replica that takes it over
             await self._client.hset(keys[0], mapping={"t": tenant, "id": run_id})
         args: list[Any] = [self.replica, state, response or b"", next_seq, self.max_events, ttl, params or b"",
-                           time.time(), self.max_bytes]  # fmt: skip
+                           time.time(), self.max_bytes, epoch]  # fmt: skip
         for seq, data in events:
             args += [seq, data]
-        await self._publish(keys=keys, args=args, client=self._client)
+        return int(await self._publish(keys=keys, args=args, client=self._client)) == 1
 
     async def claim(self, limit: int) -> list[Claimed]:
         if limit <= 0:
             return []
         res = await self._claim(keys=[self.queued_key], args=[self.replica_prefix, self.replica, limit, 64],
                                 client=self._client)  # fmt: skip
-        return [Claimed(res[i].decode(), res[i + 1].decode(), bytes(res[i + 2]), bytes(res[i + 3]))
-                for i in range(0, len(res), 4)]  # fmt: skip
+        return [Claimed(res[i].decode(), res[i + 1].decode(), bytes(res[i + 2]), bytes(res[i + 3]), int(res[i + 4]))
+                for i in range(0, len(res), 5)]  # fmt: skip
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
         res = await self._info(keys=self._keys(tenant, run_id)[:1], args=[self.replica_prefix], client=self._client)

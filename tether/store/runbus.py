@@ -12,6 +12,14 @@ the contract; one file per engine implements it on the engine's own primitives:
 
 SQLite and memory stores have no bus: their runs stay in one process (`tether.core.run.Runs`).
 
+Ownership carries a fencing token, the run's **epoch**: its creator publishes with epoch 1; a
+replica that takes a queued run over (`claim`) or ends an orphan (`fail_orphan`) raises it, in
+the same atomic write. A `publish` whose epoch is not the run's, or to a run already final, is
+refused in that write and changes nothing; the response's store write carries the same token
+(`ResponseRecord.epoch`, `tether.store.base`), so an owner that was paused past
+`run_orphan_after_s` and wakes up can neither append events, nor change the state, nor store a
+response that another replica already ended.
+
 Everything here is bytes and plain values (serialized `ServerEvent`s and `Response`s); the core
 (`tether.core.shared_runs`) decides what they mean. Sequence numbers are the run's own
 (`sequence_number`), so a reader asks for "the events above N" on every engine.
@@ -45,6 +53,7 @@ class Claimed:
     run_id: str
     params: bytes  # serialized ResponseCreateParams
     response: bytes  # serialized Response (queued)
+    epoch: int  # the run's fencing token, raised by the claim: the new owner's
 
 
 class RunBus(Protocol):
@@ -60,17 +69,19 @@ class RunBus(Protocol):
     async def close(self) -> None: ...
 
     async def publish(self, tenant: str, run_id: str, events: Sequence[tuple[int, bytes]], *, state: str,
-                      response: bytes | None, next_seq: int, params: bytes | None = None) -> None:  # fmt: skip
+                      response: bytes | None, next_seq: int, epoch: int, params: bytes | None = None) -> bool:  # fmt: skip
         """Append `events` ((sequence number, serialized ServerEvent), in order) to the run's log
-        and set its state (and Response, when given), in one write; create the run when new. A
-        final state starts the log's retention. Nothing changes a run already final. `params`
+        and set its state (and Response, when given), in one write; create the run when new (with
+        `epoch`). A final state starts the log's retention. Returns False, having changed
+        nothing, when the run is already final or its epoch is not `epoch` (fenced). `params`
         (a queued background run's serialized ResponseCreateParams) lets another replica take
         the run over (`claim`) when this one dies before running it."""
         ...
 
     async def claim(self, limit: int) -> list[Claimed]:
         """Take over at most `limit` queued runs whose owner stopped heartbeating: each becomes
-        this replica's, atomically (one replica gets it), with what it needs to run."""
+        this replica's, atomically (one replica gets it, its epoch raised), with what it needs to
+        run."""
         ...
 
     async def info(self, tenant: str, run_id: str) -> RunInfo | None:
@@ -89,6 +100,6 @@ class RunBus(Protocol):
 
     async def fail_orphan(self, tenant: str, run_id: str, next_seq: int, event: bytes, response: bytes) -> bool:
         """End a run whose owner died: atomically, when it is not final and its next number is
-        still `next_seq`, append `event` as number `next_seq` and mark it failed with `response`.
-        Returns whether it did."""
+        still `next_seq`, append `event` as number `next_seq`, mark it failed with `response` and
+        raise its epoch (the old owner is fenced off). Returns whether it did."""
         ...

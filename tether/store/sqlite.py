@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 from tether.responses.v1 import items_pb2, response_pb2, service_pb2
 
-from ._common import MissingItemError, check_page_args, item_api_id, usage_to_row
+from ._common import FencedWrite, MissingItemError, check_page_args, item_api_id, usage_to_row
 from .base import Hydrated, ItemPage, KeyedItem, ResponseRecord, UsageRecord
 
 R = TypeVar("R")
@@ -126,6 +126,8 @@ MIGRATIONS: list[tuple[int, tuple[str, ...]]] = [
             ) WITHOUT ROWID""",
         ),
     ),
+    # The writer's fencing token (ResponseRecord.epoch): a write with a lower one is refused.
+    (4, ("ALTER TABLE responses ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0",)),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -304,6 +306,9 @@ class SqliteStore:
     @staticmethod
     def _put_sync(conn: sqlite3.Connection, record: ResponseRecord) -> None:
         tenant, rid = record.tenant, record.response.id
+        fence = conn.execute("SELECT epoch FROM responses WHERE tenant = ? AND id = ?", (tenant, rid)).fetchone()
+        if fence is not None and fence[0] > record.epoch:
+            raise FencedWrite(tenant, rid, record.epoch)
         old_keys = {
             key
             for (key,) in conn.execute(
@@ -328,12 +333,12 @@ class SqliteStore:
             if missing is not None:
                 raise MissingItemError(tenant, rid, missing[0])
         conn.execute(
-            """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, stored_at, replica)
-               VALUES (?, ?, ?, ?, ?, ?, ?)
+            """INSERT INTO responses (tenant, id, response, created_at, conversation_tokens, stored_at, replica, epoch)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT (tenant, id) DO UPDATE SET
                  response = excluded.response, created_at = excluded.created_at,
                  conversation_tokens = excluded.conversation_tokens, stored_at = excluded.stored_at,
-                 replica = excluded.replica""",
+                 replica = excluded.replica, epoch = excluded.epoch""",
             (
                 tenant,
                 rid,
@@ -342,6 +347,7 @@ class SqliteStore:
                 record.conversation_tokens,
                 time.time(),
                 record.replica,
+                record.epoch,
             ),
         )
         dropped = old_keys - set(record.input_keys) - set(record.output_keys)
