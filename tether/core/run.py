@@ -152,8 +152,11 @@ class Mirror(Protocol):
     with it at once, so another replica can take the run over."""
 
     params: bytes | None
+    fenced: bool  # a shared write was refused: another replica ended the run or took it over
 
     def push(self, entry: Any, arm: str | None) -> None: ...
+
+    def fence(self) -> None: ...
 
     async def publish_now(self) -> None: ...
 
