@@ -66,11 +66,11 @@ async function httpTurn(body) {
     if (done) break;
     buf += value;
     let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
+    while (!final && (cut = buf.indexOf("\n\n")) >= 0) {
       const frame = buf.slice(0, cut);
       buf = buf.slice(cut + 2);
       const data = frame.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
-      if (!data) continue;
+      if (!data || data === "[DONE]") continue;  // [DONE] follows the terminal event (the spec's framing)
       const ev = JSON.parse(data);
       events += 1;
       if (ttft === null && ev.type.endsWith(".delta")) ttft = performance.now() - t0;
