@@ -13,7 +13,7 @@ from typing import Literal, Protocol, overload
 
 from google.protobuf.message import Message
 
-from tether.core.outbox import Outgoing
+from tether.core.outbox import InlineWriter, Outgoing
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
 
@@ -39,6 +39,13 @@ class SessionHandle(Protocol):
 
     @overload
     def events(self, *, lazy_deltas: bool) -> AsyncIterator[Sequence[Outgoing]]: ...
+
+    def write_inline(self, writer: InlineWriter | None) -> bool:
+        """Offer `writer`, the transport that reads `events(lazy_deltas=True)`, for deltas written
+        in their producer's step (`tether.core.outbox`: one pass per token); None withdraws it.
+        False: this session cannot (one forwarded to a remote engine), and every event comes
+        through `events()`."""
+        ...
 
     def responses_in_flight(self) -> int | None:
         """Responses begun and not ended yet, from the session's runs; None when this side

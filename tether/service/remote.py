@@ -39,6 +39,7 @@ from typing import Any, cast
 import grpc
 
 from tether.auth import Authenticator, _bearer
+from tether.core.outbox import InlineWriter
 from tether.core.pump import connection_error
 from tether.errors import (
     INVALID_API_KEY,
@@ -109,6 +110,9 @@ class RemoteSession:
             if _cancelling():
                 raise
             raise _closed_error() from None  # the call was cancelled under us (close())
+
+    def write_inline(self, writer: InlineWriter | None) -> bool:
+        return False  # the batches come over a gRPC stream: one read each, nothing to skip
 
     async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
         """The upstream's batches as they arrive (its deltas are protobuf events already, so
