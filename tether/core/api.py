@@ -66,18 +66,21 @@ class ResponsesAPI(Protocol):
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
-        nbytes: int | None = None,
+        nbytes: int | None = None, inline: InlineWriter | None = None,
     ) -> AsyncIterator[events_pb2.ServerEvent]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
+        inline: InlineWriter | None = None,
     ) -> AsyncIterator[Outgoing]:
         """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
         errors come back as a single `error` event (nothing is created); a refusal at admission
         (too many connections for the key, the server shutting down) is raised as `TetherError`
         before any event. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in
-        `SessionHandle.send`."""
+        `SessionHandle.send`; `inline`, the transport that writes the events, offered for deltas
+        written in their producer's step as in `SessionHandle.write_inline` (a remote engine's
+        events come over gRPC: it is not used there)."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...

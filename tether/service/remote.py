@@ -214,6 +214,7 @@ class RemoteResponsesAPI:
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None,  # the local transport's; the remote engine measures what it receives
+        inline: InlineWriter | None = None,  # every event comes over the call: nothing to write inline
     ) -> AsyncIterator[events_pb2.ServerEvent]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
