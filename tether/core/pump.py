@@ -10,6 +10,11 @@ shutting down says so in its last event: WebSocket close 1001, a gRPC status), a
 server drains, when is nothing in flight any more. Those answers live here, so no transport
 pattern-matches event arms for them; a transport only encodes and writes (`Writer`).
 
+A JSON transport's deltas may skip the pump: while it waits for a session's next batch, a delta
+is written by its producer, in the step the upstream woke it (`tether.core.outbox`,
+`InlineWriter`: one pass per token). Only deltas do, so the pump still sees every event its
+answers depend on (`created`, terminal events, errors).
+
 Where "in flight" comes from: a session in this process answers from its runs
 (`SessionHandle.responses_in_flight`: the runs bound to its outbox whose terminal event has not
 left it, `ResponseRun.state`). A session that cannot tell (one forwarded to a remote engine)
