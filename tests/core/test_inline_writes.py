@@ -97,3 +97,19 @@ async def test_the_coalesce_floor_holds_an_inline_delta_but_the_widening_does_no
     clock.advance(0.020)  # past the floor, far inside the widened window: written at once
     await box2.put(delta("r", "d"))
     assert taker2.written == [(0, "c"), (1, "d")]
+
+
+async def test_a_failing_transport_never_fails_the_producer():
+    class Broken:
+        def write_now(self, d: Delta) -> bool:
+            raise ConnectionResetError("gone")
+
+    clock = SetClock(monotonic=10.0)
+    box, run, _ = _box(CoalesceWindow.fixed(0.0), clock)
+    box.write_inline(Broken())
+    reader = await _idle_reader(box)
+    await box.put(delta("r", "a"))  # queued instead: the reader's writer meets the failure
+    assert [(d.sequence_number, d.delta) for d in await reader] == [(0, "a")]
+    await _idle_reader(box)
+    await box.put(delta("r", "b"))  # and the broken writer is not offered again
+    assert run.next_seq == 1 and box.events_inline == 0

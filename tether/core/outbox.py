@@ -271,8 +271,13 @@ class Outbox:
         if run is None or self._closed or now - self._last_flush < self._window.min_s:
             return False  # (a response no run was bound for: the queue numbers it)
         delta.sequence_number = run.next_seq  # its number if written; committed only then
-        assert self._inline is not None
-        if not self._inline.write_now(delta):
+        writer = self._inline
+        assert writer is not None
+        try:
+            if not writer.write_now(delta):
+                return False
+        except Exception:  # noqa: BLE001 - the transport's own path (the queue) meets the failure
+            self._inline = None  # where its errors are handled: the producer never sees them
             return False
         run.stamp(delta, None)  # a delta never ends its run
         self._last_flush = now
