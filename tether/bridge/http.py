@@ -44,7 +44,7 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
 from tether.core.outbox import Delta, Outgoing
-from tether.core.pump import Pump, PumpEnd, Until, singles
+from tether.core.pump import Pump, PumpEnd, Until
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
@@ -171,8 +171,7 @@ class HttpHandlers:
             return
         # A streamed create's deltas may be written by their producer (`_SseWriter.write_now`).
         sse = _SseWriter(req.send, req.body_now) if stream else None
-        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes, inline=sse)
-        source = singles(events)
+        source = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes, inline=sse)
         pump = Pump(Until.RESPONSE_END)  # it says when the response ended, and whether it was refused
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
@@ -185,7 +184,6 @@ class HttpHandlers:
                     await send_json(req.send, 200, body, common.retry_after_headers(retry_after or None))
             finally:
                 await _aclose(source)
-                await _aclose(events)
 
     async def _stream_sse(
         self,

@@ -67,14 +67,16 @@ class ResponsesAPI(Protocol):
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
         inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Outgoing]:
-        """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
+    ) -> AsyncIterator[Sequence[Outgoing]]:
+        """A stateless create (HTTP `POST /v1/responses`, gRPC `CreateResponse`): the events of
+        one response in batches, the shape of every stream (`SessionHandle.events`,
+        `follow_response`), the last one ending with the event that ended it. Request
         errors come back as a single `error` event (nothing is created); a refusal at admission
         (too many connections for the key, the server shutting down) is raised as `TetherError`
         before any event. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in

@@ -387,20 +387,20 @@ class Engine:
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
         inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Outgoing]: ...
+    ) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Outgoing]:
+    ) -> AsyncIterator[Sequence[Outgoing]]:
         """A stateless create: a one-turn session (hydrating from the store when continuing),
-        whose events end where the pump says its one response ended (`tether.core.pump`)."""
+        whose batches end where the pump says its one response ended (`tether.core.pump`)."""
         session = await self.open_session(tenant, transport="http")
         if inline is not None and lazy_deltas:  # deltas are `Delta` records: a JSON writer's
             session.write_inline(inline)
@@ -411,8 +411,7 @@ class Engine:
             request.create.ClearField("stream_id")
             await session.send(request, nbytes=nbytes)
             async for batch in session.events(lazy_deltas=lazy_deltas):
-                for event in pump.feed(batch):
-                    yield event
+                yield pump.feed(batch)
                 if pump.end is not None:
                     return
         finally:

@@ -29,7 +29,7 @@ and a remote session's stream at each of its events, to count what is in flight.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from tether.core.outbox import Delta, Outgoing
@@ -104,12 +104,6 @@ def connection_error(event: Outgoing) -> events_pb2.Error | None:
     if type(event) is Delta or event.response_id or event.WhichOneof("event") != "error":
         return None
     return event.error.error
-
-
-async def singles(events: AsyncIterable[E]) -> AsyncIterator[Sequence[E]]:
-    """A source of one-event batches, for an API that yields events one by one."""
-    async for event in events:
-        yield (event,)
 
 
 class Pump:

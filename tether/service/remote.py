@@ -215,14 +215,13 @@ class RemoteResponsesAPI:
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None,  # the local transport's; the remote engine measures what it receives
         inline: InlineWriter | None = None,  # every event comes over the call: nothing to write inline
-    ) -> AsyncIterator[events_pb2.ServerEvent]:
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
         )
         try:
-            async for batch in call:
-                for ev in batch.events:
-                    yield ev
+            async for message in call:
+                yield message.events
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
         finally:
