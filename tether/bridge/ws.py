@@ -11,9 +11,9 @@ Outbound: the core's pump (`tether.core.pump`) moves the batches of `session.eve
 connection, which writes each event as one text frame. While the pump waits for the next batch, a
 token delta is written by its producer instead, in the step the upstream woke it
 (`WsConnection.write_now`, `tether.core.outbox`: one pass per token), through the transport's
-synchronous framing (`ws_transport.GuardedWebSocketProtocol.send_text_now`). How the stream ended is the pump's answer:
-the session ended after `server_shutting_down` -> close 1001 (going away); it ended otherwise
-(lifetime limit, idle timeout) -> 1000. When the client goes away, `session.close()` cancels
+synchronous framing (`ws_transport.GuardedWebSocketProtocol.send_text_now`). How the stream
+ended is the pump's answer: the session ended after `server_shutting_down` -> close 1001 (going
+away); it ended otherwise (lifetime limit, idle timeout) -> 1000. When the client goes away, `session.close()` cancels
 whatever the session was generating and frees its state.
 
 Draining (server stop): a connection with no response in flight closes at once (an `error`

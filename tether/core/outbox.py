@@ -11,9 +11,9 @@ Rules (Nagle-like):
 - otherwise the writer waits out the rest of the window while later deltas for the same content
   are merged into the queued one (bounded by `max_coalesced_bytes`);
 - any non-delta event ends the wait; everything ready goes out as one batch.
-Sequence numbers are stamped when events leave the queue, so they stay contiguous per response
-however deltas were merged. The window is the process's `CoalesceWindow`: `coalesce_ms`, wider
-while many streams generate at once.
+Sequence numbers are stamped when events leave the queue (or are written inline, below), so
+they stay contiguous per response however deltas were merged. The window is the process's
+`CoalesceWindow`: `coalesce_ms`, wider while many streams generate at once.
 
 Deltas travel as `Delta` records (plain strings), not protobuf messages: streamed text is merged
 by appending to a list, and a protobuf event is built once per batch, only for a transport that
