@@ -69,6 +69,21 @@ async def test_sse_wire_format(stack: Any) -> None:
     check_sse_events(data for _, data in frames)
 
 
+async def test_a_paced_sse_streams_deltas_are_not_held_by_the_widened_window(make_stack: Any) -> None:
+    """An SSE stream that keeps up is written in its producer's step (`tether.core.outbox`: one
+    pass per token): each paced token its own frame however wide the coalescing window has grown,
+    the wire format unchanged (`data: [DONE]` after the terminal event only)."""
+    backend = {"ttft_ms": 0, "tokens_per_s": 25, "tick_ms": 40, "output_tokens": 8}  # a token every 40 ms
+    async with make_stack(backend=backend, coalesce_ms=1, coalesce_max_ms=1000,
+                          coalesce_batches_per_s=1) as stack, http(stack) as h:  # fmt: skip
+        r = await h.post("/v1/responses", headers=AUTH, json={"model": "sim-model", "input": "hi", "stream": True})
+    frames = sse_frames(r.text)
+    check_sse_events(data for _, data in frames)
+    deltas = [data["delta"] for name, data in frames if name == "response.output_text.delta"]
+    assert len(deltas) >= 6, deltas  # merged into 1-2 frames when held by the 1 s window
+    assert [data["sequence_number"] for _, data in frames] == list(range(len(frames)))
+    assert frames[-1][0] == "response.completed"
+
 async def test_failed_response_is_http_200(make_stack: Any, tmp_path: Path) -> None:
     script = tmp_path / "fail.json"
     script.write_text(

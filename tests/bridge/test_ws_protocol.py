@@ -369,3 +369,21 @@ def test_compress_min_bytes_must_not_be_negative() -> None:
     assert from_dict({"server": {"ws_compress_min_bytes": 0}}).server.ws_compress_min_bytes == 0
     with pytest.raises(ValueError, match="ws_compress_min_bytes"):
         from_dict({"server": {"ws_compress_min_bytes": -1}})
+
+
+async def test_a_paced_streams_deltas_are_not_held_by_the_widened_window(make_stack: Any) -> None:
+    """A follower that keeps up is written in its producer's step (`tether.core.outbox`: one pass
+    per token): a paced stream's deltas leave as they are generated, each its own frame, however
+    wide the process's coalescing window has grown, with one sequence of numbers."""
+    # One token every 40 ms; the window (what a queued delta waits out) 1 s wide while one stream
+    # generates: a delta that waited for it would leave merged with the next 24.
+    backend = {"ttft_ms": 0, "tokens_per_s": 25, "tick_ms": 40, "output_tokens": 8}
+    async with make_stack(backend=backend, coalesce_ms=1, coalesce_max_ms=1000,
+                          coalesce_batches_per_s=1) as stack, stack.ws() as conn:  # fmt: skip
+        await send_json(conn, CREATE)
+        events = await recv_until(conn, is_terminal)
+        check_ws_events(events)
+        deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+        assert len(deltas) >= 6, [d["delta"] for d in deltas]  # merged into 1-2 frames when held
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"

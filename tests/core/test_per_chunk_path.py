@@ -337,9 +337,10 @@ async def test_a_stateless_full_resend_does_not_tokenise_its_history_again():
         for _ in range(2):  # the same history resent, as an HTTP agent without previous_response_id does
             params = service_pb2.SessionRequest().create
             params.model, params.input_text, params.store = "m", history, False
-            async for ev in engine.create("", params):
-                if ev.HasField("completed"):
-                    usages.append(ev.completed.response.usage.input_tokens)
+            async for batch in engine.create("", params):
+                for ev in batch:
+                    if ev.HasField("completed"):
+                        usages.append(ev.completed.response.usage.input_tokens)
         assert engine.token_cache.hits == 1 and usages[0] == usages[1]
     finally:
         await engine.aclose()

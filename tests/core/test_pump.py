@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from tether.core.outbox import CoalesceWindow, Delta, Outbox, Outgoing
-from tether.core.pump import Pump, PumpEnd, PumpState, Until, connection_error, next_pump_state, singles
+from tether.core.pump import Pump, PumpEnd, PumpState, Until, connection_error, next_pump_state
 from tether.core.run import ResponseRun
 from tether.errors import IDLE_TIMEOUT, INVALID_REQUEST, SERVER_ERROR, SERVER_SHUTTING_DOWN, TetherError
 from tether.responses.v1 import events_pb2
@@ -121,7 +121,7 @@ async def test_an_error_naming_the_response_along_the_way_does_not_end_it():
 
 async def test_a_one_response_stream_without_its_end_is_source_ended():
     pump = Pump(Until.RESPONSE_END)
-    assert await pump.run(singles(batches(created("r"), delta("r", "x"))), Recorder()) is PumpEnd.SOURCE_ENDED
+    assert await pump.run(batches([created("r")], [delta("r", "x")]), Recorder()) is PumpEnd.SOURCE_ENDED
     assert pump.response is None and pump.error is None
 
 

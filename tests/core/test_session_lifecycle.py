@@ -213,6 +213,18 @@ async def test_stateless_create_rpc_streams_one_response(channel):
     assert [ev.error.error.code for ev in events] == [errors.PREVIOUS_RESPONSE_NOT_FOUND]
 
 
+async def test_stateless_create_rpc_sends_a_message_per_batch_not_per_event(channel):
+    """A create streams batches, as every stream does (`ResponsesAPI.create`): what is ready
+    together (`created`, `in_progress`, the first item...) is one message, not one each."""
+    stub = service_pb2_grpc.ResponsesServiceStub(channel)
+    params = request_pb2.ResponseCreateParams(model="m", input_text="hello", store=False)
+    messages = [list(m.events) async for m in stub.CreateResponse(service_pb2.CreateResponseRequest(params=params))]
+    events = [ev for m in messages for ev in m]
+    assert events[0].WhichOneof("event") == "created" and events[-1].WhichOneof("event") == "completed"
+    assert [ev.sequence_number for ev in events] == list(range(len(events)))
+    assert len(messages) < len(events)
+
+
 async def test_rate_limits_per_key_answer_429_with_a_retry_hint():
     engine, channel, stop = await serve(make_config(limits={"requests_per_minute": 2}))
     try:

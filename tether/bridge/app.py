@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from tether.bridge import common, console, turn_state, ws
+from tether.bridge import common, console, h11_transport, turn_state, ws
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.http import ClientGone, HttpHandlers, HttpRequest, send_error
 from tether.bridge.origin import OriginPolicy
@@ -186,7 +186,7 @@ class BridgeApp:
                 raise TetherError(
                     METHOD_NOT_ALLOWED, f"Method {method} is not allowed on {path}."
                 )
-            request = HttpRequest(scope, receive, tracked_send, params)
+            request = HttpRequest(scope, receive, tracked_send, params, body_now=h11_transport.body_writer(send))
             if auth:
                 request.tenant = common.authenticate(self.ctx, scope["headers"])
             handlers = self.console if name.startswith("console_") else self.http

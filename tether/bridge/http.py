@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -44,7 +44,7 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
 from tether.core.outbox import Delta, Outgoing
-from tether.core.pump import Pump, PumpEnd, Until, singles
+from tether.core.pump import Pump, PumpEnd, Until
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
@@ -78,6 +78,8 @@ class HttpRequest:
     send: Send
     path_params: dict[str, str]
     tenant: str = ""
+    # A body chunk of a started response written at once (`h11_transport.body_writer`), or None.
+    body_now: Callable[[bytes], bool] | None = None
 
     @property
     def headers(self) -> Iterable[tuple[bytes, bytes]]:
@@ -167,13 +169,14 @@ class HttpHandlers:
             else:
                 await send_json(req.send, 200, json_codec.dumps(json_codec.response_to_json(response)))
             return
-        events = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes)
-        source = singles(events)
+        # A streamed create's deltas may be written by their producer (`_SseWriter.write_now`).
+        sse = _SseWriter(req.send, req.body_now) if stream else None
+        source = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes, inline=sse)
         pump = Pump(Until.RESPONSE_END)  # it says when the response ended, and whether it was refused
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
-                if stream:
-                    await self._stream_sse(req, pump, source, watch)
+                if sse is not None:
+                    await self._stream_sse(req, pump, source, watch, writer=sse)
                 else:
                     await pump.run(source, _DISCARD)
                     body, retry_after = _final_response(pump)
@@ -181,7 +184,6 @@ class HttpHandlers:
                     await send_json(req.send, 200, body, common.retry_after_headers(retry_after or None))
             finally:
                 await _aclose(source)
-                await _aclose(events)
 
     async def _stream_sse(
         self,
@@ -191,11 +193,12 @@ class HttpHandlers:
         watch: _DisconnectWatch,
         *,
         started: bool = False,
+        writer: _SseWriter | None = None,
     ) -> None:
-        """`source` through `pump` as SSE. The headers go out with the first event (a refused
-        create is answered with its error's HTTP status instead), or at once with `started`
-        (a run followed by id)."""
-        writer = _SseWriter(req.send)
+        """`source` through `pump` as SSE (with `writer`, the one its producer may write to as
+        well). The headers go out with the first event (a refused create is answered with its
+        error's HTTP status instead), or at once with `started` (a run followed by id)."""
+        writer = writer or _SseWriter(req.send)
         if started:
             await writer.start()
         try:
@@ -422,14 +425,23 @@ def _final_response(pump: Pump) -> tuple[bytes, float]:
 class _SseWriter:
     """The pump's writer for SSE: the headers once (`start`), then a frame per event, and
     `data: [DONE]` after the last one when it ended the stream (`wire.SSE_DONE`: never before
-    the terminal event, nothing after it; a stream cut short has none)."""
+    the terminal event, nothing after it; a stream cut short has none). `write_now`: a delta in
+    its producer's step (`tether.core.outbox.InlineWriter`), once the headers are out."""
 
-    __slots__ = ("_send", "started", "_last")
+    __slots__ = ("_send", "_body_now", "started", "_last")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, body_now: Callable[[bytes], bool] | None = None) -> None:
         self._send = send
+        self._body_now = body_now
         self.started = False
         self._last: Outgoing | None = None
+
+    def write_now(self, delta: Delta) -> bool:
+        body_now = self._body_now
+        if body_now is None or not self.started or not body_now(sse_frame(delta)):
+            return False
+        self._last = delta
+        return True
 
     async def start(self) -> None:
         if not self.started:

@@ -8,9 +8,12 @@ SDK's lane wrapper delivers it to the right lane; the session and its state are 
 frame is decoded in the offload thread (`tether.offload`), not on the event loop.
 
 Outbound: the core's pump (`tether.core.pump`) moves the batches of `session.events()` into this
-connection, which writes each event as one text frame. How the stream ended is the pump's answer:
-the session ended after `server_shutting_down` -> close 1001 (going away); it ended otherwise
-(lifetime limit, idle timeout) -> 1000. When the client goes away, `session.close()` cancels
+connection, which writes each event as one text frame. While the pump waits for the next batch, a
+token delta is written by its producer instead, in the step the upstream woke it
+(`WsConnection.write_now`, `tether.core.outbox`: one pass per token), through the transport's
+synchronous framing (`ws_transport.GuardedWebSocketProtocol.send_text_now`). How the stream
+ended is the pump's answer: the session ended after `server_shutting_down` -> close 1001 (going
+away); it ended otherwise (lifetime limit, idle timeout) -> 1000. When the client goes away, `session.close()` cancels
 whatever the session was generating and frees its state.
 
 Draining (server stop): a connection with no response in flight closes at once (an `error`
@@ -30,10 +33,10 @@ from typing import Any
 from tether import offload
 from tether.bridge import common, console
 from tether.bridge.common import BridgeContext, Receive, Send
-from tether.bridge.ws_transport import TEXT_UTF8
+from tether.bridge.ws_transport import TEXT_UTF8, GuardedWebSocketProtocol
 from tether.config import Limits
 from tether.core.api import SessionHandle
-from tether.core.outbox import Outgoing
+from tether.core.outbox import Delta, Outgoing
 from tether.core.pump import Pump, PumpEnd
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing
@@ -86,6 +89,9 @@ class WsConnection:
         self._stop = asyncio.Event()  # the server wants this connection closed
         self._pump = Pump(in_flight=session.responses_in_flight)
         self.close_code: int | None = None
+        # The protocol under `send`, when it can write a frame without an await (`write_now`).
+        protocol = getattr(send, "__self__", None)
+        self._protocol = protocol if isinstance(protocol, GuardedWebSocketProtocol) else None
 
     # -- server side controls -------------------------------------------------------------
 
@@ -143,7 +149,12 @@ class WsConnection:
                 return True
 
     async def _write_events(self) -> None:
-        end = await self._pump.run(self._session.events(lazy_deltas=True), self)
+        inline = self._protocol is not None and self._session.write_inline(self)
+        try:
+            end = await self._pump.run(self._session.events(lazy_deltas=True), self)
+        finally:
+            if inline:
+                self._session.write_inline(None)
         if end is PumpEnd.DRAINED:
             await self._close(CLOSE_GOING_AWAY, _shutting_down())
         elif end is not PumpEnd.WRITER_GONE:
@@ -151,14 +162,23 @@ class WsConnection:
 
     async def write(self, batch: Sequence[Outgoing]) -> bool:
         """One batch of the pump: a text frame per event. False: the client is gone."""
-        frames = [common.encode_event(ev, ws=True).decode() for ev in batch]
-        send = self._send
+        frames = [common.encode_event(ev, ws=True) for ev in batch]
+        send, protocol = self._send, self._protocol
         async with self._send_lock:
             if self._closed:
                 return False
-            for text in frames:
-                await send({"type": "websocket.send", "text": text})
+            for data in frames:
+                if protocol is None or not protocol.send_text_now(data):
+                    await send({"type": "websocket.send", "text": data.decode()})
         return True
+
+    def write_now(self, delta: Delta) -> bool:
+        """A delta in its producer's step (`tether.core.outbox.InlineWriter`): encoded and framed
+        at once, unless a write of ours is under way (order) or the transport declines."""
+        protocol = self._protocol
+        if self._closed or protocol is None or self._send_lock.locked():
+            return False
+        return protocol.send_text_now(common.encode_event(delta, ws=True))
 
     async def _send_error(self, err: TetherError, stream_id: str = "", event_id: str = "") -> None:
         self._ctx.count_error(err)

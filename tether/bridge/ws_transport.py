@@ -31,7 +31,9 @@ that act on the transport itself, where the ASGI app cannot reach.
   `send` writes that itself instead of going through `websockets`' frame objects and uvicorn's
   generic path (the framing was ~10% of the server's CPU per streamed token). Anything else (large
   or compressed messages, a fragmented send, debug logging, a closing connection) takes the
-  generic path.
+  generic path. `send_text_now` is the same framing without an await, for a message written in
+  the step that produced it (`tether.core.outbox.InlineWriter`): it declines (writes nothing) when
+  writes are paused or the message needs the generic path, and the caller queues it instead.
 - **Large text messages are not decoded here.** A text message of `tether.offload.OFF_LOOP_BYTES`
   or more reaches the app as its UTF-8 bytes (`TEXT_UTF8`), which decodes it with its JSON in the
   offload thread: decoding megabytes to text on the loop held every other connection.
@@ -179,6 +181,19 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         if size < 65536:
             return struct.pack("!BBH", 0x81, 126, size)
         return struct.pack("!BBQ", 0x81, 127, size)
+
+    def send_text_now(self, data: bytes) -> bool:
+        """Write one text message (its UTF-8 `data`) at once when the framing above applies and
+        writes are not paused; False: nothing was written (the caller takes `send`'s path)."""
+        if not self.handshake_complete or self.initial_response is not None or self.disconnected:
+            return False
+        if not self.writable.is_set():
+            return False
+        header = self._text_header(len(data))
+        if header is None:
+            return False
+        self.transport.write(header + data)
+        return True
 
     async def send(self, message: Any) -> None:
         text = message.get("text") if message["type"] == "websocket.send" and self.handshake_complete else None

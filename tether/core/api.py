@@ -13,7 +13,7 @@ from typing import Literal, Protocol, overload
 
 from google.protobuf.message import Message
 
-from tether.core.outbox import Outgoing
+from tether.core.outbox import InlineWriter, Outgoing
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
 
@@ -40,6 +40,13 @@ class SessionHandle(Protocol):
     @overload
     def events(self, *, lazy_deltas: bool) -> AsyncIterator[Sequence[Outgoing]]: ...
 
+    def write_inline(self, writer: InlineWriter | None) -> bool:
+        """Offer `writer`, the transport that reads `events(lazy_deltas=True)`, for deltas written
+        in their producer's step (`tether.core.outbox`: one pass per token); None withdraws it.
+        False: this session cannot (one forwarded to a remote engine), and every event comes
+        through `events()`."""
+        ...
+
     def responses_in_flight(self) -> int | None:
         """Responses begun and not ended yet, from the session's runs; None when this side
         cannot tell (a session forwarded to a remote engine: the pump counts from its events,
@@ -59,18 +66,23 @@ class ResponsesAPI(Protocol):
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
-        nbytes: int | None = None,
-    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+        nbytes: int | None = None, inline: InlineWriter | None = None,
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
-    ) -> AsyncIterator[Outgoing]:
-        """A stateless create (HTTP `POST /v1/responses`): the events of one response. Request
+        inline: InlineWriter | None = None,
+    ) -> AsyncIterator[Sequence[Outgoing]]:
+        """A stateless create (HTTP `POST /v1/responses`, gRPC `CreateResponse`): the events of
+        one response in batches, the shape of every stream (`SessionHandle.events`,
+        `follow_response`), the last one ending with the event that ended it. Request
         errors come back as a single `error` event (nothing is created); a refusal at admission
         (too many connections for the key, the server shutting down) is raised as `TetherError`
         before any event. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in
-        `SessionHandle.send`."""
+        `SessionHandle.send`; `inline`, the transport that writes the events, offered for deltas
+        written in their producer's step as in `SessionHandle.write_inline` (a remote engine's
+        events come over gRPC: it is not used there)."""
         ...
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response: ...

@@ -28,7 +28,7 @@ from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.deadlines import TurnDeadlines
 from tether.core.items import request_input
-from tether.core.outbox import CoalesceWindow, Outgoing
+from tether.core.outbox import CoalesceWindow, InlineWriter, Outgoing
 from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
 from tether.core.pump import RESPONSE_ENDS, Pump, Until
@@ -386,21 +386,24 @@ class Engine:
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
-        nbytes: int | None = None,
-    ) -> AsyncIterator[events_pb2.ServerEvent]: ...
+        nbytes: int | None = None, inline: InlineWriter | None = None,
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
-    ) -> AsyncIterator[Outgoing]: ...
+        inline: InlineWriter | None = None,
+    ) -> AsyncIterator[Sequence[Outgoing]]: ...
 
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
-        nbytes: int | None = None,
-    ) -> AsyncIterator[Outgoing]:
+        nbytes: int | None = None, inline: InlineWriter | None = None,
+    ) -> AsyncIterator[Sequence[Outgoing]]:
         """A stateless create: a one-turn session (hydrating from the store when continuing),
-        whose events end where the pump says its one response ended (`tether.core.pump`)."""
+        whose batches end where the pump says its one response ended (`tether.core.pump`)."""
         session = await self.open_session(tenant, transport="http")
+        if inline is not None and lazy_deltas:  # deltas are `Delta` records: a JSON writer's
+            session.write_inline(inline)
         pump = Pump(Until.RESPONSE_END)
         try:
             request = service_pb2.SessionRequest()
@@ -408,8 +411,7 @@ class Engine:
             request.create.ClearField("stream_id")
             await session.send(request, nbytes=nbytes)
             async for batch in session.events(lazy_deltas=lazy_deltas):
-                for event in pump.feed(batch):
-                    yield event
+                yield pump.feed(batch)
                 if pump.end is not None:
                     return
         finally:

@@ -11,15 +11,27 @@ Rules (Nagle-like):
 - otherwise the writer waits out the rest of the window while later deltas for the same content
   are merged into the queued one (bounded by `max_coalesced_bytes`);
 - any non-delta event ends the wait; everything ready goes out as one batch.
-Sequence numbers are stamped when events leave the queue, so they stay contiguous per response
-however deltas were merged. The window is the process's `CoalesceWindow`: `coalesce_ms`, wider
-while many streams generate at once.
+Sequence numbers are stamped when events leave the queue (or are written inline, below), so
+they stay contiguous per response however deltas were merged. The window is the process's
+`CoalesceWindow`: `coalesce_ms`, wider while many streams generate at once.
 
 Deltas travel as `Delta` records (plain strings), not protobuf messages: streamed text is merged
 by appending to a list, and a protobuf event is built once per batch, only for a transport that
 sends protobuf (`get_batch()`); the JSON transports take the records as they are
 (`get_batch(lazy_deltas=True)`) and encode the merged text directly. A delta costs no message
 per token on any transport.
+
+One pass per token (`InlineWriter`): while the reader is idle (waiting in `get_batch` with
+nothing queued) and the window does not hold it, a delta is committed and written in the
+producer's own step: `put` numbers it through its run (which logs and mirrors it) and hands it
+to the transport's `write_now`, which encodes it and writes it to the socket without awaiting.
+The token then crosses the event loop once (the upstream's wake-up) instead of twice (the turn's
+task, then the writer's). Anything else takes the queue: a non-delta (the pump reads every
+lifecycle event), a delta behind queued events (order), a transport that cannot take the bytes
+at once (paused writes, a write in progress, a message that needs its generic path), a delta
+within `coalesce_ms` of the last write. Only the fixed floor `coalesce_ms` holds an inline
+delta, not the window's widening under load: the widening bounds the process's rate of batches
+through writer tasks (one task hop each), and an inline write has none.
 
 Backpressure: the queue holds at most `max_events` entries; producers (the turns of the session)
 wait in `put` when it is full, so a slow reader slows its own generation, never the server's
@@ -32,7 +44,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal, final, overload
+from typing import Literal, Protocol, final, overload
 
 import orjson
 
@@ -142,6 +154,15 @@ class Delta:
 Outgoing = events_pb2.ServerEvent | Delta
 
 
+class InlineWriter(Protocol):
+    """A transport that can take an event in the producer's step (module docstring)."""
+
+    def write_now(self, delta: Delta) -> bool:
+        """Encode and write `delta` (numbered) at once, without awaiting; False (and nothing
+        written) when the transport cannot take it now: the outbox then queues it for the writer."""
+        ...
+
+
 class CoalesceWindow:
     """How long the process's outboxes hold deltas to merge them: `min_s` (`coalesce_ms`), wider
     while many streams generate at once (`streaming`), up to `max_s` (`coalesce_max_ms`).
@@ -203,6 +224,9 @@ class Outbox:
         self._closed = False
         self._last_flush = 0.0
         self._runs: dict[str, ResponseRun] = {}  # response id -> its run (numbers and logs its events)
+        self._inline: InlineWriter | None = None  # the reader's transport, for one-pass writes
+        self._idle = False  # the reader waits in get_batch with nothing queued (and nothing being written)
+        self.events_inline = 0  # of events_out: written in the producer's step
         self.events_in = 0  # put() calls: what producers queued, before merging
         self.events_out = 0
         self.batches_out = 0
@@ -219,10 +243,13 @@ class Outbox:
         else:
             arm = event.WhichOneof("event")
             delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None
-        if delta is not None and self._queue:
-            tail = self._queue[-1]
-            if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
-                tail.merge(delta)
+        if delta is not None:
+            if self._queue:
+                tail = self._queue[-1]
+                if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
+                    tail.merge(delta)
+                    return
+            elif self._idle and self._inline is not None and self._write_now(delta):
                 return
         while len(self._queue) >= self._max_events and not self._closed:
             self._space.clear()
@@ -235,6 +262,34 @@ class Outbox:
         else:
             self._queue.append(delta)
         self._ready.set()
+
+    def _write_now(self, delta: Delta) -> bool:
+        """Commit `delta` and write it in this step (module docstring), when the transport takes
+        it and the `coalesce_ms` floor since the last write has passed."""
+        now = self._clock.monotonic()
+        run = self._runs.get(delta.response_id)
+        if run is None or self._closed or now - self._last_flush < self._window.min_s:
+            return False  # (a response no run was bound for: the queue numbers it)
+        delta.sequence_number = run.next_seq  # its number if written; committed only then
+        writer = self._inline
+        assert writer is not None
+        try:
+            if not writer.write_now(delta):
+                return False
+        except Exception:  # noqa: BLE001 - the transport's own path (the queue) meets the failure
+            self._inline = None  # where its errors are handled: the producer never sees them
+            return False
+        run.stamp(delta, None)  # a delta never ends its run
+        self._last_flush = now
+        self.events_out += 1
+        self.events_inline += 1
+        self.batches_out += 1
+        return True
+
+    def write_inline(self, writer: InlineWriter | None) -> None:
+        """Let the producers write deltas straight to `writer` while the reader is idle (module
+        docstring); the reader must be the one loop that writes to it (`get_batch`'s caller)."""
+        self._inline = writer
 
     def bind(self, run: ResponseRun) -> None:
         """Number (and log) the events of `run.id` that leave this outbox through `run`."""
@@ -274,7 +329,11 @@ class Outbox:
             if self._closed:
                 return []
             self._ready.clear()
-            await self._ready.wait()
+            self._idle = True
+            try:
+                await self._ready.wait()
+            finally:
+                self._idle = False
         window = self._window.current()
         if window > 0 and type(self._queue[0]) is Delta and not self._closed:
             wait = self._last_flush + window - self._clock.monotonic()

@@ -10,6 +10,11 @@ shutting down says so in its last event: WebSocket close 1001, a gRPC status), a
 server drains, when is nothing in flight any more. Those answers live here, so no transport
 pattern-matches event arms for them; a transport only encodes and writes (`Writer`).
 
+A JSON transport's deltas may skip the pump: while it waits for a session's next batch, a delta
+is written by its producer, in the step the upstream woke it (`tether.core.outbox`,
+`InlineWriter`: one pass per token). Only deltas do, so the pump still sees every event its
+answers depend on (`created`, terminal events, errors).
+
 Where "in flight" comes from: a session in this process answers from its runs
 (`SessionHandle.responses_in_flight`: the runs bound to its outbox whose terminal event has not
 left it, `ResponseRun.state`). A session that cannot tell (one forwarded to a remote engine)
@@ -24,7 +29,7 @@ and a remote session's stream at each of its events, to count what is in flight.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 from tether.core.outbox import Delta, Outgoing
@@ -99,12 +104,6 @@ def connection_error(event: Outgoing) -> events_pb2.Error | None:
     if type(event) is Delta or event.response_id or event.WhichOneof("event") != "error":
         return None
     return event.error.error
-
-
-async def singles(events: AsyncIterable[E]) -> AsyncIterator[Sequence[E]]:
-    """A source of one-event batches, for an API that yields events one by one."""
-    async for event in events:
-        yield (event,)
 
 
 class Pump:

@@ -8,8 +8,10 @@ bounded replay log of them. Subscribers read the log from any point (`follow(aft
 events numbered above n, then the live ones until the terminal event).
 
 Where the numbers come from: an event is numbered when it is committed to the run, i.e. when it
-leaves its connection's outbox as part of a batch (`Outbox.get_batch` calls `stamp`). Deltas the
-outbox merged are one event there, so the live client and anyone replaying the log see the same
+leaves its connection's outbox as part of a batch (`Outbox.get_batch` calls `stamp`), or, for a
+delta written in its producer's step while the connection's writer is idle, when the transport
+took it (`Outbox.put` -> `InlineWriter.write_now`, then `stamp`). Deltas the outbox merged are
+one event there, so the live client and anyone replaying the log see the same
 contiguous numbers; a connection whose client went away keeps draining its outbox into its runs
 (`Session` detaches), so the numbering never forks.
 

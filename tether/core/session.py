@@ -42,7 +42,7 @@ from tether.core.chain import CacheBudget, ResponseCache
 from tether.core.context import Memo, Parents, TurnContext, TurnServices, send_error
 from tether.core.items import user_message
 from tether.core.lane import Lane
-from tether.core.outbox import Outbox, OutboxClosed, Outgoing
+from tether.core.outbox import InlineWriter, Outbox, OutboxClosed, Outgoing
 from tether.core.outcome import Outcome, TurnControl
 from tether.core.run import ResponseRun
 from tether.core.stages.validate import check_stream_id
@@ -181,6 +181,10 @@ class Session:
                 return
             yield batch
 
+    def write_inline(self, writer: InlineWriter | None) -> bool:
+        self.outbox.write_inline(writer)
+        return True
+
     def responses_in_flight(self) -> int:
         """Responses of this session whose terminal event has not left its outbox yet (their runs
         are bound to it from just before `response.created`): what a draining transport waits for."""
@@ -193,6 +197,7 @@ class Session:
 
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
+        self.outbox.write_inline(None)  # its transport writes nothing more
         if self._close_task is None:
             if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return

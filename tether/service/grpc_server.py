@@ -27,7 +27,7 @@ from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.core.conversations import RPCS as CONVERSATION_RPCS
 from tether.core.outbox import Delta, Outgoing
-from tether.core.pump import Pump, PumpEnd, singles
+from tether.core.pump import Pump, PumpEnd
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
@@ -190,8 +190,8 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await self._abort(context, exc)
             return
         tracing.adopt_parent(context.invocation_metadata())
-        try:  # one message per event: the engine's create yields them one by one
-            await Pump().run(singles(self._api.create(tenant, request.params)),
+        try:  # one message per batch, as the Session RPC
+            await Pump().run(self._api.create(tenant, request.params),
                              _MessageWriter(context, service_pb2.CreateResponseResponse))  # fmt: skip
         except TetherError as exc:  # refused at admission (connections per key, shutting down)
             await self._abort(context, exc)

@@ -39,6 +39,7 @@ from typing import Any, cast
 import grpc
 
 from tether.auth import Authenticator, _bearer
+from tether.core.outbox import InlineWriter
 from tether.core.pump import connection_error
 from tether.errors import (
     INVALID_API_KEY,
@@ -109,6 +110,9 @@ class RemoteSession:
             if _cancelling():
                 raise
             raise _closed_error() from None  # the call was cancelled under us (close())
+
+    def write_inline(self, writer: InlineWriter | None) -> bool:
+        return False  # the batches come over a gRPC stream: one read each, nothing to skip
 
     async def events(self, *, lazy_deltas: bool = False) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
         """The upstream's batches as they arrive (its deltas are protobuf events already, so
@@ -210,14 +214,14 @@ class RemoteResponsesAPI:
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None,  # the local transport's; the remote engine measures what it receives
-    ) -> AsyncIterator[events_pb2.ServerEvent]:
+        inline: InlineWriter | None = None,  # every event comes over the call: nothing to write inline
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
         )
         try:
-            async for batch in call:
-                for ev in batch.events:
-                    yield ev
+            async for message in call:
+                yield message.events
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
         finally:
