@@ -182,7 +182,7 @@ def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
 def event_json(ev: Outgoing, *, ws: bool) -> dict:
     """One outgoing event as its JSON object; a merged `Delta` is encoded from its text directly."""
     if type(ev) is Delta:
-        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id)
+        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id, ev.agent)
     obj = json_codec.event_to_json(ev, ws=ws)
     if ws and ev.HasField("error") and ev.error.error.retry_after_s > 0:
         obj["error"]["headers"] = {
