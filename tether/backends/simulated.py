@@ -16,7 +16,10 @@ What it says is decided per turn, in this order:
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
    of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
-4. no script: when function or custom tools are offered and the context has no tool output yet
+4. a multi-agent response's root (`BackendRequest.agent`) whose last user message contains
+   "delegate" and that has not spawned yet: two `spawn_agent` calls (`worker_1`, `worker_2`)
+   and a `wait_agent` (tether.core.multi_agent); each worker then behaves as below;
+5. no script: when function or custom tools are offered and the context has no tool output yet
    (for an MCP tool: no `mcp_call` or approval verdict since the last user message), one call to the first of them (a function's arguments built from its JSON
    schema; a custom tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar; a remote
    MCP server's tool only when `tool_choice` names it or the last user message mentions its
@@ -345,6 +348,10 @@ def _text_unit(text: str) -> TextDelta:
     return TextDelta(text)
 
 
+# The subagents a multi-agent root spawns when asked to "delegate" (`/root/worker_1`, ...).
+DELEGATE_WORKERS = ("worker_1", "worker_2")
+
+
 def _last_user_text(items: Sequence[items_pb2.Item]) -> str:
     for item in reversed(items):
         if item.WhichOneof("item") == "message" and item.message.role == "user":
@@ -416,7 +423,9 @@ def example_from_schema(schema: Any, key: str = "", depth: int = 0) -> Any:
 
 
 def _call_id(request: BackendRequest, turn: int, index: int, name: str) -> str:
-    h = hashlib.sha1(f"{turn}:{index}:{name}:{len(request.items)}".encode()).hexdigest()[:24]
+    # A multi-agent response's agents make their calls in one response: their ids differ by agent.
+    agent = f":{request.agent}" if request.agent else ""
+    h = hashlib.sha1(f"{turn}:{index}:{name}:{len(request.items)}{agent}".encode()).hexdigest()[:24]
     return f"call_{h}"
 
 
@@ -529,6 +538,14 @@ class SimulatedBackend(BackendBase):
         # Unscripted.
         plan.units.extend(ReasoningDelta(w) for w in words(c.reasoning_tokens, turn + 1))
         plan.reasoning_units = c.reasoning_tokens
+        if self._delegates(request):
+            for i, worker in enumerate(DELEGATE_WORKERS):
+                args = orjson.dumps({"task_name": worker, "message": f"Part {i + 1} of: {_last_user_text(request.items)[:200]}"})
+                self._add_call(plan, i, _call_id(request, turn, i, "spawn_agent"), "spawn_agent", args.decode())
+            n = len(DELEGATE_WORKERS)
+            self._add_call(plan, n, _call_id(request, turn, n, "wait_agent"), "wait_agent", "{}")
+            plan.finish = "tool_calls"
+            return plan
         tool = self._auto_tool(request)
         if tool is not None:
             name, schema, custom = tool
@@ -563,11 +580,23 @@ class SimulatedBackend(BackendBase):
     async def prepare(self, request: BackendRequest) -> None:
         _choice(request)  # an unmapped tool_choice type is a 400 before response.created
 
+    @staticmethod
+    def _delegates(request: BackendRequest) -> bool:
+        """A multi-agent response's root, asked to "delegate", that has not spawned yet."""
+        if request.agent != "/root" or "spawn_agent" not in request.agent_actions:
+            return False
+        if "delegate" not in _last_user_text(request.items).lower():
+            return False
+        return not any(i.WhichOneof("item") == "function_call" and i.function_call.name == "spawn_agent"
+                       for i in request.items)  # fmt: skip
+
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any, bool] | None:
-        """(name, parameters schema, is custom) of the tool an unscripted turn calls, or None."""
+        """(name, parameters schema, is custom) of the tool an unscripted turn calls, or None (a
+        multi-agent response's actions are never called this way)."""
         if not self.config.call_tools:
             return None
-        offered = [(name, t, custom) for t in request.tools for name, custom in [_tool_name(t)] if name]
+        offered = [(name, t, custom) for t in request.tools for name, custom in [_tool_name(t)]
+                   if name and name not in request.agent_actions]  # fmt: skip
         mode, named = _choice(request)
         if named is not None:
             offered = [o for o in offered if o[0] in named]
