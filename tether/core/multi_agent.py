@@ -359,6 +359,7 @@ class MultiAgentRollout:
             committed.agent.agent_name = agent.name
             if not committed.function_call_output.id:
                 committed.function_call_output.id = ids.new_id("fco")
+            committed.function_call_output.status = "completed"  # an output item has one
             agent.add(committed)
             agent.injected.append(committed)  # into the output when the agent resumes (after the ack)
             if not agent.open_calls and agent.status is Status.WAITING_CLIENT:
