@@ -540,8 +540,8 @@ class SimulatedBackend(BackendBase):
         plan.reasoning_units = c.reasoning_tokens
         if self._delegates(request):
             for i, worker in enumerate(DELEGATE_WORKERS):
-                args = orjson.dumps({"task_name": worker, "message": f"Part {i + 1} of: {_last_user_text(request.items)[:200]}"})
-                self._add_call(plan, i, _call_id(request, turn, i, "spawn_agent"), "spawn_agent", args.decode())
+                task = {"task_name": worker, "message": f"Part {i + 1} of: {_last_user_text(request.items)[:200]}"}
+                self._add_call(plan, i, _call_id(request, turn, i, "spawn_agent"), "spawn_agent", orjson.dumps(task).decode())
             n = len(DELEGATE_WORKERS)
             self._add_call(plan, n, _call_id(request, turn, n, "wait_agent"), "wait_agent", "{}")
             plan.finish = "tool_calls"

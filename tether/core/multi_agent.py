@@ -272,7 +272,7 @@ class _AgentOutput(OutputBuilder):
                     ev.output_index, ev.agent = self._index[ev.output_index], name
                     out.append(ev)
                 continue
-            arm = ev.WhichOneof("event")
+            arm = ev.WhichOneof("event") or ""
             payload = getattr(ev, arm)  # every event of a model call's items has an output index
             local = payload.output_index
             if arm == "output_item_added":
