@@ -106,6 +106,10 @@ async def test_http_refusals_name_the_parameter(stack: Any) -> None:
             with pytest.raises(openai.BadRequestError) as refused:
                 await client.beta.responses.create(model="sim-model", input="delegate", betas=betas, **body)
             assert refused.value.body["param"] == param, body  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as refused:  # as OpenAI: not with /responses/compact
+            await client.post("/responses/compact", cast_to=object,
+                              body={"model": "sim-model", "input": "hi", "multi_agent": MA})  # fmt: skip
+        assert refused.value.body["param"] == "multi_agent"  # type: ignore[index]
         # At the limit (limits.max_concurrent_subagents = 8) it is accepted.
         ok = await client.beta.responses.create(model="sim-model", input="hi", betas=BETA,
                                                 multi_agent={"enabled": True, "max_concurrent_subagents": 8})  # fmt: skip
