@@ -450,6 +450,11 @@ class MultiAgentRollout:
             io.services.rate_limiter.admit(io.tenant, estimate)
         request = io.backend_request(prepared.route, list(agent.context), estimate)
         request.tools = [*request.tools, *_ACTION_TOOLS]
+        choice = request.tool_choice
+        if self._calls > 1 and choice is not None and not (choice.WhichOneof("choice") == "mode" and choice.mode == "none"):
+            # A forced choice holds for the rollout's first call only (else every agent would call
+            # tools for ever), as in the MCP loop; `none` holds throughout.
+            request.tool_choice = request_pb2.ToolChoice(mode="auto")
         request.agent, request.agent_actions = agent.name, ACTIONS
         request.instructions = _instructions(io.params, agent)
         output = agent.output = _AgentOutput(builder, agent.name)
