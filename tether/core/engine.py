@@ -22,12 +22,12 @@ from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
+from tether.core import multi_agent
 from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.deadlines import TurnDeadlines
-from tether.core import multi_agent
 from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, Outgoing
 from tether.core.outcome import Outcome
