@@ -149,10 +149,11 @@ async def test_sse_interleaves_agents_in_one_sequence(make_stack: Any) -> None:
 
 async def _until(conn: Any, *types: str) -> list[Any]:
     events = []
-    async for ev in conn:
-        events.append(ev)
-        if ev.type in types:
-            return events
+    async with asyncio.timeout(20):  # a bound, not a timing assertion: a rollout takes well under 1 s
+        async for ev in conn:
+            events.append(ev)
+            if ev.type in types:
+                return events
     raise AssertionError(f"the connection ended before {types}")
 
 
@@ -162,16 +163,17 @@ async def test_websocket_inject_resumes_the_workers_in_the_same_response(make_st
             await conn.response.create(model="sim-model", input="Please delegate this.", tools=[WEATHER_TOOL],
                                        multi_agent=MA)  # fmt: skip
             injected, acks, seen = 0, 0, []
-            async for ev in conn:
-                seen.append(ev)
-                if ev.type == "response.output_item.done" and ev.item.type == "function_call":
-                    out = {"type": "function_call_output", "call_id": ev.item.call_id, "output": "sunny"}
-                    await conn.response.inject(response_id=seen[0].response.id, input=[out])
-                    injected += 1
-                elif ev.type == "response.inject.created":
-                    acks += 1
-                elif ev.type in ("response.completed", "response.failed", "error", "response.inject.failed"):
-                    break
+            async with asyncio.timeout(20):
+                async for ev in conn:
+                    seen.append(ev)
+                    if ev.type == "response.output_item.done" and ev.item.type == "function_call":
+                        out = {"type": "function_call_output", "call_id": ev.item.call_id, "output": "sunny"}
+                        await conn.response.inject(response_id=seen[0].response.id, input=[out])
+                        injected += 1
+                    elif ev.type == "response.inject.created":
+                        acks += 1
+                    elif ev.type in ("response.completed", "response.failed", "error", "response.inject.failed"):
+                        break
             assert seen[-1].type == "response.completed", seen[-1]
             response = seen[-1].response
     assert injected == acks == 2
@@ -206,6 +208,7 @@ async def test_websocket_without_the_beta_header_is_refused(stack: Any) -> None:
         await conn.response.create(model="sim-model", input="delegate", multi_agent=MA)
         err = (await _until(conn, "error", "response.completed"))[-1]
         assert err.type == "error" and err.error.param == "multi_agent"
+        assert "OpenAI-Beta: responses_multi_agent=v1" in err.error.message
 
 
 async def test_cancel_ends_every_agent(make_stack: Any) -> None:
@@ -215,13 +218,14 @@ async def test_cancel_ends_every_agent(make_stack: Any) -> None:
             await conn.response.create(model="sim-model", input="delegate", multi_agent=MA)
             writing: set[str | None] = set()
             rid = ""
-            async for ev in conn:
-                if ev.type == "response.created":
-                    rid = ev.response.id
-                if ev.type == "response.output_text.delta":
-                    writing.add(_agent(ev))
-                    if writing == WORKERS:
-                        break
+            async with asyncio.timeout(20):
+                async for ev in conn:
+                    if ev.type == "response.created":
+                        rid = ev.response.id
+                    if ev.type == "response.output_text.delta":
+                        writing.add(_agent(ev))
+                        if writing == WORKERS:
+                            break
             await conn.send({"type": "response.cancel", "response_id": rid})  # type: ignore[arg-type,typeddict-unknown-key]  # Tether's extension
             end = (await _until(conn, "response.incomplete", "response.failed", "response.completed"))[-1]
             assert end.response.status == "cancelled"
@@ -235,14 +239,15 @@ async def test_grpc_typed_client_injects(stack: Any, grpc_port: int) -> None:
     async with tether.client.connect(f"127.0.0.1:{grpc_port}", api_key=KEY_A) as session:
         stream = await session.create("sim-model", "delegate", tools=[WEATHER_TOOL], multi_agent=MA)
         acks = 0
-        async for ev in stream:
-            arm = ev.WhichOneof("event")
-            if arm == "output_item_done" and ev.output_item_done.item.WhichOneof("item") == "function_call":
-                call = ev.output_item_done.item.function_call
-                assert ev.agent.agent_name in WORKERS
-                stream.inject([{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
-            elif arm == "inject_created":
-                acks += 1
+        async with asyncio.timeout(20):
+            async for ev in stream:
+                arm = ev.WhichOneof("event")
+                if arm == "output_item_done" and ev.output_item_done.item.WhichOneof("item") == "function_call":
+                    call = ev.output_item_done.item.function_call
+                    assert ev.agent.agent_name in WORKERS
+                    stream.inject([{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+                elif arm == "inject_created":
+                    acks += 1
         response = await stream.final_response()
     assert acks == 2
     final = response.output[-1]
