@@ -81,6 +81,11 @@ async def test_http_json_delegates_pauses_on_client_calls_and_continues(make_sta
         assert first.usage.input_tokens > 2 * plain.usage.input_tokens
         assert first.usage.total_tokens == first.usage.input_tokens + first.usage.output_tokens
 
+        with pytest.raises(openai.BadRequestError) as refused:  # only a multi-agent turn reads the agents' items
+            await client.responses.create(model="sim-model", previous_response_id=first.id,
+                                          input=_outputs(first.output), tools=[WEATHER_TOOL])  # type: ignore[arg-type]
+        assert refused.value.body["param"] == "multi_agent"  # type: ignore[index]
+
         # The client answers by call_id, without `agent`: the workers resume, then the root.
         second = await client.beta.responses.create(model="sim-model", previous_response_id=first.id,
                                                     input=_outputs(first.output), tools=[WEATHER_TOOL],
