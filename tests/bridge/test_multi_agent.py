@@ -133,6 +133,20 @@ async def test_max_concurrent_subagents_refuses_a_spawn_past_it(make_stack: Any)
         assert r.output[-1].phase == "final_answer"
 
 
+@pytest.mark.parametrize("rpm", [4, 3])
+async def test_every_agents_call_counts_against_the_rate_limit(make_stack: Any, rpm: int) -> None:
+    """The rollout makes four model calls (root, two workers, root): the create is admitted once,
+    each further call like any model call. At four requests per minute it completes; at three the
+    root's last call is refused and the response fails with `rate_limit_exceeded`."""
+    async with make_stack(backend=SIM, requests_per_minute=rpm) as stack, stack.client() as client:
+        r = await client.beta.responses.create(model="sim-model", input="delegate", multi_agent=MA, betas=BETA)
+    if rpm == 4:
+        assert r.status == "completed" and r.output[-1].phase == "final_answer"
+    else:
+        assert r.status == "failed" and r.error is not None and r.error.code == "rate_limit_exceeded"
+        assert {_agent(it) for it in r.output if it.type == "message"} == WORKERS  # the workers' answers stay
+
+
 async def test_sse_interleaves_agents_in_one_sequence(make_stack: Any) -> None:
     async with make_stack(backend={"ttft_ms": 0, "output_tokens": 40, "tokens_per_s": 2000}) as stack, stack.client() as client:
         stream = await client.beta.responses.create(model="sim-model", input="delegate", betas=BETA,
