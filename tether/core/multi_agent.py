@@ -144,6 +144,8 @@ class Agent:
     task: asyncio.Task | None = None
     output: _AgentOutput | None = None  # its model call in progress
     injected: list[items_pb2.Item] = field(default_factory=list)  # committed by an inject, not yet emitted
+    streamed_calls: set[str] = field(default_factory=set)  # client calls its model call in progress made
+    early: list[items_pb2.Item] = field(default_factory=list)  # injected outputs of those, taken when it ends
     waiting_for: list[Agent] = field(default_factory=list)  # its `wait_agent`'s targets
     woken: asyncio.Event = field(default_factory=asyncio.Event)  # set when they have all ended
 
@@ -250,7 +252,7 @@ class _AgentOutput(OutputBuilder):
     """One agent's model call: the events of its items at the response's output indices, tagged
     with the agent; its calls of actions are held back (Tether runs them: `multi_agent_call`)."""
 
-    def __init__(self, response: OutputBuilder, agent: str) -> None:
+    def __init__(self, response: OutputBuilder, agent: Agent) -> None:
         super().__init__(seal_reasoning=response.seal_reasoning, max_logprobs=response.logprobs_left)
         self._response = response
         self._agent = agent
@@ -265,7 +267,7 @@ class _AgentOutput(OutputBuilder):
 
     def _translate(self, events: Sequence[Emitted]) -> list[Emitted]:
         out: list[Emitted] = []
-        name = self._agent
+        name = self._agent.name
         for ev in events:
             if type(ev) is Delta:
                 if ev.output_index not in self._held:
@@ -291,6 +293,8 @@ class _AgentOutput(OutputBuilder):
                     item.message.phase = "final_answer"
                 if arm == "output_item_done":
                     self._response.add_done(payload.output_index, item)
+                    if item.WhichOneof("item") == "function_call":  # the client may answer it from now on
+                        self._agent.streamed_calls.add(item.function_call.call_id)
             ev.agent.agent_name = name
             out.append(ev)
         return out
@@ -345,7 +349,11 @@ class MultiAgentRollout:
         (all or none) and the agents resumed. False: not all are such outputs."""
         if not self._accepting:
             return False
-        owners = {call_id: agent for agent in self.agents.values() for call_id in agent.open_calls}
+        taken = {e.function_call_output.call_id for agent in self.agents.values() for e in agent.early}
+        owners = {call_id: agent for agent in self.agents.values()
+                  for call_id in (*agent.open_calls, *agent.streamed_calls) if call_id not in taken}  # fmt: skip
+        if len({item.function_call_output.call_id for item in items}) != len(items):
+            return False  # one output per call
         for item in items:
             if item.WhichOneof("item") != "function_call_output" or item.function_call_output.call_id not in owners:
                 return False
@@ -360,8 +368,11 @@ class MultiAgentRollout:
             if not committed.function_call_output.id:
                 committed.function_call_output.id = ids.new_id("fco")
             committed.function_call_output.status = "completed"  # an output item has one
-            agent.add(committed)
-            agent.injected.append(committed)  # into the output when the agent resumes (after the ack)
+            if committed.function_call_output.call_id in agent.open_calls:
+                agent.add(committed)
+                agent.injected.append(committed)  # into the output when the agent resumes (after the ack)
+            else:  # its model call is still streaming: taken when the call ends (`_take_early`)
+                agent.early.append(committed)
             if not agent.open_calls and agent.status is Status.WAITING_CLIENT:
                 self._start(agent)
         self._notify()
@@ -457,7 +468,7 @@ class MultiAgentRollout:
             request.tool_choice = request_pb2.ToolChoice(mode="auto")
         request.agent, request.agent_actions = agent.name, ACTIONS
         request.instructions = _instructions(io.params, agent)
-        output = agent.output = _AgentOutput(builder, agent.name)
+        output = agent.output = _AgentOutput(builder, agent)
         await io.stream(output, prepared.route.backend, request)
         await self._emit(output.close_all("completed"))
         agent.output = None
@@ -477,6 +488,11 @@ class MultiAgentRollout:
                 agent.add(call)
             else:
                 agent.add(item)
+        agent.streamed_calls.clear()
+        for committed in agent.early:  # outputs injected while the call was still streaming
+            agent.add(committed)
+            agent.injected.append(committed)
+        agent.early.clear()
         if finish.reason == "length":  # the response's output cap: every agent stops
             agent.status = Status.INTERRUPTED
             self._capped = True
