@@ -147,6 +147,19 @@ async def test_every_agents_call_counts_against_the_rate_limit(make_stack: Any, 
         assert {_agent(it) for it in r.output if it.type == "message"} == WORKERS  # the workers' answers stay
 
 
+async def test_the_output_cap_and_the_deadline_hold_over_every_agent(make_stack: Any) -> None:
+    slow = {"ttft_ms": 0, "output_tokens": 400, "tokens_per_s": 200}  # 2 s per answer
+    async with make_stack(backend=slow, max_turn_s=0.5) as stack, stack.client() as client:
+        capped = await client.beta.responses.create(model="sim-model", input="delegate", multi_agent=MA, betas=BETA,
+                                                    max_output_tokens=30)  # fmt: skip
+        assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+        assert capped.usage.output_tokens <= 30
+        timed_out = await client.beta.responses.create(model="sim-model", input="delegate", multi_agent=MA, betas=BETA)
+        assert timed_out.status == "failed" and timed_out.error.tether_code == "backend_timeout"  # type: ignore[union-attr]
+        assert {(_agent(it), it.status) for it in timed_out.output if it.type == "message"} == {
+            (w, "incomplete") for w in WORKERS}  # fmt: skip
+
+
 async def test_sse_interleaves_agents_in_one_sequence(make_stack: Any) -> None:
     async with make_stack(backend={"ttft_ms": 0, "output_tokens": 40, "tokens_per_s": 2000}) as stack, stack.client() as client:
         stream = await client.beta.responses.create(model="sim-model", input="delegate", betas=BETA,
