@@ -7,7 +7,8 @@ the first worker's call and `--slow-tool-ms` for the second's), then answers, an
 answers. With inject, the client injects each output as soon as it has it, into the running
 response; with end-and-recreate (`limits.multi_agent_inject_wait_s = 0`, as over HTTP), the
 response completes once both workers wait, and the client sends both outputs in a new create
-continuing it. Prints, per mode: creates sent, responses, bytes sent and received, wall time
+continuing it, which repeats the create's tools and instructions (`--instructions-bytes`).
+Prints, per mode: creates sent, responses, bytes sent and received, wall time
 (median of the runs).
 """
 
@@ -42,7 +43,7 @@ def _config(inject_wait_s: float, backend: dict[str, Any]) -> TetherConfig:
     return cfg
 
 
-async def _rollout(url: str, inject: bool, tool_s: tuple[float, float]) -> dict[str, float]:
+async def _rollout(url: str, inject: bool, tool_s: tuple[float, float], instructions: str) -> dict[str, float]:
     sent = received = creates = 0
     responses: set[str] = set()
     started = time.perf_counter()
@@ -55,7 +56,7 @@ async def _rollout(url: str, inject: bool, tool_s: tuple[float, float]) -> dict[
             await ws.send(text)
 
         create = {"type": "response.create", "model": "sim-model", "input": "Please delegate the weather check.",
-                  "tools": [TOOL], "multi_agent": {"enabled": True}}  # fmt: skip
+                  "tools": [TOOL], "multi_agent": {"enabled": True}, "instructions": instructions}  # fmt: skip
         await send(create)
         creates += 1
         pending: dict[str, str] = {}  # call_id -> agent
@@ -101,12 +102,12 @@ async def _rollout(url: str, inject: bool, tool_s: tuple[float, float]) -> dict[
             "wall_s": time.perf_counter() - started}  # fmt: skip
 
 
-async def main(runs: int, tool_s: tuple[float, float], backend: dict[str, Any]) -> None:
+async def main(runs: int, tool_s: tuple[float, float], backend: dict[str, Any], instructions: str) -> None:
     for mode, inject in (("inject", True), ("end-and-recreate", False)):
         running = await server.start(_config(30.0 if inject else 0.0, backend), authenticator=Authenticator({"sk-lab": "lab"}))
         try:
             url = f"ws://127.0.0.1:{running.bridge.port}/v1/responses"  # type: ignore[union-attr]  # bridge on
-            results = [await _rollout(url, inject, tool_s) for _ in range(runs)]
+            results = [await _rollout(url, inject, tool_s, instructions) for _ in range(runs)]
         finally:
             await running.stop(0.5)
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
@@ -122,6 +123,7 @@ if __name__ == "__main__":
     ap.add_argument("--ttft-ms", type=float, default=150)
     ap.add_argument("--tokens-per-s", type=float, default=200)
     ap.add_argument("--output-tokens", type=int, default=60)
+    ap.add_argument("--instructions-bytes", type=int, default=0, help="instructions of this size (an agent's system prompt)")
     a = ap.parse_args()
     sim = {"ttft_ms": a.ttft_ms, "tokens_per_s": a.tokens_per_s, "output_tokens": a.output_tokens}
-    asyncio.run(main(a.runs, (a.tool_ms / 1000, a.slow_tool_ms / 1000), sim))
+    asyncio.run(main(a.runs, (a.tool_ms / 1000, a.slow_tool_ms / 1000), sim, "x " * (a.instructions_bytes // 2)))
