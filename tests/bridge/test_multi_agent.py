@@ -115,6 +115,11 @@ async def test_http_refusals_name_the_parameter(stack: Any) -> None:
             await client.post("/responses/compact", cast_to=object,
                               body={"model": "sim-model", "input": "hi", "multi_agent": MA})  # fmt: skip
         assert refused.value.body["param"] == "multi_agent"  # type: ignore[index]
+        with pytest.raises(openai.BadRequestError) as refused:  # only a multi-agent turn reads these items
+            await client.responses.create(model="sim-model", input=[  # type: ignore[list-item]
+                {"type": "agent_message", "author": "/root", "recipient": "/root/w", "content": [
+                    {"type": "input_text", "text": "hi"}]}])  # fmt: skip
+        assert refused.value.body["param"] == "input[0]"  # type: ignore[index]
         # At the limit (limits.max_concurrent_subagents = 8) it is accepted.
         ok = await client.beta.responses.create(model="sim-model", input="hi", betas=BETA,
                                                 multi_agent={"enabled": True, "max_concurrent_subagents": 8})  # fmt: skip

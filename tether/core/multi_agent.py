@@ -101,6 +101,18 @@ def validate(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
                               "action's.", param=f"tools[{i}].name")  # fmt: skip
 
 
+# The items only a multi-agent turn reads (it gives them to the model as calls and messages).
+ITEM_ARMS = frozenset(("multi_agent_call", "multi_agent_call_output", "agent_message"))
+
+
+def check_items(items: Sequence[items_pb2.Item]) -> None:
+    """A create without `multi_agent` may not carry a multi-agent response's items: a 400 naming it."""
+    for i, item in enumerate(items):
+        if item.WhichOneof("item") in ITEM_ARMS:
+            raise TetherError(errors.INVALID_ITEM, f"input[{i}] is a {item.WhichOneof('item')} item: send it with "
+                              "multi_agent enabled.", param=f"input[{i}]")  # fmt: skip
+
+
 def _action_tools() -> list[request_pb2.Tool]:
     out = []
     for name, (description, properties) in ACTION_SCHEMAS.items():
