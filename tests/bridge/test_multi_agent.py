@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -163,6 +164,31 @@ async def test_the_output_cap_and_the_deadline_hold_over_every_agent(make_stack:
         assert timed_out.status == "failed" and timed_out.error.tether_code == "backend_timeout"  # type: ignore[union-attr]
         assert {(_agent(it), it.status) for it in timed_out.output if it.type == "message"} == {
             (w, "incomplete") for w in WORKERS}  # fmt: skip
+
+
+async def test_the_other_actions(make_stack: Any, tmp_path: Path) -> None:
+    """A scripted root (the simulated model's per-agent scripts) spawns a subagent, lists, messages
+    and interrupts it, and follows up an agent that does not exist; then it answers."""
+    calls = [("spawn_agent", {"task_name": "a", "message": "count to 400"}), ("list_agents", {}),
+             ("send_message", {"target": "/root/a", "message": "hello"}), ("interrupt_agent", {"target": "/root/a"}),
+             ("followup_task", {"target": "/root/nobody", "message": "x"})]  # fmt: skip
+    script = tmp_path / "agents.json"
+    script.write_text(json.dumps({
+        "steps": [{"tool_calls": [{"name": name, "arguments": args} for name, args in calls]}],
+        "after": {"text": "Done."},
+        "agents": {"/root/a": {"steps": [{"text_tokens": 400, "tokens_per_s": 100}]}},
+    }))  # fmt: skip
+    async with make_stack(backend={**SIM, "script": str(script)}) as stack, stack.client() as client:
+        r = await client.beta.responses.create(model="sim-model", input="go", multi_agent=MA, betas=BETA)
+    results = {it.action: json.loads(it.output[0].text) for it in r.output if it.type == "multi_agent_call_output"}
+    assert results["spawn_agent"] == {"task_name": "/root/a"}
+    assert {"agent_name": "/root/a", "status": "running"} in results["list_agents"]["agents"]
+    assert results["send_message"] == {"delivered": True} and results["interrupt_agent"] == {"interrupted": True}
+    assert "nobody" in results["followup_task"]["error"]
+    [message] = [it for it in r.output if it.type == "agent_message"]
+    assert (message.author, message.recipient, message.content[0].text) == ("/root", "/root/a", "hello")
+    assert not [it for it in r.output if it.type == "message" and _agent(it) == "/root/a" and it.status == "completed"]
+    assert r.output[-1].content[0].text == "Done." and r.output[-1].phase == "final_answer"
 
 
 async def test_sse_interleaves_agents_in_one_sequence(make_stack: Any) -> None:

@@ -45,6 +45,9 @@ Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
      ],
      "after": {"text_tokens": 20}}
 
+A multi-agent response's agent follows `agents[<its path>]` (a script of the same format) when the
+script has one, e.g. `{"steps": [...], "agents": {"/root/a": {"steps": [...]}}}`.
+
 Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
 `reasoning` / `reasoning_tokens` (emitted first, as reasoning), `refusal` (literal, emitted as a
 refusal instead of text), `tool_calls` (list of `name`,
@@ -166,6 +169,11 @@ class Script:
     steps: tuple[ScriptStep, ...]
     after: ScriptStep | None = None
     source: str = ""
+    # A multi-agent response's agents (`BackendRequest.agent`) that follow a script of their own.
+    agents: dict[str, Script] = field(default_factory=dict)
+
+    def for_agent(self, agent: str) -> Script:
+        return self.agents.get(agent, self) if agent else self
 
     def step_for(self, turn: int) -> ScriptStep | None:
         if turn < len(self.steps):
@@ -241,12 +249,16 @@ def parse_script(data: Any, source: str = "<script>") -> Script:
         data = {"steps": data}
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
         raise ValueError(f"{source}: a script needs a 'steps' list")
-    unknown = set(data) - {"steps", "after", "description", "comment"}
+    unknown = set(data) - {"steps", "after", "description", "comment", "agents"}
     if unknown:
         raise ValueError(f"{source}: unknown top-level key(s) {sorted(unknown)}")
     steps = tuple(_parse_step(s, f"{source}: steps[{i}]") for i, s in enumerate(data["steps"]))
     after = _parse_step(data["after"], f"{source}: after") if data.get("after") is not None else None
-    return Script(steps, after, source)
+    agents = data.get("agents") or {}
+    if not isinstance(agents, dict):
+        raise ValueError(f"{source}: 'agents' must map agent paths to scripts")
+    scripts = {name: parse_script(sub, f"{source}: agents[{name!r}]") for name, sub in agents.items()}
+    return Script(steps, after, source, scripts)
 
 
 def load_script(path: str) -> Script:
@@ -531,7 +543,7 @@ class SimulatedBackend(BackendBase):
             ]
             return plan
         script = self._script_for(request)
-        step = script.step_for(turn) if script else None
+        step = script.for_agent(request.agent).step_for(turn) if script else None
         if step is not None:
             self._plan_step(plan, step, request, turn)
             return plan
