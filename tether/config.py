@@ -55,6 +55,13 @@ class Limits:
     # `response.inject`s waiting for their running response to end (docs/fields.md "Injecting
     # items"), per connection; their bytes count as queued bytes (below) until answered.
     max_pending_injects: int = 64
+    # Multi-agent responses (docs/multi-agent.md): the highest `max_concurrent_subagents` a create
+    # may ask for, the subagents one response may spawn over its life (its continuations included),
+    # and how long a WebSocket or gRPC Session response whose agents all wait for client tool
+    # outputs stays open for a `response.inject` before it completes (0: it completes at once).
+    max_concurrent_subagents: int = 8
+    max_subagents_per_response: int = 32
+    multi_agent_inject_wait_s: float = 30.0
     # Bytes of creates accepted and not yet ended (queued, waiting for a slot, or generating), per
     # connection, per API key and per process (tether/core/queued.py); 0 = no bound.
     max_queued_bytes_per_connection: int = 64 * 1024 * 1024
@@ -360,9 +367,11 @@ def validate(cfg: TetherConfig) -> None:
     limits = cfg.limits
     for name in ("coalesce_ms", "coalesce_max_ms", "coalesce_batches_per_s", "max_queued_bytes_per_connection",
                  "max_queued_bytes_per_key", "max_queued_bytes_per_process", "max_conversation_items",
-                 "max_conversation_bytes", "max_pending_injects"):  # fmt: skip
+                 "max_conversation_bytes", "max_pending_injects", "multi_agent_inject_wait_s"):  # fmt: skip
         if getattr(limits, name) < 0:
             raise ValueError(f"limits.{name} must be >= 0")
+    if limits.max_concurrent_subagents < 1 or limits.max_subagents_per_response < 1:
+        raise ValueError("limits.max_concurrent_subagents and limits.max_subagents_per_response must be >= 1")
     if not limits.max_turn_s > 0:
         raise ValueError("limits.max_turn_s must be > 0")
     if not limits.run_orphan_after_s > 0:

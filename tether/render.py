@@ -149,6 +149,15 @@ def render_item(item: items_pb2.Item) -> str:
     if arm == "mcp_approval_response":
         resp = item.mcp_approval_response
         return f"<|start|>user {resp.approval_request_id}<|message|>{resp.approve} {resp.reason}<|end|>"
+    if arm == "multi_agent_call":
+        mac = item.multi_agent_call
+        return f"<|start|>assistant to=agents.{mac.action}<|call|>{mac.arguments}<|end|>"
+    if arm == "multi_agent_call_output":
+        maco = item.multi_agent_call_output
+        return f"<|start|>tool {maco.call_id}<|message|>{' '.join(p.output_text.text for p in maco.output)}<|end|>"
+    if arm == "agent_message":
+        am = item.agent_message
+        return f"<|start|>{am.author} to={am.recipient}<|message|>{' '.join(p.input_text.text for p in am.content)}<|end|>"
     return f"<|start|>{item.other.type}<|message|>{item.other.json}<|end|>"
 
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 
 import orjson
 
@@ -213,6 +214,10 @@ class PrototypeKind:
     def finish_so_far(self) -> Finish | None:
         """A loop that failed or was cancelled reports the usage of the steps it finished."""
         return self._so_far
+
+    def take_injected(self, items: Sequence[items_pb2.Item]) -> bool:
+        """False: the prototype takes its tool outputs as `response.append`s, not injects."""
+        return False
 
     def _begin_wait(self, open_calls: list[str]) -> None:
         self._pending = dict.fromkeys(open_calls)

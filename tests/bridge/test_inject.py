@@ -1,5 +1,6 @@
-"""`response.inject` (beta) answered by its contract (docs/fields.md "Inject"): Tether runs no
-multi-agent responses, so no response takes injected items; an inject for a finished response of
+"""`response.inject` (beta) answered by its contract (docs/fields.md "Inject") for responses that
+are not multi-agent (those take injected items: tests/bridge/test_multi_agent.py), so no response
+here takes injected items; an inject for a finished response of
 the connection is `response.inject.failed` `response_already_completed` with the items back (at
 once, or when an active response ends), any other id `response_not_found`, and the items go on in
 a new create continuing the response. A malformed inject is an `error` (400), the socket stays

@@ -1373,3 +1373,37 @@ def test_sdk_parses_items_page() -> None:
         last_id="msg_1",
     )
     ResponseItemList.model_validate(jc.input_items_to_json(page))
+
+
+MULTI_AGENT_ITEMS = [
+    {"type": "multi_agent_call", "id": "mac_1", "action": "spawn_agent", "call_id": "call_1",
+     "arguments": '{"task_name":"w","message":"go"}', "agent": {"agent_name": "/root"}},
+    {"type": "multi_agent_call_output", "id": "maco_1", "action": "spawn_agent", "call_id": "call_1",
+     "output": [{"type": "output_text", "text": '{"task_name":"/root/w"}', "annotations": [], "logprobs": []}],
+     "agent": {"agent_name": "/root"}},
+    {"type": "agent_message", "id": "amsg_1", "author": "/root", "recipient": "/root/w",
+     "content": [{"type": "input_text", "text": "hi"}], "agent": {"agent_name": "/root"}},
+    {"type": "function_call_output", "call_id": "call_2", "output": "sunny", "agent": {"agent_name": "/root/w"},
+     "client_key": 1},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("item", MULTI_AGENT_ITEMS, ids=lambda i: i["type"])
+def test_multi_agent_items_round_trip_with_their_agent(item: dict) -> None:
+    """The multi-agent beta's items, and `agent` on any item: typed fields, unknown keys kept."""
+    decoded = jc.item_from_json(item)
+    assert decoded.agent.agent_name == item["agent"]["agent_name"]
+    assert jc.item_to_json(decoded) == item
+
+
+def test_multi_agent_create_field_and_event_agent() -> None:
+    body = {"model": "m", "multi_agent": {"enabled": True, "max_concurrent_subagents": 2}}
+    params = jc.params_from_json(body)
+    assert params.multi_agent.enabled and params.multi_agent.max_concurrent_subagents == 2
+    assert jc.params_to_json(params) == body
+    ev = events_pb2.ServerEvent(sequence_number=3, output_text_delta=events_pb2.TextDeltaEvent(item_id="msg", delta="x"))
+    ev.agent.agent_name = "/root/worker_1"
+    obj = jc.event_to_json(ev, ws=True)
+    assert obj["agent"] == {"agent_name": "/root/worker_1"}
+    assert jc.event_from_json(obj) == ev
+    assert TypeAdapter(BetaResponsesServerEvent).validate_python(obj).agent.agent_name == "/root/worker_1"  # type: ignore[union-attr]  # the SDK reads it

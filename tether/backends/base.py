@@ -58,6 +58,10 @@ class BackendRequest:
     # Tools in `tools` that are a remote MCP server's (Tether runs them, tether.core.mcp): the
     # simulated model calls one only when `tool_choice` names it or the last user message does.
     mcp_tools: frozenset[str] = frozenset()
+    # A multi-agent response's call (tether.core.multi_agent): the agent making it (`/root`,
+    # `/root/worker_1`) and the names of the multi-agent action tools among `tools`; empty otherwise.
+    agent: str = ""
+    agent_actions: frozenset[str] = frozenset()
     # Free-form per-request hints (e.g. the simulated backend's script step); never sent upstream.
     hints: dict[str, str] = field(default_factory=dict)
     # What the adapter's `prepare` made of this request (its upstream body), reused by `stream`.

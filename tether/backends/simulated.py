@@ -16,7 +16,10 @@ What it says is decided per turn, in this order:
 3. a model named `tether-lab/<workload>[@<speed>]` (e.g. `tether-lab/bugfix20@1000`): the script
    of that lab workload (`tether.workloads`) at that speed, exactly the one `tether bench`
    generates, so the console's transport race and the bench run the same rollout;
-4. no script: when function or custom tools are offered and the context has no tool output yet
+4. a multi-agent response's root (`BackendRequest.agent`) whose last user message contains
+   "delegate" and that has not spawned yet: two `spawn_agent` calls (`worker_1`, `worker_2`)
+   and a `wait_agent` (tether.core.multi_agent); each worker then behaves as below;
+5. no script: when function or custom tools are offered and the context has no tool output yet
    (for an MCP tool: no `mcp_call` or approval verdict since the last user message), one call to the first of them (a function's arguments built from its JSON
    schema; a custom tool's `input` the fixed text `CUSTOM_INPUT`, whatever its grammar; a remote
    MCP server's tool only when `tool_choice` names it or the last user message mentions its
@@ -41,6 +44,9 @@ Script format (JSON or TOML; a bare JSON list is also accepted as `steps`)::
         {"text_tokens": 40}
      ],
      "after": {"text_tokens": 20}}
+
+A multi-agent response's agent follows `agents[<its path>]` (a script of the same format) when the
+script has one, e.g. `{"steps": [...], "agents": {"/root/a": {"steps": [...]}}}`.
 
 Step keys: `text` (literal, split into word tokens), `text_tokens` (N generated words),
 `reasoning` / `reasoning_tokens` (emitted first, as reasoning), `refusal` (literal, emitted as a
@@ -163,6 +169,11 @@ class Script:
     steps: tuple[ScriptStep, ...]
     after: ScriptStep | None = None
     source: str = ""
+    # A multi-agent response's agents (`BackendRequest.agent`) that follow a script of their own.
+    agents: dict[str, Script] = field(default_factory=dict)
+
+    def for_agent(self, agent: str) -> Script:
+        return self.agents.get(agent, self) if agent else self
 
     def step_for(self, turn: int) -> ScriptStep | None:
         if turn < len(self.steps):
@@ -238,12 +249,16 @@ def parse_script(data: Any, source: str = "<script>") -> Script:
         data = {"steps": data}
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
         raise ValueError(f"{source}: a script needs a 'steps' list")
-    unknown = set(data) - {"steps", "after", "description", "comment"}
+    unknown = set(data) - {"steps", "after", "description", "comment", "agents"}
     if unknown:
         raise ValueError(f"{source}: unknown top-level key(s) {sorted(unknown)}")
     steps = tuple(_parse_step(s, f"{source}: steps[{i}]") for i, s in enumerate(data["steps"]))
     after = _parse_step(data["after"], f"{source}: after") if data.get("after") is not None else None
-    return Script(steps, after, source)
+    agents = data.get("agents") or {}
+    if not isinstance(agents, dict):
+        raise ValueError(f"{source}: 'agents' must map agent paths to scripts")
+    scripts = {name: parse_script(sub, f"{source}: agents[{name!r}]") for name, sub in agents.items()}
+    return Script(steps, after, source, scripts)
 
 
 def load_script(path: str) -> Script:
@@ -345,6 +360,10 @@ def _text_unit(text: str) -> TextDelta:
     return TextDelta(text)
 
 
+# The subagents a multi-agent root spawns when asked to "delegate" (`/root/worker_1`, ...).
+DELEGATE_WORKERS = ("worker_1", "worker_2")
+
+
 def _last_user_text(items: Sequence[items_pb2.Item]) -> str:
     for item in reversed(items):
         if item.WhichOneof("item") == "message" and item.message.role == "user":
@@ -416,7 +435,9 @@ def example_from_schema(schema: Any, key: str = "", depth: int = 0) -> Any:
 
 
 def _call_id(request: BackendRequest, turn: int, index: int, name: str) -> str:
-    h = hashlib.sha1(f"{turn}:{index}:{name}:{len(request.items)}".encode()).hexdigest()[:24]
+    # A multi-agent response's agents make their calls in one response: their ids differ by agent.
+    agent = f":{request.agent}" if request.agent else ""
+    h = hashlib.sha1(f"{turn}:{index}:{name}:{len(request.items)}{agent}".encode()).hexdigest()[:24]
     return f"call_{h}"
 
 
@@ -522,13 +543,21 @@ class SimulatedBackend(BackendBase):
             ]
             return plan
         script = self._script_for(request)
-        step = script.step_for(turn) if script else None
+        step = script.for_agent(request.agent).step_for(turn) if script else None
         if step is not None:
             self._plan_step(plan, step, request, turn)
             return plan
         # Unscripted.
         plan.units.extend(ReasoningDelta(w) for w in words(c.reasoning_tokens, turn + 1))
         plan.reasoning_units = c.reasoning_tokens
+        if self._delegates(request):
+            for i, worker in enumerate(DELEGATE_WORKERS):
+                task = {"task_name": worker, "message": f"Part {i + 1} of: {_last_user_text(request.items)[:200]}"}
+                self._add_call(plan, i, _call_id(request, turn, i, "spawn_agent"), "spawn_agent", orjson.dumps(task).decode())
+            n = len(DELEGATE_WORKERS)
+            self._add_call(plan, n, _call_id(request, turn, n, "wait_agent"), "wait_agent", "{}")
+            plan.finish = "tool_calls"
+            return plan
         tool = self._auto_tool(request)
         if tool is not None:
             name, schema, custom = tool
@@ -563,11 +592,23 @@ class SimulatedBackend(BackendBase):
     async def prepare(self, request: BackendRequest) -> None:
         _choice(request)  # an unmapped tool_choice type is a 400 before response.created
 
+    @staticmethod
+    def _delegates(request: BackendRequest) -> bool:
+        """A multi-agent response's root, asked to "delegate", that has not spawned yet."""
+        if request.agent != "/root" or "spawn_agent" not in request.agent_actions:
+            return False
+        if "delegate" not in _last_user_text(request.items).lower():
+            return False
+        return not any(i.WhichOneof("item") == "function_call" and i.function_call.name == "spawn_agent"
+                       for i in request.items)  # fmt: skip
+
     def _auto_tool(self, request: BackendRequest) -> tuple[str, Any, bool] | None:
-        """(name, parameters schema, is custom) of the tool an unscripted turn calls, or None."""
+        """(name, parameters schema, is custom) of the tool an unscripted turn calls, or None (a
+        multi-agent response's actions are never called this way)."""
         if not self.config.call_tools:
             return None
-        offered = [(name, t, custom) for t in request.tools for name, custom in [_tool_name(t)] if name]
+        offered = [(name, t, custom) for t in request.tools for name, custom in [_tool_name(t)]
+                   if name and name not in request.agent_actions]  # fmt: skip
         mode, named = _choice(request)
         if named is not None:
             offered = [o for o in offered if o[0] in named]

@@ -37,13 +37,14 @@ from tether.core.api import ResponsesAPI
 from tether.core.outbox import Delta, Outgoing
 from tether.errors import (
     HEADERS_TOO_LARGE,
+    INVALID_REQUEST,
     INVALID_TYPE,
     REQUEST_TOO_LARGE,
     SERVER_ERROR,
     TetherError,
 )
 from tether.protocol import json_codec
-from tether.responses.v1 import events_pb2
+from tether.responses.v1 import events_pb2, request_pb2
 
 log = logging.getLogger("tether.bridge")
 
@@ -87,6 +88,24 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+MULTI_AGENT_BETA = "responses_multi_agent=v1"
+
+
+def has_multi_agent_beta(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether `OpenAI-Beta` (a comma-separated list, possibly repeated) names the multi-agent beta."""
+    return any(key == b"openai-beta" and MULTI_AGENT_BETA in (v.strip() for v in value.decode("latin-1").split(","))
+               for key, value in headers)  # fmt: skip
+
+
+def check_multi_agent_beta(params: request_pb2.ResponseCreateParams, beta: bool) -> None:
+    """A JSON create with `multi_agent` enabled needs the beta header (on HTTP the request's, on
+    WebSocket mode the upgrade's): else a 400 naming `multi_agent`. gRPC's typed field is its own
+    opt-in."""
+    if not beta and params.HasField("multi_agent") and params.multi_agent.enabled:
+        raise TetherError(INVALID_REQUEST, f"multi_agent needs the header 'OpenAI-Beta: {MULTI_AGENT_BETA}'.",
+                          param="multi_agent")  # fmt: skip
 
 
 def authenticate(ctx: BridgeContext, headers: Iterable[tuple[bytes, bytes]]) -> str:
@@ -182,7 +201,7 @@ def retry_after_headers(seconds: float | None) -> list[tuple[bytes, bytes]]:
 def event_json(ev: Outgoing, *, ws: bool) -> dict:
     """One outgoing event as its JSON object; a merged `Delta` is encoded from its text directly."""
     if type(ev) is Delta:
-        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id)
+        return json_codec.arm_to_json(ev.arm, ev, ev.sequence_number, ev.stream_id, ev.agent)
     obj = json_codec.event_to_json(ev, ws=ws)
     if ws and ev.HasField("error") and ev.error.error.retry_after_s > 0:
         obj["error"]["headers"] = {

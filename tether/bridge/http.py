@@ -160,6 +160,7 @@ class HttpHandlers:
     # POST /v1/responses
     async def create(self, req: HttpRequest) -> None:
         params, nbytes = await self._params(req)
+        common.check_multi_agent_beta(params, common.has_multi_agent_beta(req.headers))
         stream = params.HasField("stream") and params.stream
         tracing.adopt_parent(req.headers)
         if params.HasField("background") and params.background:

@@ -92,6 +92,7 @@ class WsConnection:
         # The protocol under `send`, when it can write a frame without an await (`write_now`).
         protocol = getattr(send, "__self__", None)
         self._protocol = protocol if isinstance(protocol, GuardedWebSocketProtocol) else None
+        self.multi_agent_beta = False  # the upgrade named the multi-agent beta (`OpenAI-Beta`)
 
     # -- server side controls -------------------------------------------------------------
 
@@ -140,6 +141,11 @@ class WsConnection:
             # A large frame is decoded off the event loop (tether.offload): parsing megabytes
             # of JSON into a request held every other connection of the process for as long.
             request, err, lane, event_id = await offload.run(len(text), _decode_event, text, ctx.limits)
+            if err is None and request.WhichOneof("event") == "create":
+                try:
+                    common.check_multi_agent_beta(request.create, self.multi_agent_beta)
+                except TetherError as exc:
+                    err, lane, event_id = exc, request.create.stream_id, request.event_id
             if err is not None:
                 await self._send_error(err, lane, event_id)
                 continue
@@ -260,6 +266,7 @@ async def serve(ctx: BridgeContext, scope: dict[str, Any], receive: Receive, sen
         return
     tracing.adopt_parent(scope["headers"])
     conn = WsConnection(ctx, receive, send, session)
+    conn.multi_agent_beta = common.has_multi_agent_beta(scope["headers"])
     try:
         await send({"type": "websocket.accept", "subprotocol": subprotocol, "headers": app.sticky_headers})
     except BaseException:

@@ -218,6 +218,13 @@ class Connection:
         arm = ev.WhichOneof("event")
         lane = ev.stream_id
         rid = ev.response_id
+        if arm in ("inject_created", "inject_failed"):  # the answer to a `ResponseStream.inject`
+            target = self.active.get(getattr(ev, arm).response_id)
+            if target is not None:
+                target.stream._feed(ev)
+            else:  # its response has ended: the session's unrouted events
+                self.owner.unrouted(ev)
+            return
         if rid:
             p = self.active.get(rid)
             if p is None:

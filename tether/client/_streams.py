@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tether.client._params import output_text
+from tether import errors
+from tether.client._params import InputLike, output_text, to_items
 from tether.errors import TetherError
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
@@ -132,6 +133,17 @@ class ResponseStream:
                 yield ev.output_text_delta.delta
         if self.error is not None:
             raise self.error
+
+    def inject(self, input: InputLike) -> None:
+        """`response.inject` (beta): client tool outputs for agents of this running multi-agent
+        response. Its answer, `inject_created` or `inject_failed` (which carries the items back,
+        for a create continuing the response), comes in this stream while the response runs, and
+        in the session's `unrouted_events` after it ended."""
+        carrier = self.pending.carrier
+        if self.id is None or carrier is None:
+            raise TetherError(errors.INVALID_REQUEST, "inject needs a response that has been created.")
+        carrier.send(service_pb2.SessionRequest(
+            inject=service_pb2.InjectRequest(response_id=self.id, input=to_items(input))))  # fmt: skip
 
     async def cancel(self) -> None:
         """Cancel this response (its `response.incomplete` event carries status `cancelled`); a create

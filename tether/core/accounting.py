@@ -157,3 +157,15 @@ def account(
         reasoning_tokens=pick("reasoning", up.reasoning_tokens, counted_reasoning),
         sources=sources,
     )
+
+
+def add_usage(sums: list[int], reported: Usage | None, estimate: int, produced: list[items_pb2.Item]) -> None:
+    """Add one model call's usage to [input, output, reasoning] of a response that makes several
+    (the MCP loop, a multi-agent response): what the backend reported, else Tether's count."""
+    up = reported or Usage()
+    counted, counted_reasoning = (0, 0)
+    if up.output_tokens is None or up.reasoning_tokens is None:
+        counted, counted_reasoning = output_tokens(produced)
+    sums[0] += up.input_tokens if up.input_tokens is not None else estimate
+    sums[1] += up.output_tokens if up.output_tokens is not None else counted
+    sums[2] += up.reasoning_tokens if up.reasoning_tokens is not None else counted_reasoning

@@ -236,6 +236,13 @@ class OutputBuilder:
         arm.item_id, arm.output_index = call.id, index
         return [progress, self.add_done(index, item)]
 
+    def reserve(self) -> int:
+        """The next output index, for an item another builder streams (an agent of a multi-agent
+        response, `tether.core.multi_agent`); `add_done` records it when it is finished."""
+        index = self._next_index
+        self._next_index += 1
+        return index
+
     def add_done(self, index: int, item: items_pb2.Item) -> Event:
         """Record a finished item at `index` (opened with `open_mcp_item`); its `output_item.done`."""
         self._external.pop(index, None)

@@ -55,6 +55,7 @@ class Node:
     open_calls: frozenset[str]  # call_ids of tool calls (function, custom) still waiting for an output
     findings: int  # safety findings in the whole chain
     nbytes: int  # approximate memory of this node's own segments
+    agents: bool  # the chain holds a multi-agent response's items (tagged with their `agent`)
     # The chain's items, once asked for (`items()`): a tuple of references, so the next turn's
     # backend request copies its parent's list instead of walking the whole chain again.
     memo_items: tuple[items_pb2.Item, ...] | None = field(default=None, repr=False)
@@ -63,7 +64,9 @@ class Node:
     def extend(parent: Node | None, segments: tuple[Segment, ...], findings: int = 0) -> Node:
         open_calls = set(parent.open_calls) if parent else set()
         nbytes = 0
+        agents = parent.agents if parent else False
         for seg in segments:
+            agents = agents or seg.item.HasField("agent")
             call = call_of(seg.item)
             if call is not None:
                 open_calls.add(call.call_id)
@@ -80,6 +83,7 @@ class Node:
             open_calls=frozenset(open_calls),
             findings=(parent.findings if parent else 0) + findings,
             nbytes=nbytes,
+            agents=agents,
         )
 
     @staticmethod

@@ -22,6 +22,7 @@ from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
+from tether.core import multi_agent
 from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
@@ -632,6 +633,9 @@ class Engine:
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> service_pb2.CompactResponseResponse:
         validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
+        if multi_agent.enabled(params):  # as OpenAI: compaction of a multi-agent rollout is per agent, in it
+            raise TetherError(errors.UNSUPPORTED_PARAMETER, "Unsupported parameter: 'multi_agent' on "
+                              "/responses/compact.", param="multi_agent")  # fmt: skip
         self.config.prompts.apply(params, tenant, self.config.limits.max_request_bytes, self.config.limits.max_item_bytes)
         route = self.router.resolve(params.model)
         context = effective_context(await self._stateless_context(tenant, params))

@@ -10,6 +10,8 @@ cap, deadline), interruptions and ending stay the turn's, so every kind ends the
   `STANDARD` (`OneCall`)  one backend call (the launched WebSocket mode); a create that names
                           remote MCP servers runs the hosted MCP loop's calls instead
                           (`tether.core.mcp.McpLoop`, a kind over the same interface)
+  `MultiAgentRollout`     `multi_agent` enabled: the root and its subagents as concurrent model
+                          calls within one response (`tether.core.multi_agent`)
   the lab's prototype     `tether_lab.prototype.PrototypeKind`: the whole tool loop in one
                           response, waiting for `response.append`s between calls
 
@@ -110,6 +112,11 @@ class TurnKind(Steps, Protocol):
         usage); None: estimated from the output."""
         ...
 
+    def take_injected(self, items: Sequence[items_pb2.Item]) -> bool:
+        """`response.inject` while the steps run: True when an agent of the response waits for
+        `items` and took them (a multi-agent response, `tether.core.multi_agent`)."""
+        ...
+
 
 class StepIO(Protocol):
     """What a turn kind may use of its turn, and nothing more."""
@@ -180,6 +187,10 @@ class OneCall:
     def finish_so_far(self) -> Finish | None:
         """None: a single call's usage is estimated from its output."""
         return None
+
+    def take_injected(self, items: Sequence[items_pb2.Item]) -> bool:
+        """False: its response ends when it calls a client tool, so nothing in it waits."""
+        return False
 
 
 STANDARD = OneCall()

@@ -38,7 +38,7 @@ import orjson
 from tether import errors, ids, render
 from tether.backends.base import Finish, Usage
 from tether.config import McpConfig
-from tether.core.accounting import output_tokens
+from tether.core.accounting import add_usage
 from tether.core.builder import McpRoute, OutputBuilder
 from tether.core.kinds import Prepared, StepIO
 from tether.errors import TetherError
@@ -347,7 +347,7 @@ class McpLoop:
             await io.emit_all(builder.close_all("completed"))
             finish = builder.finish or Finish()
             produced = builder.output[before:]
-            _add_usage(sums, finish.usage, estimate, produced)
+            add_usage(sums, finish.usage, estimate, produced)
             waiting = builder.waiting_mcp_calls()
             for index, item in waiting:
                 await self._run(io, builder, index, item)
@@ -499,15 +499,3 @@ class McpLoop:
         io.clock.add("mcp", time.perf_counter() - started)
         io.services.telemetry.mcp_call(mc.server_label, outcome, time.perf_counter() - started)
         await io.emit_all(builder.settle_mcp_call(index, item))
-
-
-def _add_usage(sums: list[int], reported: Usage | None, estimate: int, produced: list[items_pb2.Item]) -> None:
-    """Add one model call's usage to [input, output, reasoning]: what the backend reported, else
-    Tether's count."""
-    up = reported or Usage()
-    counted, counted_reasoning = (0, 0)
-    if up.output_tokens is None or up.reasoning_tokens is None:
-        counted, counted_reasoning = output_tokens(produced)
-    sums[0] += up.input_tokens if up.input_tokens is not None else estimate
-    sums[1] += up.output_tokens if up.output_tokens is not None else counted
-    sums[2] += up.reasoning_tokens if up.reasoning_tokens is not None else counted_reasoning

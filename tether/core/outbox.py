@@ -67,7 +67,7 @@ class Delta:
     the JSON codec encodes it with the arm's own field table."""
 
     __slots__ = ("stream_id", "response_id", "arm", "item_id", "output_index", "content_index",
-                 "summary_index", "pieces", "size", "sequence_number", "logprobs")  # fmt: skip
+                 "summary_index", "pieces", "size", "sequence_number", "logprobs", "agent")  # fmt: skip
 
     def __init__(self, arm: str, item_id: str, output_index: int, text: str, content_index: int = 0,
                  summary_index: int = 0) -> None:  # fmt: skip
@@ -84,12 +84,15 @@ class Delta:
         # output_text only, when asked for: the pieces' token log probabilities, in order (merged
         # deltas concatenate their lists); None when the response carries none.
         self.logprobs: list | None = None
+        self.agent = ""  # a multi-agent response's agent that generated it ("" for none)
 
     @classmethod
     def from_event(cls, event: events_pb2.ServerEvent, arm: str) -> Delta:
         p = getattr(event, arm)
         d = cls(arm, p.item_id, p.output_index, p.delta, getattr(p, "content_index", 0), getattr(p, "summary_index", 0))
         d.stream_id, d.response_id = event.stream_id, event.response_id
+        if event.HasField("agent"):
+            d.agent = event.agent.agent_name
         if getattr(p, "logprobs_json", ""):
             d.logprobs = orjson.loads(p.logprobs_json)
         return d
@@ -137,6 +140,8 @@ class Delta:
         ev = events_pb2.ServerEvent(
             stream_id=self.stream_id, response_id=self.response_id, sequence_number=self.sequence_number
         )
+        if self.agent:
+            ev.agent.agent_name = self.agent
         arm = self.arm
         p = getattr(ev, arm)
         p.item_id, p.output_index, p.delta = self.item_id, self.output_index, self.delta

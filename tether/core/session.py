@@ -482,12 +482,12 @@ class Session:
     async def _inject(self, inject: service_pb2.InjectRequest, event_id: str = "") -> None:
         """`response.inject` (beta, ws-mode contract 2.3; docs/fields.md "Injecting items"): the one place an
         inject is answered. The items go into the response only while one of its agents waits for
-        them, which its turn decides (`Turn.take_injected`: `response.inject.created`). No turn
-        Tether runs yet has such an agent (it runs no multi-agent responses), so today a response
-        active on this connection answers `response.inject.failed` `response_already_completed`
-        when it ends, a finished one of this connection at once, and any other id
-        `response_not_found`; the failure carries the items back for a create continuing the
-        response. An inject naming no response or carrying no items is malformed: `error` (400)."""
+        them, which its turn decides (`Turn.take_injected`: `response.inject.created`; a running
+        multi-agent response, tether.core.multi_agent). Otherwise a response active on this
+        connection answers `response.inject.failed` `response_already_completed` when it ends, a
+        finished one of this connection at once, and any other id `response_not_found`; the
+        failure carries the items back for a create continuing the response. An inject naming no
+        response or carrying no items is malformed: `error` (400)."""
         missing = "response_id" if not inject.response_id else "input" if not inject.input else None
         if missing is not None:
             await self.emit_error(

@@ -42,6 +42,7 @@ import orjson
 
 from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendError, BackendRequest, Finish
+from tether.core import multi_agent
 from tether.core.accounting import OutputCap, TurnUsage, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
@@ -164,10 +165,9 @@ class Turn:
 
     def take_injected(self, items: Sequence[items_pb2.Item]) -> bool:
         """`response.inject`: commit `items` to this response now, because one of its agents waits
-        for them (a multi-agent turn's client tool outputs). True: committed. A standard turn has
-        no such agent (its response ends when it calls a client tool), so it takes nothing, and
-        the session answers the inject when the response ends (`Session._inject`)."""
-        return False
+        for them (a multi-agent turn's client tool outputs): its kind decides. True: committed.
+        Otherwise the session answers the inject when the response ends (`Session._inject`)."""
+        return self.phase is Phase.GENERATING and self.kind.take_injected(items)
 
     # -- the turn ---------------------------------------------------------------------------------
 
@@ -217,6 +217,7 @@ class Turn:
         params, limits = self.params, self.services.limits
         with self.clock.stage("validate"):
             validate.validate_params(params, limits, self.services.config.server.accept_unknown_parameters)
+            multi_agent.validate(params, limits)
             if params.tools or params.tool_choice.WhichOneof("choice") == "other_json":
                 self.mcp = McpLoop.of(params, self.services.config.mcp)
             # `prompt`: the template into instructions and input, its expansion bounded. A template
@@ -240,6 +241,12 @@ class Turn:
         safety stage's findings in it, and its UTF-8 size."""
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
+            if not multi_agent.enabled(self.params):
+                multi_agent.check_items(new_items)
+            if parent_node is not None and parent_node.agents and not multi_agent.enabled(self.params):
+                raise TetherError(errors.INVALID_REQUEST, "This continues a multi-agent response: send multi_agent "
+                                  "enabled (its agents' items are read by the multi-agent turn only).",
+                                  param="multi_agent")  # fmt: skip
             if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
                 check_approval_responses(new_items, parent_node.items() if parent_node else (),
                                          self.services.reasoning, self.ctx.tenant)  # fmt: skip
@@ -679,15 +686,25 @@ class TurnStrategy(Protocol):
 
 
 class StandardTurns:
-    """The launched WebSocket mode: every create is a `Turn` of the standard kind, ended by its response."""
+    """The launched WebSocket mode: every create is a `Turn` of the standard kind, ended by its
+    response; with `multi_agent` enabled, of the multi-agent kind (tether.core.multi_agent), which
+    waits for injects only where a client can send them (a WebSocket, a gRPC Session)."""
 
     def turn(self, ctx: TurnContext, params: request_pb2.ResponseCreateParams, lane: Lane,
              control: TurnControl, event_id: str) -> Turn:  # fmt: skip
+        if multi_agent.enabled(params):
+            limits = ctx.services.limits
+            wait = limits.multi_agent_inject_wait_s if ctx.transport in INJECTING_TRANSPORTS else 0.0
+            kind = multi_agent.MultiAgentRollout(params, limits, wait)
+            return Turn(ctx, params, lane, control, event_id, kind=kind)
         return Turn(ctx, params, lane, control, event_id)
 
     def deliver_append(self, session_id: str, append: service_pb2.AppendRequest) -> bool:
         return False
 
+
+# The transports whose clients can send `response.inject` (a session with a client stream).
+INJECTING_TRANSPORTS = frozenset(("websocket", "grpc"))
 
 STANDARD_TURNS = StandardTurns()
 

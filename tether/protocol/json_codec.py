@@ -533,12 +533,15 @@ class _Union:
     """
 
     def __init__(
-        self, oneof: str, arms: dict[str, _Codec], infer: Callable[[dict], str] | None = None
-    ) -> None:
+        self, oneof: str, arms: dict[str, _Codec], infer: Callable[[dict], str] | None = None,
+        wrapper: _Codec | None = None,
+    ) -> None:  # fmt: skip
         self.oneof = oneof
         self.arms = arms  # JSON `type` -> codec; the oneof arm has the same name as the type
         self.writers = {t: codec.encode for t, codec in arms.items()}
         self.infer = infer
+        # Keys every arm may carry, held by the wrapper message itself (an item's `agent`).
+        self.wrapper = wrapper
 
     def decode(self, target: Any, d: Any, path: str) -> bool:
         _require_object(d, path)
@@ -556,6 +559,8 @@ class _Union:
         sub = getattr(target, t)
         sub.SetInParent()
         leftovers = codec.decode(d, sub, path)
+        if leftovers and self.wrapper is not None:
+            leftovers = self.wrapper.decode(leftovers, target, path)
         if leftovers:
             target.extra_json = _extra_text(leftovers)
         return True
@@ -567,6 +572,8 @@ class _Union:
         if name is None:
             raise ValueError(f"{type(target).__name__} has no `{self.oneof}` arm set")
         out = self.writers[name](getattr(target, name), {"type": name})
+        if self.wrapper is not None:
+            return self.wrapper.encode(target, out)  # its own keys, then `extra_json`
         if target.extra_json:
             _merge_extra(out, target.extra_json)
         return out
@@ -700,6 +707,10 @@ def _output_enc(msg: items_pb2.FunctionCallOutput, out: dict) -> None:
         out["output"] = orjson.loads(msg.output_json)
 
 
+# `agent: {agent_name}`: the agent of a multi-agent response that produced an item or event.
+_AGENT = _Codec(items_pb2.AgentRef, _Scalar("agent_name"), skip=())
+_PARTS = _List("output", _PART.decode, _PART.encode)
+
 _ITEM = _Union(
     "item",
     {
@@ -773,8 +784,30 @@ _ITEM = _Union(
             _Scalar("approve"),
             _Scalar("reason", NULLABLE),
         ),
+        "multi_agent_call": _Codec(
+            items_pb2.MultiAgentCall,
+            _Scalar("id", NONEMPTY),
+            _Scalar("action"),
+            _Scalar("arguments"),
+            _Scalar("call_id"),
+        ),
+        "multi_agent_call_output": _Codec(
+            items_pb2.MultiAgentCallOutput,
+            _Scalar("id", NONEMPTY),
+            _Scalar("action"),
+            _Scalar("call_id"),
+            _PARTS,
+        ),
+        "agent_message": _Codec(
+            items_pb2.AgentMessage,
+            _Scalar("id", NONEMPTY),
+            _Scalar("author"),
+            _Scalar("recipient"),
+            _List("content", _PART.decode, _PART.encode),
+        ),
     },
     infer=_infer_item_type,
+    wrapper=_Codec(items_pb2.Item, _Sub("agent", _AGENT), skip=()),
 )
 
 
@@ -1010,6 +1043,8 @@ _PARAMS = _Codec(
     _Custom("conversation", _conversation_dec, _conversation_enc),
     _Scalar("top_logprobs", OPTIONAL),
     _Sub("prompt", _PROMPT),
+    _Sub("multi_agent", _Codec(request_pb2.MultiAgentConfig, _Scalar("enabled"),
+                               _Scalar("max_concurrent_subagents", OPTIONAL), skip=())),  # fmt: skip
     skip=(),
 )
 
@@ -1473,7 +1508,8 @@ _EVENT_ARMS: dict[str, tuple[str, _Codec | None]] = {
 }
 _EVENT_BY_TYPE = {t: arm for arm, (t, _) in _EVENT_ARMS.items()}
 # Reads the envelope keys only (event_from_json ignores its leftovers).
-_ENVELOPE = _Codec(events_pb2.ServerEvent, _Scalar("sequence_number"), _Scalar("stream_id", NULLABLE))
+_ENVELOPE = _Codec(events_pb2.ServerEvent, _Scalar("sequence_number"), _Scalar("stream_id", NULLABLE),
+                   _Sub("agent", _AGENT))  # fmt: skip
 
 
 def event_type(ev: events_pb2.ServerEvent) -> str:
@@ -1500,21 +1536,27 @@ def event_to_json(ev: events_pb2.ServerEvent, *, ws: bool) -> dict:
     elif arm is None:
         raise ValueError("ServerEvent has no event arm set")
     else:
-        return arm_to_json(arm, getattr(ev, arm), ev.sequence_number, ev.stream_id)
+        agent = ev.agent.agent_name if ev.HasField("agent") else ""
+        return arm_to_json(arm, getattr(ev, arm), ev.sequence_number, ev.stream_id, agent)
     out["sequence_number"] = ev.sequence_number
     if ev.stream_id:
         out["stream_id"] = ev.stream_id
+    if ev.HasField("agent"):  # a multi-agent response's error
+        out["agent"] = {"agent_name": ev.agent.agent_name}
     return out
 
 
-def arm_to_json(arm: str, payload: Any, sequence_number: int, stream_id: str) -> dict:
+def arm_to_json(arm: str, payload: Any, sequence_number: int, stream_id: str, agent: str = "") -> dict:
     """One event from its arm's payload: the protobuf message, or any object with the same
-    attributes (the outbox's merged text deltas, encoded without building a message first)."""
+    attributes (the outbox's merged text deltas, encoded without building a message first).
+    `agent`: the multi-agent response's agent it reports (its `agent` key), "" for none."""
     t, codec = _EVENT_ARMS[arm]
     out = codec.encode(payload, {"type": t})  # type: ignore[union-attr]  # only `error` has no codec, and it never comes here
     out["sequence_number"] = sequence_number
     if stream_id:
         out["stream_id"] = stream_id
+    if agent:
+        out["agent"] = {"agent_name": agent}
     return out
 
 

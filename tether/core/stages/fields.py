@@ -121,6 +121,11 @@ CREATE_FIELDS: dict[str, Field] = {
                           "without them (ollama, lmstudio). With log probabilities the output is capped at "
                           "`Limits.max_logprobs` / (1 + top_logprobs) tokens (a larger `max_output_tokens` is a 400). "
                           "Echoed."),
+    "multi_agent": Field(H, "Beta (`OpenAI-Beta: responses_multi_agent=v1` on JSON surfaces): the model may "
+                         "delegate to subagents Tether runs concurrently within the response, every item and event "
+                         "tagged with its `agent` (docs/multi-agent.md). `max_concurrent_subagents` 1.."
+                         "`Limits.max_concurrent_subagents` (default 3); with `max_tool_calls`, `reasoning.summary`, "
+                         "`context_management`, `background` or an `mcp` tool a 400 naming it."),
     "access_programs": Field(R, "OpenAI account programs do not apply to a self-hosted server."),
     "background_options": Field(R, "No background options exist in Tether; `background: true` takes none."),
     "image": Field(R, "Request-level image options are not supported."),

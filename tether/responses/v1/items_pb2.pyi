@@ -42,8 +42,12 @@ class Item(_message.Message):
     MCP_CALL_FIELD_NUMBER: _builtins.int
     MCP_APPROVAL_REQUEST_FIELD_NUMBER: _builtins.int
     MCP_APPROVAL_RESPONSE_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_CALL_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_CALL_OUTPUT_FIELD_NUMBER: _builtins.int
+    AGENT_MESSAGE_FIELD_NUMBER: _builtins.int
     OTHER_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     extra_json: _builtins.str
     """Unknown fields of the item object (JSON object text, empty when none)."""
     @_builtins.property
@@ -67,8 +71,24 @@ class Item(_message.Message):
     @_builtins.property
     def mcp_approval_response(self) -> Global___McpApprovalResponse: ...
     @_builtins.property
+    def multi_agent_call(self) -> Global___MultiAgentCall:
+        """Multi-agent responses (docs/multi-agent.md): an action Tether runs for an agent, its
+        result, and a message between agents.
+        """
+
+    @_builtins.property
+    def multi_agent_call_output(self) -> Global___MultiAgentCallOutput: ...
+    @_builtins.property
+    def agent_message(self) -> Global___AgentMessage: ...
+    @_builtins.property
     def other(self) -> Global___OtherItem:
         """Any item type this schema does not model (web_search_call, custom tool calls, ...)."""
+
+    @_builtins.property
+    def agent(self) -> Global___AgentRef:
+        """`agent`: the agent of a multi-agent response that produced the item (unset: the root, or
+        no multi-agent response).
+        """
 
     def __init__(
         self,
@@ -83,18 +103,43 @@ class Item(_message.Message):
         mcp_call: Global___McpCall | None = ...,
         mcp_approval_request: Global___McpApprovalRequest | None = ...,
         mcp_approval_response: Global___McpApprovalResponse | None = ...,
+        multi_agent_call: Global___MultiAgentCall | None = ...,
+        multi_agent_call_output: Global___MultiAgentCallOutput | None = ...,
+        agent_message: Global___AgentMessage | None = ...,
         other: Global___OtherItem | None = ...,
         extra_json: _builtins.str = ...,
+        agent: Global___AgentRef | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_message", b"agent_message", "compaction", b"compaction", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "multi_agent_call", b"multi_agent_call", "multi_agent_call_output", b"multi_agent_call_output", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "extra_json", b"extra_json", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "agent_message", b"agent_message", "compaction", b"compaction", "extra_json", b"extra_json", "function_call", b"function_call", "function_call_output", b"function_call_output", "item", b"item", "item_reference", b"item_reference", "mcp_approval_request", b"mcp_approval_request", "mcp_approval_response", b"mcp_approval_response", "mcp_call", b"mcp_call", "mcp_list_tools", b"mcp_list_tools", "message", b"message", "multi_agent_call", b"multi_agent_call", "multi_agent_call_output", b"multi_agent_call_output", "other", b"other", "reasoning", b"reasoning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["message", "function_call", "function_call_output", "reasoning", "compaction", "item_reference", "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "other"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["message", "function_call", "function_call_output", "reasoning", "compaction", "item_reference", "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "multi_agent_call", "multi_agent_call_output", "agent_message", "other"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___Item: _TypeAlias = Item  # noqa: Y015
+
+@_typing.final
+class AgentRef(_message.Message):
+    """`{"agent_name": "/root/worker_1"}`: an agent of a multi-agent response, by its path."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_NAME_FIELD_NUMBER: _builtins.int
+    agent_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_name", b"agent_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentRef: _TypeAlias = AgentRef  # noqa: Y015
 
 @_typing.final
 class Message(_message.Message):
@@ -742,3 +787,100 @@ class McpApprovalResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reason) -> _WhichOneofReturnType__reason | None: ...
 
 Global___McpApprovalResponse: _TypeAlias = McpApprovalResponse  # noqa: Y015
+
+@_typing.final
+class MultiAgentCall(_message.Message):
+    """`{"type":"multi_agent_call"}`: an agent's call of a multi-agent action (`spawn_agent`,
+    `interrupt_agent`, `list_agents`, `send_message`, `followup_task`, `wait_agent`); Tether runs it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    action: _builtins.str
+    arguments: _builtins.str
+    """JSON object text."""
+    call_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        action: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "arguments", b"arguments", "call_id", b"call_id", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiAgentCall: _TypeAlias = MultiAgentCall  # noqa: Y015
+
+@_typing.final
+class MultiAgentCallOutput(_message.Message):
+    """`{"type":"multi_agent_call_output"}`: the result of a `multi_agent_call`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    action: _builtins.str
+    call_id: _builtins.str
+    @_builtins.property
+    def output(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]:
+        """`output_text` parts."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        action: _builtins.str = ...,
+        call_id: _builtins.str = ...,
+        output: _abc.Iterable[Global___ContentPart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "call_id", b"call_id", "id", b"id", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MultiAgentCallOutput: _TypeAlias = MultiAgentCallOutput  # noqa: Y015
+
+@_typing.final
+class AgentMessage(_message.Message):
+    """`{"type":"agent_message"}`: a message from one agent to another."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    AUTHOR_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    author: _builtins.str
+    recipient: _builtins.str
+    @_builtins.property
+    def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentPart]: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        author: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        content: _abc.Iterable[Global___ContentPart] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["author", b"author", "content", b"content", "id", b"id", "recipient", b"recipient"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015

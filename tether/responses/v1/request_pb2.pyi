@@ -79,6 +79,7 @@ class ResponseCreateParams(_message.Message):
     CONVERSATION_FIELD_NUMBER: _builtins.int
     TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
+    MULTI_AGENT_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     instructions: _builtins.str
     input_text: _builtins.str
@@ -137,6 +138,12 @@ class ResponseCreateParams(_message.Message):
     def prompt(self) -> Global___Prompt:
         """`prompt`: an operator-defined prompt template (`[prompts.<id>]` in config) and its variables."""
 
+    @_builtins.property
+    def multi_agent(self) -> Global___MultiAgentConfig:
+        """`multi_agent` (beta): the model may delegate to subagents that Tether runs within the
+        response (docs/multi-agent.md).
+        """
+
     def __init__(
         self,
         *,
@@ -171,10 +178,11 @@ class ResponseCreateParams(_message.Message):
         conversation: _builtins.str = ...,
         top_logprobs: _builtins.int | None = ...,
         prompt: Global___Prompt | None = ...,
+        multi_agent: Global___MultiAgentConfig | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "generate", b"generate", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "parallel_tool_calls", b"parallel_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "store", b"store", "stream", b"stream", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "generate", b"generate", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "multi_agent", b"multi_agent", "parallel_tool_calls", b"parallel_tool_calls", "prompt", b"prompt", "reasoning", b"reasoning", "store", b"store", "stream", b"stream", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "conversation", b"conversation", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_background", b"_background", "_generate", b"_generate", "_input_text", b"_input_text", "_instructions", b"_instructions", "_max_output_tokens", b"_max_output_tokens", "_max_tool_calls", b"_max_tool_calls", "_parallel_tool_calls", b"_parallel_tool_calls", "_store", b"_store", "_stream", b"_stream", "_temperature", b"_temperature", "_top_logprobs", b"_top_logprobs", "_top_p", b"_top_p", "background", b"background", "context_management", b"context_management", "conversation", b"conversation", "extra_json", b"extra_json", "generate", b"generate", "include", b"include", "input", b"input", "input_text", b"input_text", "instructions", b"instructions", "max_output_tokens", b"max_output_tokens", "max_tool_calls", b"max_tool_calls", "metadata", b"metadata", "model", b"model", "multi_agent", b"multi_agent", "parallel_tool_calls", b"parallel_tool_calls", "previous_response_id", b"previous_response_id", "prompt", b"prompt", "prompt_cache_key", b"prompt_cache_key", "reasoning", b"reasoning", "safety_identifier", b"safety_identifier", "service_tier", b"service_tier", "store", b"store", "stream", b"stream", "stream_id", b"stream_id", "temperature", b"temperature", "text", b"text", "tool_choice", b"tool_choice", "tools", b"tools", "top_logprobs", b"top_logprobs", "top_p", b"top_p", "truncation", b"truncation", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__background: _TypeAlias = _typing.Literal["background"]  # noqa: Y015
     _WhichOneofArgType__background: _TypeAlias = _typing.Literal["_background", b"_background"]  # noqa: Y015
@@ -226,6 +234,36 @@ class ResponseCreateParams(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
 
 Global___ResponseCreateParams: _TypeAlias = ResponseCreateParams  # noqa: Y015
+
+@_typing.final
+class MultiAgentConfig(_message.Message):
+    """`multi_agent`: `{"enabled": bool, "max_concurrent_subagents": int}`."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENABLED_FIELD_NUMBER: _builtins.int
+    MAX_CONCURRENT_SUBAGENTS_FIELD_NUMBER: _builtins.int
+    EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    enabled: _builtins.bool
+    max_concurrent_subagents: _builtins.int
+    """Subagents (every descendant of the root) active at once; default 3."""
+    extra_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        enabled: _builtins.bool = ...,
+        max_concurrent_subagents: _builtins.int | None = ...,
+        extra_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_subagents", b"_max_concurrent_subagents", "max_concurrent_subagents", b"max_concurrent_subagents"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_concurrent_subagents", b"_max_concurrent_subagents", "enabled", b"enabled", "extra_json", b"extra_json", "max_concurrent_subagents", b"max_concurrent_subagents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_concurrent_subagents: _TypeAlias = _typing.Literal["max_concurrent_subagents"]  # noqa: Y015
+    _WhichOneofArgType__max_concurrent_subagents: _TypeAlias = _typing.Literal["_max_concurrent_subagents", b"_max_concurrent_subagents"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_concurrent_subagents) -> _WhichOneofReturnType__max_concurrent_subagents | None: ...
+
+Global___MultiAgentConfig: _TypeAlias = MultiAgentConfig  # noqa: Y015
 
 @_typing.final
 class Prompt(_message.Message):
