@@ -4,7 +4,9 @@
 compacted context and how many items just before the compaction item stay verbatim. It is not
 encrypted (Tether has no secret to hide it from its own operator); clients treat it as opaque.
 `effective_context` applies the rule every consumer shares: a compaction item replaces what came
-before it, except the `keep` items right before it, which follow it verbatim.
+before it, except the `keep` items right before it, which follow it verbatim. A compaction item
+tagged with an `agent` compacts that agent's context only (a multi-agent response,
+`tether.core.multi_agent`): it starts no window of the chain.
 """
 
 from __future__ import annotations
@@ -53,11 +55,16 @@ def decode_payload(content: str) -> CompactionPayload:
         return CompactionPayload("", 0)
 
 
+def starts_window(item: items_pb2.Item) -> bool:
+    """Whether `item` replaces the context before it: a compaction item, not one of an agent's."""
+    return item.WhichOneof("item") == "compaction" and not item.HasField("agent")
+
+
 def effective_context(entries: Sequence[T], item_of=lambda e: e) -> list[T]:
     """The model-visible context of `entries` (items, or objects holding one via `item_of`)."""
     last = -1
     for i in range(len(entries) - 1, -1, -1):
-        if item_of(entries[i]).WhichOneof("item") == "compaction":
+        if starts_window(item_of(entries[i])):
             last = i
             break
     if last < 0:

@@ -139,6 +139,40 @@ async def test_max_concurrent_subagents_refuses_a_spawn_past_it(make_stack: Any)
         assert r.output[-1].phase == "final_answer"
 
 
+async def test_compaction_runs_per_agent(make_stack: Any) -> None:
+    """`context_management` with `multi_agent`: the root's context (a long user message) passes the
+    threshold, the workers' (short tasks) do not; only the root's context is compacted, by a
+    `compaction` item tagged `/root` (its `response.compaction.compacting` event too), and the
+    continuation's calls read the root's summary instead of the long message, while the workers
+    resume from their own contexts."""
+    long = "Please delegate this. " + "filler words " * 700
+    cm = [{"type": "compaction", "compact_threshold": 1000}]
+    async with make_stack(backend=SIM) as stack, stack.client() as client:
+        firsts, seconds = [], []
+        for extra in ({"context_management": cm}, {}):
+            first = await client.beta.responses.create(model="sim-model", input=long, tools=[WEATHER_TOOL],
+                                                       multi_agent=MA, betas=BETA, **extra)  # type: ignore[arg-type]
+            second = await client.beta.responses.create(model="sim-model", previous_response_id=first.id,
+                                                        input=_outputs(first.output), tools=[WEATHER_TOOL],
+                                                        multi_agent=MA, betas=BETA, **extra)  # type: ignore[arg-type]
+            firsts.append(first)
+            seconds.append(second)
+        compacted, plain = firsts
+        assert compacted.status == "completed"
+        assert [(t, a) for t, a, _ in _summary(compacted.output) if t == "compaction"] == [("compaction", "/root")]
+        assert not any(it.type == "compaction" for it in plain.output)
+        for second in seconds:  # the workers resume and answer; the root collects them
+            assert second.status == "completed"
+            _assert_final(second.output)
+        # The root's last call read its summary, not the long message: far fewer input tokens.
+        assert seconds[0].usage.input_tokens < seconds[1].usage.input_tokens - 1000
+        stream = await client.beta.responses.create(model="sim-model", input=long, tools=[WEATHER_TOOL],
+                                                    multi_agent=MA, betas=BETA, stream=True,
+                                                    context_management=cm)  # type: ignore[arg-type]
+        compacting = [ev async for ev in stream if ev.type == "response.compaction.compacting"]
+        assert len(compacting) == 1 and _agent(compacting[0].model_dump()) == "/root"
+
+
 @pytest.mark.parametrize("rpm", [4, 3])
 async def test_every_agents_call_counts_against_the_rate_limit(make_stack: Any, rpm: int) -> None:
     """The rollout makes four model calls (root, two workers, root): the create is admitted once,

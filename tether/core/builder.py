@@ -457,10 +457,11 @@ class OutputBuilder:
     def _record(self, item: items_pb2.Item, index: int) -> None:
         self._done.append((index, item))
 
-    def add_finished_item(self, item: items_pb2.Item) -> tuple[int, list[Event]]:
-        """Append an item produced whole (a compaction item): added + done at the next index."""
-        index = self._next_index
-        self._next_index += 1
+    def add_finished_item(self, item: items_pb2.Item, index: int | None = None) -> tuple[int, list[Event]]:
+        """Append an item produced whole (a compaction item): added + done at the next index, or
+        at `index` taken earlier with `reserve`."""
+        if index is None:
+            index = self.reserve()
         added = Event()
         added.output_item_added.output_index = index
         added.output_item_added.item.CopyFrom(item)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tether import ids, render
-from tether.compaction_codec import effective_context
+from tether.compaction_codec import effective_context, starts_window
 from tether.protocol.calls import answered_call_id, call_of
 from tether.responses.v1 import items_pb2, response_pb2
 
@@ -90,7 +90,7 @@ class Node:
     def continue_with(parent: Node | None, segments: tuple[Segment, ...], findings: int = 0) -> Node:
         """`parent` extended by `segments`; a compaction item among them starts a new window
         (no parent) holding what `effective_context` keeps, its tokens reused."""
-        if not any(s.item.WhichOneof("item") == "compaction" for s in segments):
+        if not any(starts_window(s.item) for s in segments):
             return Node.extend(parent, segments, findings)
         prefix = parent.all_segments() if parent else []
         return Node.extend(None, tuple(effective_context([*prefix, *segments], lambda s: s.item)), findings)

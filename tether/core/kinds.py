@@ -214,19 +214,37 @@ async def compact(io: StepIO, prepared: Prepared, builder: OutputBuilder, finish
     produced = (finish.usage.output_tokens if finish and finish.usage else None) or 0
     if prepared.input_tokens + produced <= threshold:
         return builder.output
+    context = [*prepared.node.items(), *builder.output]
+    await add_compaction(io, prepared, builder, context, (finish.replica if finish else "") or None)
+    return builder.output
+
+
+async def add_compaction(io: StepIO, prepared: Prepared, builder: OutputBuilder, context: Sequence[items_pb2.Item],
+                         affinity: str | None, agent: str | None = None) -> items_pb2.Item:  # fmt: skip
+    """A summary of `context` added to the output as a `compaction` item, announced first with
+    `response.compaction.compacting` (its output index is taken then, so that items other
+    agents start meanwhile come after it). `agent`: whose context it compacts (a multi-agent
+    response compacts per agent, `tether.core.multi_agent`): the events and the item carry it."""
     item_id = ids.compaction_id()
+    index = builder.reserve()
     ev = io.event()
     ev.compaction_compacting.item_id = item_id
-    ev.compaction_compacting.output_index = builder.next_index
+    ev.compaction_compacting.output_index = index
+    if agent is not None:
+        ev.agent.agent_name = agent
     await io.emit_all((ev,))
-    context = [*prepared.node.items(), *builder.output]
     summary = await io.services.summarize(
         io.tenant, prepared.route, context, io.params.instructions or None,
-        ledger_id=item_id, store=prepared.response.store, affinity=(finish.replica if finish else "") or None,
+        ledger_id=item_id, store=prepared.response.store, affinity=affinity,
     )  # fmt: skip
     item = items_pb2.Item()
     item.compaction.id = item_id
     item.compaction.encrypted_content = encode_payload(summary.text, summary.keep)
-    _, events = builder.add_finished_item(item)
+    if agent is not None:
+        item.agent.agent_name = agent
+    _, events = builder.add_finished_item(item, index)
+    if agent is not None:
+        for done in events:
+            done.agent.agent_name = agent
     await io.emit_all(events)
-    return builder.output
+    return item

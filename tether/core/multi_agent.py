@@ -37,11 +37,12 @@ import orjson
 
 from tether import errors, ids, render
 from tether.backends.base import Finish, Usage
+from tether.compaction_codec import effective_context
 from tether.config import Limits
 from tether.core.accounting import add_usage
 from tether.core.builder import Emitted, OutputBuilder
 from tether.core.items import user_message
-from tether.core.kinds import Prepared, StepIO
+from tether.core.kinds import Prepared, StepIO, add_compaction, compact_threshold
 from tether.core.outbox import Delta
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
@@ -84,7 +85,6 @@ def validate(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
     refused = [
         ("max_tool_calls", params.HasField("max_tool_calls"), "it bounds one agent's calls, not a rollout's"),
         ("reasoning.summary", params.reasoning.HasField("summary"), "agents' reasoning is not summarised"),
-        ("context_management", bool(params.context_management), "per-agent compaction is not implemented"),
         ("background", params.HasField("background") and params.background, "background multi-agent runs are not supported"),
     ]  # fmt: skip
     for param, present, why in refused:
@@ -188,6 +188,8 @@ class Agent:
         plain.CopyFrom(item)
         plain.ClearField("agent")
         self.context.append(plain)
+        if arm == "compaction":  # its own compaction: its context is the summary and the kept tail
+            self.context = effective_context(self.context)
         if arm == "function_call":
             self.open_calls.add(item.function_call.call_id)
         elif arm == "function_call_output":
@@ -501,6 +503,10 @@ class MultiAgentRollout:
             else:
                 agent.add(item)
         agent.streamed_calls.clear()
+        threshold = compact_threshold(io.params)
+        if threshold is not None and estimate + ((finish.usage.output_tokens or 0) if finish.usage else 0) > threshold:
+            # Its context passed the threshold: compacted as a single-agent turn's, for itself.
+            agent.add(await add_compaction(io, prepared, builder, list(agent.context), finish.replica or None, agent.name))
         for committed in agent.early:  # outputs injected while the call was still streaming
             agent.add(committed)
             agent.injected.append(committed)

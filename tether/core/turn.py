@@ -499,7 +499,8 @@ class Turn:
             return
         # A message cut by the output cap (or a filter) is itself incomplete, not just the response.
         await self.emit_all(builder.close_all(end.status))
-        output = await compact(self, prepared, builder, finish)
+        # A multi-agent rollout compacts each agent's context itself, after that agent's calls.
+        output = builder.output if multi_agent.enabled(self.params) else await compact(self, prepared, builder, finish)
         await self._finish(prepared, output, end, finish, None)
 
     # -- finalisation: named steps, in order ------------------------------------------------------

@@ -125,7 +125,7 @@ CREATE_FIELDS: dict[str, Field] = {
                          "delegate to subagents Tether runs concurrently within the response, every item and event "
                          "tagged with its `agent` (docs/multi-agent.md). `max_concurrent_subagents` 1.."
                          "`Limits.max_concurrent_subagents` (default 3); with `max_tool_calls`, `reasoning.summary`, "
-                         "`context_management`, `background` or an `mcp` tool a 400 naming it."),
+                         "`background` or an `mcp` tool a 400 naming it; `context_management` compacts per agent."),
     "access_programs": Field(R, "OpenAI account programs do not apply to a self-hosted server."),
     "background_options": Field(R, "No background options exist in Tether; `background: true` takes none."),
     "image": Field(R, "Request-level image options are not supported."),
