@@ -21,8 +21,11 @@ or for agents that wait.
 
 Agents outlive the response without any state beyond the chain: every item carries its agent,
 so a continuation (`previous_response_id`, from the connection's cache or the store) rebuilds
-each agent's context and state from the chain (`_rebuild`), and resumes the agents that its new
-items answer, and the root's pending `wait_agent`.
+each agent's context and state from the chain (`_rebuild`, reusing the token counts of the
+chain's segments: no item is tokenised again), and resumes the agents that its new items answer,
+and the root's pending `wait_agent`. With `context_management`, an agent whose call passed the
+threshold has its own context compacted (`kinds.add_compaction`): a `compaction` item tagged
+with it, which replaces only that agent's earlier context.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from tether.compaction_codec import effective_context
 from tether.config import Limits
 from tether.core.accounting import add_usage
 from tether.core.builder import Emitted, OutputBuilder
+from tether.core.chain import Segment
 from tether.core.items import user_message
 from tether.core.kinds import Prepared, StepIO, add_compaction, compact_threshold
 from tether.core.outbox import Delta
@@ -141,14 +145,21 @@ class Status(enum.Enum):
 _ENDED = (Status.DONE, Status.INTERRUPTED)
 
 
+def _tokens(item: items_pb2.Item) -> int:
+    return len(render.encode(render.render_item(item)))
+
+
 @dataclass(eq=False)
 class Agent:
-    """One agent: its path, its context in the backend's terms (action calls as function calls),
-    the client calls it waits for, its action calls not run yet, and its last answer."""
+    """One agent: its path, its context in the backend's terms (action calls as function calls)
+    with each item's token count (an item is tokenised once: when it joins, or taken from the
+    chain's segment, which a continuation tokenised once already), the client calls it waits
+    for, its action calls not run yet, and its last answer."""
 
     name: str
     parent: str
     context: list[items_pb2.Item] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)  # tokens of each `context` item, rendered
     open_calls: set[str] = field(default_factory=set)
     pending: list[items_pb2.Item] = field(default_factory=list)  # multi_agent_call items
     status: Status = Status.DONE
@@ -161,15 +172,32 @@ class Agent:
     waiting_for: list[Agent] = field(default_factory=list)  # its `wait_agent`'s targets
     woken: asyncio.Event = field(default_factory=asyncio.Event)  # set when they have all ended
 
-    def add(self, item: items_pb2.Item) -> None:
-        """An item of its own (or addressed to it) joins its context; its state follows."""
+    def __post_init__(self) -> None:
+        self.sizes = [_tokens(i) for i in self.context]
+
+    def _push(self, item: items_pb2.Item, size: int | None = None) -> None:
+        self.context.append(item)
+        self.sizes.append(_tokens(item) if size is None else size)
+
+    def prepend(self, item: items_pb2.Item) -> None:
+        self.context.insert(0, item)
+        self.sizes.insert(0, _tokens(item))
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(self.sizes)
+
+    def add(self, item: items_pb2.Item, size: int | None = None) -> None:
+        """An item of its own (or addressed to it) joins its context; its state follows. `size`:
+        its token count, when known (a chain segment's; the agent's form of an item renders as
+        the item does, except the multi-agent items, which it converts)."""
         arm = item.WhichOneof("item")
         if arm == "multi_agent_call":
             mac = item.multi_agent_call
             self.pending.append(item)
             fc = items_pb2.Item()
             fc.function_call.call_id, fc.function_call.name, fc.function_call.arguments = mac.call_id, mac.action, mac.arguments
-            self.context.append(fc)
+            self._push(fc)
             return
         if arm == "multi_agent_call_output":
             maco = item.multi_agent_call_output
@@ -177,19 +205,20 @@ class Agent:
             out = items_pb2.Item()
             out.function_call_output.call_id = maco.call_id
             out.function_call_output.output_text = "".join(p.output_text.text for p in maco.output)
-            self.context.append(out)
+            self._push(out)
             return
         if arm == "agent_message":
             am = item.agent_message
             text = " ".join(p.input_text.text for p in am.content)
-            self.context.append(user_message(f"Message from {am.author}: {text}"))
+            self._push(user_message(f"Message from {am.author}: {text}"))
             return
         plain = items_pb2.Item()
         plain.CopyFrom(item)
         plain.ClearField("agent")
-        self.context.append(plain)
+        self._push(plain, size)
         if arm == "compaction":  # its own compaction: its context is the summary and the kept tail
-            self.context = effective_context(self.context)
+            kept = effective_context(list(zip(self.context, self.sizes, strict=True)), lambda e: e[0])
+            self.context, self.sizes = [i for i, _ in kept], [n for _, n in kept]
         if arm == "function_call":
             self.open_calls.add(item.function_call.call_id)
         elif arm == "function_call_output":
@@ -215,13 +244,15 @@ def agent_of(item: items_pb2.Item) -> str:
     return item.agent.agent_name if item.HasField("agent") else ROOT
 
 
-def _rebuild(items: Sequence[items_pb2.Item]) -> dict[str, Agent]:
+def _rebuild(segments: Sequence[Segment]) -> dict[str, Agent]:
     """The agents of a chain, each with its context and status; a client's tool output without
-    `agent` is tagged with the agent whose call it answers."""
+    `agent` is tagged with the agent whose call it answers. The segments' token counts are
+    reused: a continuation tokenises no item of the chain again."""
     agents = {ROOT: Agent(ROOT, "")}
     owners: dict[str, str] = {}  # call_id -> agent
     spawns: dict[str, items_pb2.MultiAgentCall] = {}
-    for item in items:
+    for seg in segments:
+        item = seg.item
         arm = item.WhichOneof("item")
         if arm == "function_call_output" and not item.HasField("agent") and item.function_call_output.call_id in owners:
             item.agent.agent_name = owners[item.function_call_output.call_id]
@@ -240,7 +271,7 @@ def _rebuild(items: Sequence[items_pb2.Item]) -> dict[str, Agent]:
                 task = user_message(str(_json_object(spawns[item.multi_agent_call_output.call_id].arguments)
                                         .get("message", "")))  # fmt: skip
                 if spawned in agents:  # its first items came before the spawn's result
-                    agents[spawned].context.insert(0, task)
+                    agents[spawned].prepend(task)
                 else:
                     agents[spawned] = Agent(spawned, name, [task])
         if arm == "agent_message":
@@ -248,7 +279,7 @@ def _rebuild(items: Sequence[items_pb2.Item]) -> dict[str, Agent]:
             if recipient is not None:
                 recipient.add(item)
             continue
-        agent.add(item)
+        agent.add(item, len(seg.tokens))
     for agent in agents.values():
         agent.settle()
     return agents
@@ -338,7 +369,7 @@ class MultiAgentRollout:
 
     async def steps(self, io: StepIO, prepared: Prepared, builder: OutputBuilder) -> Finish:
         self._io, self._prepared, self._builder = io, prepared, builder
-        self.agents = _rebuild(prepared.node.items())
+        self.agents = _rebuild(prepared.node.all_segments())
         for agent in list(self.agents.values()):
             if agent.status is Status.RUNNING:
                 self._start(agent)
@@ -469,7 +500,7 @@ class MultiAgentRollout:
     async def _call(self, agent: Agent) -> None:
         io, prepared, builder = self._io, self._prepared, self._builder
         assert io is not None and prepared is not None and builder is not None
-        estimate = sum(len(render.encode(render.render_item(i))) for i in agent.context)
+        estimate = agent.context_tokens
         self._calls += 1
         if self._calls > 1:  # the turn admitted the first; every further call counts like any model call
             io.services.rate_limiter.admit(io.tenant, estimate)
