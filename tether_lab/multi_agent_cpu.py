@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 
 from tether import server
 from tether.auth import Authenticator
-from tether_lab.multi_agent_inject import HEADERS, TOOL, _config
+from tether_lab.multi_agent_inject import HEADERS, TOOL, lab_config
 
 
 async def _rollout(url: str, rounds: int, filler: str) -> list[float]:
@@ -54,7 +54,7 @@ async def _rollout(url: str, rounds: int, filler: str) -> list[float]:
 
 
 async def main(rounds: int, input_bytes: int) -> None:
-    running = await server.start(_config(0.0, {"ttft_ms": 0, "output_tokens": 20}),
+    running = await server.start(lab_config(0.0, {"ttft_ms": 0, "output_tokens": 20}),
                                  authenticator=Authenticator({"sk-lab": "lab"}))  # fmt: skip
     try:
         url = f"ws://127.0.0.1:{running.bridge.port}/v1/responses"  # type: ignore[union-attr]  # bridge on

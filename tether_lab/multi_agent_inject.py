@@ -32,7 +32,7 @@ TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a
 HEADERS = {"Authorization": "Bearer sk-lab", "OpenAI-Beta": "responses_multi_agent=v1"}
 
 
-def _config(inject_wait_s: float, backend: dict[str, Any]) -> TetherConfig:
+def lab_config(inject_wait_s: float, backend: dict[str, Any]) -> TetherConfig:
     cfg = TetherConfig()
     cfg.store = "memory://"
     cfg.backends = {"sim": BackendSpec(kind="simulated", options=backend)}
@@ -104,7 +104,7 @@ async def _rollout(url: str, inject: bool, tool_s: tuple[float, float], instruct
 
 async def main(runs: int, tool_s: tuple[float, float], backend: dict[str, Any], instructions: str) -> None:
     for mode, inject in (("inject", True), ("end-and-recreate", False)):
-        running = await server.start(_config(30.0 if inject else 0.0, backend), authenticator=Authenticator({"sk-lab": "lab"}))
+        running = await server.start(lab_config(30.0 if inject else 0.0, backend), authenticator=Authenticator({"sk-lab": "lab"}))
         try:
             url = f"ws://127.0.0.1:{running.bridge.port}/v1/responses"  # type: ignore[union-attr]  # bridge on
             results = [await _rollout(url, inject, tool_s, instructions) for _ in range(runs)]
