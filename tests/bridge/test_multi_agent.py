@@ -370,3 +370,25 @@ async def test_agents_sdk_hosted_multi_agent_model(make_stack: Any) -> None:
             await model.close()
     assert len(asked) == 2  # one call per worker, run locally by the SDK and injected
     assert isinstance(result.final_output, str) and result.final_output
+
+
+async def test_a_multi_agent_response_takes_one_active_response_slot(make_stack: Any) -> None:
+    """`max_active_responses` counts responses, not model calls: at the edge (1), the delegating
+    response runs its root and both workers within its one slot; past it, a create on another
+    lane waits until that response has ended."""
+    slow = {"ttft_ms": 0, "output_tokens": 40, "tokens_per_s": 400}
+    async with make_stack(backend=slow, max_active_responses=1) as stack, stack.client() as client:
+        async with client.beta.responses.connect(extra_headers=HEADER) as conn:
+            await conn.response.create(model="sim-model", input="delegate", multi_agent=MA)
+            await conn.send({"type": "response.create", "model": "sim-model", "input": "hi", "stream_id": "b"})  # type: ignore[arg-type, typeddict-unknown-key]
+            events = await _until(conn, "response.created")
+            events += await _until(conn, "response.completed", "error")
+            events += await _until(conn, "response.completed", "error")
+    terminal = [ev for ev in events if ev.type in ("response.completed", "error")]
+    assert [ev.type for ev in terminal] == ["response.completed"] * 2, terminal
+    multi, plain = terminal[0].response, terminal[1].response
+    assert {_agent(it) for it in multi.output if it.type == "message"} == WORKERS | {"/root"}
+    created = [ev.response.id for ev in events if ev.type == "response.created"]
+    assert created == [multi.id, plain.id]
+    order = [(ev.type, getattr(getattr(ev, "response", None), "id", None)) for ev in events]
+    assert order.index(("response.completed", multi.id)) < order.index(("response.created", plain.id))
