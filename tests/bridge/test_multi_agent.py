@@ -392,3 +392,25 @@ async def test_a_multi_agent_response_takes_one_active_response_slot(make_stack:
     assert created == [multi.id, plain.id]
     order = [(ev.type, getattr(getattr(ev, "response", None), "id", None)) for ev in events]
     assert order.index(("response.completed", multi.id)) < order.index(("response.created", plain.id))
+
+
+async def test_a_subagents_long_answer_compacts_its_context_only(make_stack: Any, tmp_path: Path) -> None:
+    """A scripted subagent answers with 1,200 tokens: its context passes the threshold and is
+    compacted (a `compaction` item tagged with it, after its answer). The root's context stays
+    short until `wait_agent` brings it that answer: it is compacted after its last call only."""
+    script = tmp_path / "agents.json"
+    script.write_text(json.dumps({
+        "steps": [{"tool_calls": [{"name": "spawn_agent", "arguments": {"task_name": "a", "message": "write"}}]},
+                  {"tool_calls": [{"name": "wait_agent", "arguments": {}}]}],
+        "after": {"text": "Done."},
+        "agents": {"/root/a": {"steps": [{"text_tokens": 1200}]}},
+    }))  # fmt: skip
+    cm = [{"type": "compaction", "compact_threshold": 1000}]
+    async with make_stack(backend={**SIM, "script": str(script)}) as stack, stack.client() as client:
+        r = await client.beta.responses.create(model="sim-model", input="go", multi_agent=MA, betas=BETA,
+                                               context_management=cm)  # type: ignore[arg-type]
+    kinds = [(t, a) for t, a, _ in _summary(r.output)]
+    assert [k for k in kinds if k[0] == "compaction"] == [("compaction", "/root/a"), ("compaction", "/root")]
+    assert kinds.index(("message", "/root/a")) < kinds.index(("compaction", "/root/a"))
+    assert kinds[-2:] == [("message", "/root"), ("compaction", "/root")]
+    assert r.output[-2].phase == "final_answer" and r.output[-2].content[0].text == "Done."
