@@ -109,12 +109,20 @@ def validate(params: request_pb2.ResponseCreateParams, limits: Limits) -> None:
 ITEM_ARMS = frozenset(("multi_agent_call", "multi_agent_call_output", "agent_message"))
 
 
-def check_items(items: Sequence[items_pb2.Item]) -> None:
-    """A create without `multi_agent` may not carry a multi-agent response's items: a 400 naming it."""
+def check_input(params: request_pb2.ResponseCreateParams, items: Sequence[items_pb2.Item],
+                continues_agents: bool) -> None:
+    """A create without `multi_agent` may neither carry a multi-agent response's items nor
+    continue one (only the multi-agent turn reads its agents' items): a 400 naming what is wrong."""
+    if enabled(params):
+        return
     for i, item in enumerate(items):
         if item.WhichOneof("item") in ITEM_ARMS:
             raise TetherError(errors.INVALID_ITEM, f"input[{i}] is a {item.WhichOneof('item')} item: send it with "
                               "multi_agent enabled.", param=f"input[{i}]")  # fmt: skip
+    if continues_agents:
+        raise TetherError(errors.INVALID_REQUEST, "This continues a multi-agent response: send multi_agent "
+                          "enabled (its agents' items are read by the multi-agent turn only).",
+                          param="multi_agent")  # fmt: skip
 
 
 def _action_tools() -> list[request_pb2.Tool]:

@@ -241,12 +241,7 @@ class Turn:
         safety stage's findings in it, and its UTF-8 size."""
         with self.clock.stage("validate"):
             validate.validate_items(new_items, parent_node.open_calls if parent_node else frozenset(), self.services.limits)
-            if not multi_agent.enabled(self.params):
-                multi_agent.check_items(new_items)
-            if parent_node is not None and parent_node.agents and not multi_agent.enabled(self.params):
-                raise TetherError(errors.INVALID_REQUEST, "This continues a multi-agent response: send multi_agent "
-                                  "enabled (its agents' items are read by the multi-agent turn only).",
-                                  param="multi_agent")  # fmt: skip
+            multi_agent.check_input(self.params, new_items, parent_node is not None and parent_node.agents)
             if any(item.WhichOneof("item") == "mcp_approval_response" for item in new_items):
                 check_approval_responses(new_items, parent_node.items() if parent_node else (),
                                          self.services.reasoning, self.ctx.tenant)  # fmt: skip
