@@ -23,6 +23,11 @@ from tether.process_memory import ALLOCATORS
 from tether.prompts import PromptLibrary
 
 # `server.replica_id`: it goes into an HTTP header and into nginx's configuration.
+# How long a stopping server may take beyond `server.shutdown_grace_s` (its store writes flushing,
+# its listeners closing) before it exits anyway: `tether serve` itself, and the supervisor of
+# `server.workers` > 1, which kills the workers still running then.
+STOP_EXTRA_S = 10.0
+
 _REPLICA_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 

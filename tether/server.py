@@ -23,7 +23,7 @@ from tether import __version__, eventloop, render
 from tether.auth import Authenticator
 from tether.backends.pool import build_configured_backend
 from tether.backends.simulated import LAB_MODEL_PREFIX
-from tether.config import TetherConfig
+from tether.config import STOP_EXTRA_S, TetherConfig
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.engine import Engine
 from tether.core.stages.route import Listed
@@ -292,8 +292,22 @@ async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDA
     if announce:
         print("\n".join(banner(config, running)), flush=True)  # one write: the lab reads it whole
     await stopping.wait()
-    log.info("shutting down", extra={"grace_s": config.server.shutdown_grace_s})
-    await running.stop(config.server.shutdown_grace_s)
+    await stop_within_deadline(running, config.server.shutdown_grace_s)
+
+
+async def stop_within_deadline(running: Running, grace: float) -> None:
+    """`running.stop(grace)`, bounded: past `grace` + `STOP_EXTRA_S` the stop is abandoned, what
+    was still running is logged, and the process exits with status 1 (a supervisor restarting
+    replicas one by one must not wait on a stuck one)."""
+    log.info("shutting down", extra={"grace_s": grace})
+    try:
+        async with asyncio.timeout(grace + STOP_EXTRA_S):
+            await running.stop(grace)
+    except TimeoutError:
+        stuck = sorted(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
+        log.error("shutdown passed its deadline (%g s): exiting with what is still running", grace + STOP_EXTRA_S,
+                  extra={"tasks": stuck[:50]})  # fmt: skip
+        raise SystemExit(1) from None
 
 
 @dataclass

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether import eventloop
-from tether.config import TetherConfig
+from tether.config import STOP_EXTRA_S, TetherConfig
 from tether.startup import BRIDGE, GRPC, Listener, StartupError, check_tls, listen_error, probe_port
 
 log = logging.getLogger("tether.workers")
@@ -75,7 +75,6 @@ RESTART_LIMIT = 5  # exits of one worker slot within the window before the super
 RESTART_WINDOW_S = 60.0
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
-STOP_EXTRA_S = 10.0  # beyond shutdown_grace_s before stragglers are killed
 POLL_S = 0.1
 
 _WORKER_CMD = "import tether.workers as w; w.worker_main()"

@@ -278,6 +278,19 @@ async def test_shutdown_fails_queued_and_running_background_responses(make_stack
             assert stack.engine.runs.background_counts() == (0, 0)
 
 
+async def test_shutdown_lets_a_running_background_response_finish_within_the_grace(make_stack: Any) -> None:
+    """A running background response is a turn like any other at shutdown: it gets the grace to
+    finish (and is cut past it, above), it is not cut at once as if its client had gone."""
+    async with make_stack(backend=SLOW) as stack, stack.client() as client:
+        running = await client.responses.create(model="sim-model", input="one", background=True)
+        await wait_for(lambda: stack.engine.runs.get("a", running.id).next_seq > 2)
+        async with asyncio.timeout(5):
+            await stack.engine.shutdown(grace=5)
+        got = await client.responses.retrieve(running.id)
+        assert got.status == "completed" and got.output_text, got
+        assert stack.engine.runs.background_counts() == (0, 0) and not stack.engine.sessions
+
+
 async def test_a_stored_response_on_a_websocket_is_cancelled_from_http(make_stack: Any) -> None:
     async with make_stack(backend=SLOW) as stack, stack.client() as client, stack.ws() as conn:
         await send_json(conn, {"type": "response.create", "model": "sim-model", "input": "long", "store": True})

@@ -105,7 +105,7 @@ class Engine:
         self._background_slots = BackgroundSlots(
             limits.max_background_running, per_key_cap(limits.max_background_running, limits.background_key_share)
         )
-        self._background_tasks: set[asyncio.Task] = set()
+        self._background_tasks: dict[asyncio.Task, ResponseRun] = {}  # background runs, queued or running
         self._takeover: asyncio.Task | None = None
         self.services = TurnServices(
             config=config,
@@ -188,8 +188,13 @@ class Engine:
         reason = TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down; reconnect to continue.")
         if self._takeover is not None:
             self._takeover.cancel()
-        for task in list(self._background_tasks):  # queued ones; the running ones end with their sessions
-            task.cancel()
+        # Queued background runs stop waiting (shared: another replica takes them over; else they
+        # fail). Running ones end with their sessions, as every turn does: `grace` to finish,
+        # then cut. Cancelling those tasks instead would close their sessions as a gone client
+        # does, which keeps a stored response running (detached) past the grace.
+        for task, run in list(self._background_tasks.items()):
+            if run.control is None:
+                task.cancel()
         await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
         await asyncio.gather(*self._background_tasks, return_exceptions=True)
         await self.post.flush()
@@ -471,8 +476,11 @@ class Engine:
 
     def _spawn_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
-        self._background_tasks.add(task)
-        task.add_done_callback(self._background_tasks.discard)
+        self._background_tasks[task] = run
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background_tasks.pop(task, None)
 
     async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
         try:
@@ -489,7 +497,7 @@ class Engine:
                     await run.wait_settled()
                     await session.wait_idle()
                 finally:
-                    await session.close()
+                    await session.close(detach=False)  # no client to outlive: its turn ends with it
                     await drain
         except asyncio.CancelledError:
             if run.control is None and run.mirror is not None and not run.state.final:

@@ -190,10 +190,11 @@ class Session:
         are bound to it from just before `response.created`): what a draining transport waits for."""
         return self.outbox.runs_in_flight()
 
-    async def close(self) -> None:
+    async def close(self, *, detach: bool = True) -> None:
         """The client went away: cancel everything and free the connection's state, except the
         turns of stored responses in flight: those the session detaches (module docstring) and
-        closes when they end, without the caller waiting.
+        closes when they end, without the caller waiting. `detach=False` (a background run's
+        session, which has no client to outlive) cancels those too.
 
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
@@ -201,7 +202,7 @@ class Session:
         if self._close_task is None:
             if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return
-            if self.state is SessionState.OPEN and self._detach():
+            if detach and self.state is SessionState.OPEN and self._detach():
                 self._close_task = asyncio.ensure_future(self._close_detached())
                 return
             self._close_task = asyncio.ensure_future(self._close())
@@ -619,8 +620,9 @@ class Session:
         if self._detached and self._close_task is not None:
             done, _ = await asyncio.wait({self._close_task}, timeout=grace)
             if not done:
-                for turn in list(self._turns.values()):
-                    turn.control.interrupt(Outcome.CUT, reason)
+                running = {lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()}
+                for task in running - self._cut_turns(reason):
+                    task.cancel()
                 await asyncio.wait({self._close_task}, timeout=1.0)
             return
         if self.state is not SessionState.OPEN:
@@ -634,9 +636,7 @@ class Session:
             if pending:
                 # Past the grace: cut the running turns so each still ends with a terminal event
                 # (`response.failed` carrying `reason`'s code, which clients treat as "redo").
-                cut = {turn.control.task for turn in list(self._turns.values())
-                       if turn.control.interrupt(Outcome.CUT, reason)}  # fmt: skip
-                for task in pending - cut:  # turns not generating yet, or finishing
+                for task in pending - self._cut_turns(reason):  # turns not generating yet, or finishing
                     task.cancel()
                 _, pending = await asyncio.wait(pending, timeout=1.0)
                 if pending:  # a turn blocked on a full outbox: its client is not reading
@@ -658,6 +658,13 @@ class Session:
             self._watchdog.cancel()
         self.cache.clear()
         self._on_closed(self)
+
+    def _cut_turns(self, reason: TetherError) -> set[asyncio.Task]:
+        """Cut the turns generating now (each still ends with a terminal event carrying
+        `reason`); the tasks of those that took the cut."""
+        return {turn.control.task for turn in list(self._turns.values())
+                if turn.control.interrupt(Outcome.CUT, reason) and turn.control.task is not None}  # fmt: skip
+
 
 _STEER_PARTS = frozenset(("input_text", "input_image", "input_file"))
 
