@@ -300,14 +300,16 @@ async def stop_within_deadline(running: Running, grace: float) -> None:
     was still running is logged, and the process exits with status 1 (a supervisor restarting
     replicas one by one must not wait on a stuck one)."""
     log.info("shutting down", extra={"grace_s": grace})
-    try:
-        async with asyncio.timeout(grace + STOP_EXTRA_S):
-            await running.stop(grace)
-    except TimeoutError:
-        stuck = sorted(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
-        log.error("shutdown passed its deadline (%g s): exiting with what is still running", grace + STOP_EXTRA_S,
-                  extra={"tasks": stuck[:50]})  # fmt: skip
-        raise SystemExit(1) from None
+    stopping = asyncio.create_task(running.stop(grace), name="tether-stop")
+    done, _ = await asyncio.wait({stopping}, timeout=grace + STOP_EXTRA_S)
+    if done:
+        stopping.result()  # its error, if it raised
+        return
+    stuck = sorted(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
+    log.error("shutdown passed its deadline (%g s): exiting with what is still running", grace + STOP_EXTRA_S,
+              extra={"tasks": stuck[:50]})  # fmt: skip
+    stopping.cancel()
+    raise SystemExit(1)
 
 
 @dataclass
