@@ -3,7 +3,7 @@ llama-cpp-python, Ollama, LM Studio, OpenAI itself.
 
 `base_url` is required (e.g. http://127.0.0.1:8000/v1); `api_key_env` is optional. `dialect`
 (default "auto": detected from `GET /models`) names the server family; the table is in
-`tether.backends.chat.dialects` and the README. Capability flags (reasoning, json_schema,
+`tether.backends.chat.dialects` and docs/backends.md. Capability flags (reasoning, json_schema,
 images, ...) are plain config options.
 """
 

@@ -39,7 +39,7 @@ CEREBRAS_API_VERSION = "2"
 @dataclass(frozen=True)
 class Dialect:
     name: str
-    server: str  # who speaks it (README table)
+    server: str  # who speaks it (the table in docs/backends.md)
     max_tokens_field: str = "max_completion_tokens"
     # `content` of an assistant message that carries only tool calls: None sends null, "" an empty string.
     tool_calls_content: str | None = None

@@ -109,7 +109,7 @@ CREATE_FIELDS: dict[str, Field] = {
                                   "create a warm-up (`generate: false`)."),
     "prompt_cache_retention": Field(A, "Cached state lives as long as the connection (and the store for store=true)."),
     "client_metadata": Field(A, "Codex sends it on every create; client-side bookkeeping, no model effect."),
-    "prompt": Field(H, "An operator-defined template (`[prompts.<id>]` in config, docs/configuration.md): its "
+    "prompt": Field(H, "An operator-defined template (`[prompts.<id>]` in config, the README's Configuration): its "
                     "`instructions` go before the request's, its `input` messages before the request's input, "
                     "`{{variables}}` substituted; unknown id/version or a missing/extra variable is a 400 "
                     "naming `prompt.id` / `prompt.version` / `prompt.variables.<name>`; an expansion past "
