@@ -25,8 +25,9 @@ Parts, each a separate process, so /proc attributes every CPU second:
   `direct` (a minimal asyncio SSE reader, straight to the upstream), `direct-httpx` (the same reader
   through httpx, the HTTP client Tether's backend used before this lab), `direct-aiohttp` (through
   aiohttp), and through Tether: `ws` (WebSocket mode, the client's default permessage-deflate
-  offer, as the openai SDK makes it), `sse` (POST /v1/responses, stream: true), `grpc` (the bidi
-  Session). A direct reader's own process CPU is the floor: what any program that reads the stream
+  offer, as the openai SDK makes it), `sse` (POST /v1/responses, stream: true, read by the
+  minimal reader: an HTTP client library's own CPU on a 2-core machine would otherwise show up as
+  Tether's TTFT), `grpc` (the bidi Session). A direct reader's own process CPU is the floor: what any program that reads the stream
   pays. Tether's figure is its process CPU over the round / tokens delivered.
 - **a byte relay** (`relay`, `ByteRelay`): the least a proxy process does, every byte it reads
   from the upstream written on to the client (a read and a write per token, no parsing), read by
@@ -406,6 +407,50 @@ async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asynci
         writer.close()
 
 
+async def _sse_asyncio(url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
+    """POST /v1/responses (stream: true) through the same minimal asyncio reader as `direct` (one
+    connection, opened before `go`): the client costs what the direct reader does, so on a
+    2-core machine the figures are Tether's, not an HTTP client library's."""
+    host, _, rest = url.removeprefix("http://").partition("/")
+    h, _, port = host.partition(":")
+    body = orjson.dumps({**_create(model), "stream": True})
+    request = (f"POST /{rest}/responses HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+               f"authorization: Bearer sk-lab\r\naccept: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+               ).encode() + body
+    tr = StreamTrace()
+    reader, writer = await asyncio.open_connection(h, int(port))
+    try:
+        ready.set()
+        await go.wait()
+        sent = time.monotonic()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b" 200 " not in head.split(b"\r\n", 1)[0]:
+            tr.error = head.split(b"\r\n", 1)[0].decode()
+            return tr
+        dechunk, buf = _Dechunk(), bytearray()
+        while data := await reader.read(65536):
+            dechunk.feed(data, buf)
+            while (i := buf.find(b"\n\n")) >= 0:
+                frame = bytes(buf[:i])
+                del buf[: i + 2]
+                for line in frame.split(b"\n"):
+                    if not line.startswith(b"data:") or line == b"data: [DONE]":
+                        continue
+                    ev = orjson.loads(line[5:])
+                    t = ev.get("type")
+                    if t == "response.output_text.delta":
+                        tr.took(ev["delta"], time.monotonic(), sent)
+                    elif t in ("response.completed", "response.incomplete"):
+                        return tr.finished(ev["response"].get("usage"))
+                    elif t in ("response.failed", "error"):
+                        tr.error = t
+                        return tr
+        return tr
+    finally:
+        writer.close()
+
+
 async def _warm(client: Any, url: str) -> None:
     """One request before the clock starts, so the stream finds its connection open (as the other
     clients do: they connect before they are ready)."""
@@ -421,9 +466,10 @@ async def _direct_httpx(client: Any, url: str, model: str, ready: asyncio.Event,
     await go.wait()
     sent = time.monotonic()
     async with client.stream("POST", url + "/chat/completions", content=body,
-                             headers={"content-type": "application/json", "accept": "text/event-stream"}) as resp:
+                             headers={"content-type": "application/json", "accept": "text/event-stream",
+                                      "authorization": "Bearer sk-lab"}) as resp:  # LiteLLM's key; others ignore it
         if resp.status_code != 200:
-            tr.error = f"HTTP {resp.status_code}"
+            tr.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
             return tr
         await _take_sse(resp.aiter_bytes(), tr, sent)
     return tr
@@ -485,53 +531,6 @@ async def _via_ws(url: str, model: str, ready: asyncio.Event, go: asyncio.Event)
     return tr
 
 
-async def _via_sse(client: Any, url: str, model: str, ready: asyncio.Event, go: asyncio.Event,
-                   event_prefix: str = "response.") -> StreamTrace:
-    """POST /v1/responses (stream: true) and read its SSE; with `event_prefix` "" a chat-completions
-    stream (LiteLLM) is read instead."""
-    tr = StreamTrace()
-    chat = not event_prefix
-    path = "/chat/completions" if chat else "/responses"
-    body = _chat_body(model) if chat else orjson.dumps({**_create(model), "stream": True})
-    await _warm(client, url)
-    ready.set()
-    await go.wait()
-    sent = time.monotonic()
-    async with client.stream("POST", url + path, content=body,
-                             headers={"content-type": "application/json", "accept": "text/event-stream",
-                                      "authorization": "Bearer sk-lab"}) as resp:
-        if resp.status_code != 200:
-            tr.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
-            return tr
-        buf = bytearray()
-        async for data in resp.aiter_bytes():
-            buf += data
-            if chat:
-                texts: list[str] = []
-                done = _sse_texts(buf, texts)
-                tr.took("".join(texts), time.monotonic(), sent, len(texts))
-                if done:
-                    tr.ok = True
-                    return tr
-                continue
-            while (i := buf.find(b"\n\n")) >= 0:
-                frame = bytes(buf[:i])
-                del buf[: i + 2]
-                for line in frame.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue
-                    ev = orjson.loads(line[5:])
-                    t = ev.get("type")
-                    if t == "response.output_text.delta":
-                        tr.took(ev["delta"], time.monotonic(), sent)
-                    elif t in ("response.completed", "response.incomplete"):
-                        return tr.finished(ev["response"].get("usage"))
-                    elif t in ("response.failed", "error"):
-                        tr.error = t
-                        return tr
-    return tr
-
-
 async def _via_grpc(target: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
     import grpc
 
@@ -582,17 +581,15 @@ async def client_round(mode: str, target: str, model: str, streams: int, go: Cal
     closers: list[Callable[[], Any]] = []
     if mode in ("direct", "relay"):  # the relay passes the upstream's bytes on as they are
         coros = [_direct_asyncio(target, model, r, start) for r in ready]
-    elif mode in ("direct-httpx", "sse", "litellm"):
+    elif mode == "sse":
+        coros = [_sse_asyncio(target, model, r, start) for r in ready]
+    elif mode in ("direct-httpx", "litellm"):
         import httpx
 
         client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=streams + 10,
                                                                     max_keepalive_connections=streams + 10))
         closers.append(client.aclose)
-        if mode == "direct-httpx":
-            coros = [_direct_httpx(client, target, model, r, start) for r in ready]
-        else:
-            prefix = "" if mode == "litellm" else "response."
-            coros = [_via_sse(client, target, model, r, start, prefix) for r in ready]
+        coros = [_direct_httpx(client, target, model, r, start) for r in ready]  # LiteLLM: its chat SSE
     elif mode == "direct-aiohttp":
         import aiohttp
 
