@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from tether import errors
 from tether.core.chain import CacheBudget, ResponseCache
 from tether.core.checked import CheckedCreate
+from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import TurnContext, TurnServices
 from tether.core.lane import Lane
-from tether.core.outbox import Delta, OutboxClosed, Outgoing
+from tether.core.outbox import CoalesceWindow, Delta, OutboxClosed, Outgoing
 from tether.core.outcome import TurnControl
 from tether.core.run import ResponseRun
 from tether.core.turn import TurnStrategy
@@ -44,14 +46,17 @@ class RunLog:
     window's end commits it). Events of no response (a refusal's `error`, which the run's failed
     terminal event carries) have no reader here: telemetry has counted them, the run reports them."""
 
-    __slots__ = ("_run", "_services", "_pending", "_timer", "_last", "closed")
+    __slots__ = ("_run", "_window", "_max_coalesced", "_clock", "_pending", "_timer", "_last", "closed")
 
-    def __init__(self, run: ResponseRun, services: TurnServices) -> None:
+    def __init__(self, run: ResponseRun, *, window: CoalesceWindow, max_coalesced_bytes: int,
+                 clock: Clock = SYSTEM_CLOCK) -> None:  # fmt: skip
         self._run = run
-        self._services = services
+        self._window = window
+        self._max_coalesced = max_coalesced_bytes
+        self._clock = clock
         self._pending: Delta | None = None  # a delta within the window, not numbered yet
         self._timer: asyncio.TimerHandle | None = None
-        self._last = 0.0  # when the last entry was committed
+        self._last = -math.inf  # when the last entry was committed
         self.closed = False
 
     def bind(self, run: ResponseRun) -> None:
@@ -84,12 +89,11 @@ class RunLog:
             return
         pending = self._pending
         if pending is not None:
-            if pending.continues(delta) and pending.size < self._services.limits.max_coalesced_bytes:
+            if pending.continues(delta) and pending.size < self._max_coalesced:
                 pending.merge(delta)
                 return
             self._flush()
-        clock, window = self._services.clock, self._services.coalesce.current()
-        wait = self._last + window - clock.monotonic()
+        wait = self._last + self._window.current() - self._clock.monotonic()
         if wait <= 0:  # the stream was idle for a window: no reason to hold it
             self._commit(delta, None)
             return
@@ -110,7 +114,7 @@ class RunLog:
             self._commit(pending, None)
 
     def _commit(self, entry: Outgoing, arm: str | None) -> None:
-        self._last = self._services.clock.monotonic()
+        self._last = self._clock.monotonic()
         self._run.stamp(entry, arm)
 
 
@@ -124,7 +128,8 @@ async def run_turn(services: TurnServices, strategy: TurnStrategy, cache_budget:
     task = asyncio.current_task()
     assert task is not None
     tenant = run.tenant
-    sink = RunLog(run, services)
+    sink = RunLog(run, window=services.coalesce, max_coalesced_bytes=services.limits.max_coalesced_bytes,
+                  clock=services.clock)  # fmt: skip
     cache = ResponseCache(1, cache_budget, on_evict=services.telemetry.cache_eviction, tenant=tenant)
     ctx = TurnContext.of(services, tenant, BACKGROUND, run.id, sink, cache, lambda _: None)
     turn = strategy.turn(ctx, checked.params, Lane(""), TurnControl(task), "")
