@@ -121,10 +121,10 @@ class RunLog:
 async def run_turn(services: TurnServices, strategy: TurnStrategy, cache_budget: CacheBudget,
                    checked: CheckedCreate, run: ResponseRun) -> None:  # fmt: skip
     """Run the turn of background run `run` (its params `checked` at its entry) in this task,
-    to its end: the run is closed when this returns (failed with the turn's refusal or crash,
-    cancelled when it was interrupted before it was created). An interruption (cancel, the
-    server's cut) reaches the turn through its `TurnControl`; another cancel of this task (the
-    server giving up on it) propagates, the run closed all the same."""
+    to its end, and close the run (failed with the turn's refusal or crash, cancelled when it was
+    interrupted before it was created; settled otherwise). An interruption (cancel, the server's
+    cut) reaches the turn through its `TurnControl`; another cancel of this task (the server
+    giving up on it) propagates, and the caller closes the run as the server stops."""
     task = asyncio.current_task()
     assert task is not None
     tenant = run.tenant
@@ -134,7 +134,7 @@ async def run_turn(services: TurnServices, strategy: TurnStrategy, cache_budget:
     ctx = TurnContext.of(services, tenant, BACKGROUND, run.id, sink, cache, lambda _: None)
     turn = strategy.turn(ctx, checked.params, Lane(""), TurnControl(task), "")
     turn.checked = checked
-    turn.size_hint = checked.params.ByteSize()  # what decides whether its input is handled off the loop
+    turn.size_hint = checked.nbytes  # as a session's turn gets it: the turn adds the prompt's expansion
     turn.response_run = run
     crash: TetherError | None = None
     try:
@@ -142,6 +142,7 @@ async def run_turn(services: TurnServices, strategy: TurnStrategy, cache_budget:
             await turn.run()
     except asyncio.CancelledError:
         if turn.control.claim() is None:  # no interruption of the turn's: the server gives up on it
+            sink.close()
             raise
         task.uncancel()  # interrupted before it generated: the run ends cancelled (below)
     except Exception:  # noqa: BLE001 - a bug in the turn fails its run, not the server
@@ -149,7 +150,7 @@ async def run_turn(services: TurnServices, strategy: TurnStrategy, cache_budget:
         crash = TetherError(errors.SERVER_ERROR, "The server had an error processing the request.")
         services.telemetry.error(crash.code)  # as a session's crashed turn counts it
     finally:
-        run.close(turn.refusal or crash)  # a run whose turn ended without its terminal event
-        sink.close()
         ctx.mcp.close_soon()
         cache.clear()
+    run.close(turn.refusal or crash)  # a run whose turn ended without its terminal event ends here
+    sink.close()

@@ -23,21 +23,27 @@ from tether.responses.v1 import request_pb2
 @dataclass(frozen=True, slots=True)
 class CheckedCreate:
     """`params` checked by `check_create` (and their `prompt` expanded into instructions and
-    input). `mcp`: the remote MCP loop its tools name (None without one); `expanded`: the bytes
-    its prompt template added (the turn's size hint grows by them); `seconds`: how long the
-    check took (the turn's `validate` stage)."""
+    input). `nbytes`: the request's size as received, before the expansion (what its queued
+    bytes are charged, `tether.core.queued`); `mcp`: the remote MCP loop its tools name (None
+    without one); `expanded`: the bytes its prompt template added (the turn's size hint is
+    `nbytes` grown by them); `seconds`: how long the check took (the turn's `validate` stage)."""
 
     params: request_pb2.ResponseCreateParams
+    nbytes: int
     mcp: McpLoop | None
     expanded: int
     seconds: float
 
 
-async def check_create(services: TurnServices, tenant: str, params: request_pb2.ResponseCreateParams) -> CheckedCreate:
+async def check_create(services: TurnServices, tenant: str, params: request_pb2.ResponseCreateParams,
+                       nbytes: int | None = None) -> CheckedCreate:  # fmt: skip
     """Check `params` (400s name the parameter) and expand their `prompt` template, bounded
     (variables of 16 KiB or more are expanded off the event loop: a template may repeat them).
-    Mutates `params` (the expansion): it is done once per create."""
+    Mutates `params` (the expansion): it is done once per create. `nbytes`: their size as
+    received, when the transport knows it (else their protobuf size, measured here first)."""
     started = time.perf_counter()
+    if nbytes is None:
+        nbytes = params.ByteSize()
     limits = services.limits
     validate.validate_params(params, limits, services.config.server.accept_unknown_parameters)
     multi_agent.validate(params, limits)
@@ -47,4 +53,4 @@ async def check_create(services: TurnServices, tenant: str, params: request_pb2.
     variables = len(params.prompt.variables_json) if params.HasField("prompt") else 0
     expanded = await offload.run(16 * variables, services.config.prompts.apply, params, tenant,
                                  limits.max_request_bytes, limits.max_item_bytes)  # fmt: skip
-    return CheckedCreate(params, mcp, expanded, time.perf_counter() - started)
+    return CheckedCreate(params, nbytes, mcp, expanded, time.perf_counter() - started)

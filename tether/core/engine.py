@@ -415,7 +415,7 @@ class Engine:
         session = await self.open_session(tenant, transport="http")
         params.ClearField("stream_id")
         try:
-            checked = await self.start_run(tenant, params)
+            checked = await self.start_run(tenant, params, nbytes=nbytes)
         except TetherError as exc:
             await session.close()
             yield self._refused(exc)
@@ -424,7 +424,7 @@ class Engine:
             session.write_inline(inline)
         end: ResponseEnd | None = None
         try:
-            await session.start(checked, nbytes=nbytes)
+            await session.start(checked)
             async with contextlib.aclosing(one_response(session.events(lazy_deltas=lazy_deltas))) as stream:
                 async for record in stream:
                     if isinstance(record, ResponseEnd):
@@ -435,14 +435,16 @@ class Engine:
                 await session.wait_idle()
             await session.close()  # otherwise the caller went away: cancel the generation
 
-    async def start_run(self, tenant: str, params: request_pb2.ResponseCreateParams) -> CheckedCreate:
+    async def start_run(self, tenant: str, params: request_pb2.ResponseCreateParams, *,
+                        nbytes: int | None = None) -> CheckedCreate:  # fmt: skip
         """The one entry of every create that no session of the client's carries: HTTP
         `POST /v1/responses`, gRPC `CreateResponse`, a background create. Refused while the server
-        stops; its params checked once, here (`tether.core.checked`): the turn that runs it takes
-        them as they are, and a background create's Response is made from them once, at its entry."""
+        stops; its params checked once, here (`tether.core.checked`; `nbytes`: their size as
+        received, when the transport knows it): the turn that runs it takes them as they are, and
+        a background create's Response is made from them once, at its entry."""
         if self._stopping:
             raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
-        return await check_create(self.services, tenant, params)
+        return await check_create(self.services, tenant, params, nbytes)
 
     def _refused(self, exc: TetherError) -> ResponseEnd:
         """A create refused at its entry: its end record, counted as a turn's refusal is."""

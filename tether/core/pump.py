@@ -10,6 +10,11 @@ shutting down says so in its last event: WebSocket close 1001, a gRPC status), a
 server drains, when is nothing in flight any more. Those answers live here, so no transport
 pattern-matches event arms for them; a transport only encodes and writes (`Writer`).
 
+A one-response stream is pumped once, where its events are made (`one_response`: the engine's
+create, or the adapter of a remote engine's, whose wire carries the events but not their end):
+its batches, then one `ResponseEnd` record that says how the response ended. Its transport writes
+the batches and reads the record as it is (`deliver`); a session's stream goes through `Pump.run`.
+
 A JSON transport's deltas may skip the pump: while it waits for a session's next batch, a delta
 is written by its producer, in the step the upstream woke it (`tether.core.outbox`,
 `InlineWriter`: one pass per token). Only deltas do, so the pump still sees every event its

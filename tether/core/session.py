@@ -258,11 +258,10 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def start(self, checked: CheckedCreate, *, nbytes: int | None = None) -> None:
-        """Queue a create its entry checked already (`Engine.start_run`: a stateless create);
-        `nbytes` as in `send`."""
+    async def start(self, checked: CheckedCreate) -> None:
+        """Queue a create its entry checked already (`Engine.start_run`: a stateless create)."""
         self._last_activity = self.clock.monotonic()
-        await self._enqueue(checked, "", nbytes=nbytes)
+        await self._enqueue(checked, "", nbytes=checked.nbytes)
 
     async def _enqueue(self, create: request_pb2.ResponseCreateParams | CheckedCreate, event_id: str = "",
                        nbytes: int | None = None) -> None:  # fmt: skip
@@ -342,8 +341,7 @@ class Session:
         accepted steers continue with. False: the connection is gone, or its client is and the
         lane's later creates are not run."""
         async with self._active:
-            checked = create if isinstance(create, CheckedCreate) else None
-            params = create.params if isinstance(create, CheckedCreate) else create
+            checked, params = (create, create.params) if isinstance(create, CheckedCreate) else (None, create)
             turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
             turn.size_hint = nbytes
             turn.checked = checked

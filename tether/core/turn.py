@@ -222,7 +222,7 @@ class Turn:
         already (`checked`): never twice."""
         checked = self.checked
         if checked is None:
-            checked = await check_create(self.services, self.ctx.tenant, self.params)
+            checked = await check_create(self.services, self.ctx.tenant, self.params, self.size_hint)
         self.clock.add("validate", checked.seconds)
         self.mcp = checked.mcp
         self.size_hint += checked.expanded
