@@ -139,6 +139,25 @@ async def test_http_prompt_template_fills_instructions_and_input(stack: Stack) -
         assert plain.prompt is None
 
 
+async def test_a_background_prompt_template_is_expanded_once(stack: Stack) -> None:
+    """Its entry checks a background create (and expands its template) before answering `queued`;
+    its turn takes it as checked: the instructions and input are expanded once, in the queued
+    Response and the finished one alike."""
+    _with_prompts(stack)
+    prompt = {"id": "support", "variables": {
+        "company": "Acme", "context": {"type": "input_text", "text": "order 42"},
+        "attachment": {"type": "input_image", "image_url": "https://example.invalid/a.png"}}}  # fmt: skip
+    async with stack.client() as client:
+        queued = await client.responses.create(model="sim-model", input="where is it?", instructions="Be brief.",
+                                               prompt=prompt, background=True)  # fmt: skip
+        assert queued.instructions == "You answer for Acme.\n\nBe brief."
+        stream = await client.responses.retrieve(queued.id, stream=True)
+        done = [ev async for ev in stream][-1].response
+        assert done.status == "completed" and done.instructions == queued.instructions
+        items = await client.responses.input_items.list(done.id, order="asc")
+        assert len(items.data) == 3  # the template's two messages and the input, once
+
+
 PROMPT_ERRORS = [
     ({"id": "nope"}, "prompt.id"),
     ({"id": "triage", "version": "9"}, "prompt.version"),

@@ -15,6 +15,7 @@ from tether.backends.base import Finish, ReasoningDelta, RefusalDelta, TextDelta
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
 from tether.core.outbox import DELTA_ARMS, CoalesceWindow, Delta, Outbox
+from tether.core.pump import ResponseEnd
 from tether.core.wakeups import WakeupReader
 from tether.protocol import json_codec
 from tether.responses.v1 import service_pb2
@@ -337,10 +338,10 @@ async def test_a_stateless_full_resend_does_not_tokenise_its_history_again():
         for _ in range(2):  # the same history resent, as an HTTP agent without previous_response_id does
             params = service_pb2.SessionRequest().create
             params.model, params.input_text, params.store = "m", history, False
-            async for batch in engine.create("", params):
-                for ev in batch:
-                    if ev.HasField("completed"):
-                        usages.append(ev.completed.response.usage.input_tokens)
+            async for record in engine.create("", params):
+                if isinstance(record, ResponseEnd):  # the last: how the response ended
+                    assert record.response is not None
+                    usages.append(record.response.usage.input_tokens)
         assert engine.token_cache.hits == 1 and usages[0] == usages[1]
     finally:
         await engine.aclose()

@@ -9,7 +9,16 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from tether.core.outbox import CoalesceWindow, Delta, Outbox, Outgoing
-from tether.core.pump import Pump, PumpEnd, PumpState, Until, connection_error, next_pump_state
+from tether.core.pump import (
+    Pump,
+    PumpEnd,
+    PumpState,
+    ResponseEnd,
+    connection_error,
+    deliver,
+    next_pump_state,
+    one_response,
+)
 from tether.core.run import ResponseRun
 from tether.errors import IDLE_TIMEOUT, INVALID_REQUEST, SERVER_ERROR, SERVER_SHUTTING_DOWN, TetherError
 from tether.responses.v1 import events_pb2
@@ -68,61 +77,66 @@ class Recorder:
 # -- one-response streams ------------------------------------------------------------------------
 
 
+async def one(*items: Sequence[Outgoing]) -> tuple[list[Sequence[Outgoing]], ResponseEnd]:
+    """`one_response` over `items`: the batches it yields, and its end record (the last thing it yields)."""
+    out: list = [x async for x in one_response(batches(*items))]
+    assert all(not isinstance(x, ResponseEnd) for x in out[:-1]) and isinstance(out[-1], ResponseEnd)
+    return out[:-1], out[-1]
+
+
 async def test_a_one_response_stream_ends_at_its_terminal_event_and_cuts_the_batch_there():
     c, d, done, late = created("r"), delta("r", "hi"), terminal("r"), error(SERVER_ERROR)
-    writer = Recorder()
-    pump = Pump(Until.RESPONSE_END)
-    end = await pump.run(batches([c, d], [done, late], [created("s")]), writer)
-    assert end is PumpEnd.TERMINAL and pump.end is end and pump.state is PumpState.ENDED
-    assert writer.batches == [[c, d], [done]]
-    assert pump.response is done.completed.response
-    assert pump.error is None
+    got, end = await one([c, d], [done, late], [created("s")])
+    assert end.end is PumpEnd.TERMINAL and end.event is done
+    assert got == [[c, d], [done]]
+    assert end.response is done.completed.response
+    assert end.error is None
 
 
 async def test_a_failed_or_incomplete_response_ends_as_terminal_too():
     for arm in ("failed", "incomplete"):
-        pump = Pump(Until.RESPONSE_END)
-        assert await pump.run(batches([created("r")], [terminal("r", arm)]), Recorder()) is PumpEnd.TERMINAL
-        assert pump.response is not None and pump.response.status == arm
+        _, end = await one([created("r")], [terminal("r", arm)])
+        assert end.end is PumpEnd.TERMINAL
+        assert end.response is not None and end.response.status == arm
 
 
 async def test_an_error_instead_of_the_response_is_refused_and_left_to_the_transport():
     refusal = error(INVALID_REQUEST)
-    writer = Recorder()
-    pump = Pump(Until.RESPONSE_END)
-    assert await pump.run(batches([refusal]), writer) is PumpEnd.REFUSED
-    assert writer.batches == []  # the transport answers it (an HTTP status), not the writer
-    assert pump.error is refusal.error.error and pump.response is None
-
-
-async def test_feed_hands_a_refusal_on_for_an_api_that_yields_it():
-    refusal = error(INVALID_REQUEST)
-    pump = Pump(Until.RESPONSE_END)
-    assert list(pump.feed([refusal])) == [refusal]
-    assert pump.end is PumpEnd.REFUSED
+    got, end = await one([refusal])
+    assert got == []  # in no batch: the transport answers it (an HTTP status, an in-band event)
+    assert end.end is PumpEnd.REFUSED and end.error is refusal.error.error and end.response is None
 
 
 async def test_a_connection_scoped_error_after_the_response_began_aborts_it_once_written():
     c, crash = created("r"), error(SERVER_ERROR)
-    writer = Recorder()
-    pump = Pump(Until.RESPONSE_END)
-    assert await pump.run(batches([c], [delta("r", "x"), crash]), writer) is PumpEnd.ABORTED
-    assert writer.batches[-1][-1] is crash
-    assert pump.error is crash.error.error and pump.response is None
+    got, end = await one([c], [delta("r", "x"), crash])
+    assert end.end is PumpEnd.ABORTED
+    assert got[-1][-1] is crash
+    assert end.error is crash.error.error and end.response is None
 
 
 async def test_an_error_naming_the_response_along_the_way_does_not_end_it():
     c, scoped, done = created("r"), error(INVALID_REQUEST, rid="r"), terminal("r")
-    writer = Recorder()
-    pump = Pump(Until.RESPONSE_END)
-    assert await pump.run(batches([c, scoped], [done]), writer) is PumpEnd.TERMINAL
-    assert writer.batches == [[c, scoped], [done]]
+    got, end = await one([c, scoped], [done])
+    assert end.end is PumpEnd.TERMINAL
+    assert got == [[c, scoped], [done]]
 
 
 async def test_a_one_response_stream_without_its_end_is_source_ended():
-    pump = Pump(Until.RESPONSE_END)
-    assert await pump.run(batches([created("r")], [delta("r", "x")]), Recorder()) is PumpEnd.SOURCE_ENDED
-    assert pump.response is None and pump.error is None
+    _, end = await one([created("r")], [delta("r", "x")])
+    assert end.end is PumpEnd.SOURCE_ENDED and end.response is None and end.error is None
+
+
+async def test_deliver_writes_the_batches_and_returns_the_end_record_as_it_is():
+    c, done = created("r"), terminal("r")
+    writer = Recorder()
+    end = await deliver(one_response(batches([c], [done])), writer)
+    assert writer.batches == [[c], [done]] and end.end is PumpEnd.TERMINAL and end.event is done
+    refused = await deliver(one_response(batches([error(INVALID_REQUEST)])), writer)
+    assert refused.end is PumpEnd.REFUSED and len(writer.batches) == 2  # nothing written for it
+    gone = await deliver(one_response(batches([c], [done])), Recorder(gone_after=0))
+    assert gone.end is PumpEnd.WRITER_GONE
+    assert (await deliver(batches([c]), Recorder())).end is PumpEnd.SOURCE_ENDED  # a stream with no end record
 
 
 # -- session streams -----------------------------------------------------------------------------

@@ -5,9 +5,10 @@ app renders every error the same way (`common.http_error_body`). Create streams 
 (`event: <type>\\ndata: <json>\\n\\n`, the flat SSE `error` shape; `data: [DONE]` after the event that
 ended the stream) or collects the final Response
 (HTTP 200 also for a failed response: the failure is in the body, with `Retry-After` when the
-upstream rate-limited it), through the core's pump (`tether.core.pump`), which says where the
-one response ended and whether it was refused. A request error of a create
-arrives as the stream's first event (the pump's `REFUSED`), or is raised by the API's `create` (a
+upstream rate-limited it). The API's `create` streams the create's batches and then its end
+record (`tether.core.pump.ResponseEnd`, pumped in the core), which says how the one response
+ended and whether it was refused: this module only writes and reads it. A request error of a
+create is that record (`REFUSED`, no batch before it), or is raised by the API's `create` (a
 refusal at admission: too many connections for the key, shutting down; over gRPC, the call's
 status), before anything is sent, so it still becomes a proper HTTP status. Errors answered here are counted once
 (`BridgeContext.count_error`). A client that disconnects cancels its create (the generator is closed, which cancels the
@@ -44,7 +45,7 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
 from tether.core.outbox import Delta, Outgoing
-from tether.core.pump import Pump, PumpEnd, Until
+from tether.core.pump import PumpEnd, ResponseEnd, deliver
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
@@ -172,15 +173,14 @@ class HttpHandlers:
             return
         # A streamed create's deltas may be written by their producer (`_SseWriter.write_now`).
         sse = _SseWriter(req.send, req.body_now) if stream else None
+        # Its batches, then the record of how its one response ended (refused, terminal...): pumped in the core.
         source = self.ctx.api.create(req.tenant, params, lazy_deltas=stream, nbytes=nbytes, inline=sse)
-        pump = Pump(Until.RESPONSE_END)  # it says when the response ended, and whether it was refused
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
                 if sse is not None:
-                    await self._stream_sse(req, pump, source, watch, writer=sse)
+                    await self._stream_sse(req, source, watch, writer=sse)
                 else:
-                    await pump.run(source, _DISCARD)
-                    body, retry_after = _final_response(pump)
+                    body, retry_after = _final_response(await deliver(source, _DISCARD))
                     watch.finishing()
                     await send_json(req.send, 200, body, common.retry_after_headers(retry_after or None))
             finally:
@@ -189,21 +189,21 @@ class HttpHandlers:
     async def _stream_sse(
         self,
         req: HttpRequest,
-        pump: Pump,
-        source: AsyncIterator[Sequence[Outgoing]],
+        source: AsyncIterator[Sequence[Outgoing] | ResponseEnd],
         watch: _DisconnectWatch,
         *,
         started: bool = False,
         writer: _SseWriter | None = None,
     ) -> None:
-        """`source` through `pump` as SSE (with `writer`, the one its producer may write to as
-        well). The headers go out with the first event (a refused create is answered with its
-        error's HTTP status instead), or at once with `started` (a run followed by id)."""
+        """`source` as SSE (with `writer`, the one its producer may write to as well): a
+        create's batches up to its end record, or a followed run's. The headers go out with the
+        first event (a refused create is answered with its error's HTTP status instead), or at
+        once with `started` (a run followed by id)."""
         writer = writer or _SseWriter(req.send)
         if started:
             await writer.start()
         try:
-            end = await pump.run(source, writer)
+            end = await deliver(source, writer)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -213,9 +213,9 @@ class HttpHandlers:
             self.ctx.count_error(err)
             await writer.write((common.error_event(err),))
         else:
-            if end is PumpEnd.REFUSED:
-                assert pump.error is not None
-                raise common.InBandError.from_proto(pump.error)
+            if end.end is PumpEnd.REFUSED:
+                assert end.error is not None
+                raise common.InBandError.from_proto(end.error)
             await writer.start()  # a stream that ended without any event
         watch.finishing()
         await req.send({"type": "http.response.body", "body": writer.closing(), "more_body": False})
@@ -245,7 +245,7 @@ class HttpHandlers:
         source = await self.ctx.api.follow_response(req.tenant, response_id, after)  # batches
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
-                await self._stream_sse(req, Pump(), source, watch, started=True)
+                await self._stream_sse(req, source, watch, started=True)
             finally:
                 await _aclose(source)
 
@@ -412,19 +412,19 @@ def sse_frame(ev: Outgoing) -> bytes:
     return b"event: " + obj["type"].encode() + b"\ndata: " + json_codec.dumps(obj) + b"\n\n"
 
 
-def _final_response(pump: Pump) -> tuple[bytes, float]:
+def _final_response(end: ResponseEnd) -> tuple[bytes, float]:
     """The terminal Response of a non-streamed create, as JSON, and its retry hint in seconds
     (`error.retry_after_s` of a rate-limited failure, 0 without one)."""
-    response = pump.response
+    response = end.response
     if response is not None:
         return json_codec.dumps(json_codec.response_to_json(response)), response.error.retry_after_s
-    if pump.error is not None:  # refused, or ended by an error on the way
-        raise common.InBandError.from_proto(pump.error)
+    if end.error is not None:  # refused, or ended by an error on the way
+        raise common.InBandError.from_proto(end.error)
     raise TetherError(SERVER_ERROR, "The response ended without a terminal event.")
 
 
 class _SseWriter:
-    """The pump's writer for SSE: the headers once (`start`), then a frame per event, and
+    """The writer of an SSE stream: the headers once (`start`), then a frame per event, and
     `data: [DONE]` after the last one when it ended the stream (`wire.SSE_DONE`: never before
     the terminal event, nothing after it; a stream cut short has none). `write_now`: a delta in
     its producer's step (`tether.core.outbox.InlineWriter`), once the headers are out."""
@@ -468,7 +468,7 @@ class _SseWriter:
 
 
 class _Discard:
-    """The pump's writer for a non-streamed create: nothing goes out before the final Response."""
+    """The writer of a non-streamed create's batches: nothing goes out before the final Response."""
 
     async def write(self, batch: Sequence[Outgoing]) -> bool:
         return True

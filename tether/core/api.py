@@ -14,6 +14,7 @@ from typing import Literal, Protocol, overload
 from google.protobuf.message import Message
 
 from tether.core.outbox import InlineWriter, Outgoing
+from tether.core.pump import ResponseEnd
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
 
@@ -67,19 +68,22 @@ class ResponsesAPI(Protocol):
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent] | ResponseEnd]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
         inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Sequence[Outgoing]]:
+    ) -> AsyncIterator[Sequence[Outgoing] | ResponseEnd]:
         """A stateless create (HTTP `POST /v1/responses`, gRPC `CreateResponse`): the events of
         one response in batches, the shape of every stream (`SessionHandle.events`,
-        `follow_response`), the last one ending with the event that ended it. Request
-        errors come back as a single `error` event (nothing is created); a refusal at admission
-        (too many connections for the key, the server shutting down) is raised as `TetherError`
-        before any event. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in
+        `follow_response`), the last one ending with the event that ended it, then one
+        `ResponseEnd` record that says how it ended (`tether.core.pump`: pumped once, where the
+        events are made; the transport writes the batches and reads the record as it is, e.g.
+        with `pump.deliver`). A request error ends the stream at once: no batch, a REFUSED
+        record carrying the error (nothing is created); a refusal at admission (too many
+        connections for the key, the server shutting down) is raised as `TetherError` before
+        anything. `lazy_deltas` as in `SessionHandle.events`; `nbytes` as in
         `SessionHandle.send`; `inline`, the transport that writes the events, offered for deltas
         written in their producer's step as in `SessionHandle.write_inline` (a remote engine's
         events come over gRPC: it is not used there)."""

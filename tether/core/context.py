@@ -14,7 +14,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tether import errors, offload, render
 from tether.config import Limits, TetherConfig
@@ -22,11 +22,11 @@ from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
 from tether.core.conversations import Conversations
 from tether.core.deadlines import TurnDeadlines
-from tether.core.outbox import CoalesceWindow, Outbox, OutboxClosed
+from tether.core.outbox import CoalesceWindow, OutboxClosed, Outgoing
 from tether.core.postinference import PostInference
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
-from tether.core.run import Runs
+from tether.core.run import ResponseRun, Runs
 from tether.core.stages.route import Resolved, Router
 from tether.core.telemetry import Telemetry
 from tether.errors import TetherError
@@ -206,6 +206,18 @@ def _header_key(instructions: str | None, blobs: list[bytes]) -> bytes:
     return hashlib.sha256(b"".join([(instructions or "").encode(), *blobs])).digest()
 
 
+class EventSink(Protocol):
+    """Where a turn's events go: its connection's `Outbox` (drained by the transport), or, for a
+    run that is no connection's, straight into the run (`tether.core.background.RunLog`). Either
+    numbers a response's events through its run (`bind`)."""
+
+    async def put(self, event: Outgoing) -> None:
+        """Raises OutboxClosed once the sink is closed."""
+        ...
+
+    def bind(self, run: ResponseRun) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class TurnContext:
     """A turn's view of its connection: who it serves, where its events go, the connection's
@@ -215,7 +227,7 @@ class TurnContext:
     tenant: str
     transport: str
     session_id: str
-    outbox: Outbox
+    outbox: EventSink
     cache: ResponseCache
     parents: Parents
     memo: Memo
@@ -223,12 +235,30 @@ class TurnContext:
     register: Callable[[Any], None]  # (the Turn)
     mcp: McpSessions  # the connection's MCP sessions (tether.mcp.sessions), kept for its life
 
+    @classmethod
+    def of(cls, services: TurnServices, tenant: str, transport: str, session_id: str, outbox: EventSink,
+           cache: ResponseCache, register: Callable[[Any], None]) -> TurnContext:  # fmt: skip
+        """The context of a session's turns (or of a run that is no connection's): the parts
+        that live as long as it does, made here."""
+        return cls(
+            tenant=tenant,
+            transport=transport,
+            session_id=session_id,
+            outbox=outbox,
+            cache=cache,
+            parents=Parents(cache, tenant, services),
+            memo=Memo(tenant, services),
+            services=services,
+            register=register,
+            mcp=McpSessions(services.config.mcp, on_count=services.telemetry.mcp_sessions),
+        )
+
     async def emit_error(self, exc: TetherError, *, stream_id: str = "", event_id: str = "") -> None:
         """An in-band `error` event (counted); dropped when the connection is gone."""
         await send_error(self.outbox, self.services.telemetry, exc, stream_id=stream_id, event_id=event_id)
 
 
-async def send_error(outbox: Outbox, telemetry: Telemetry, exc: TetherError, *, stream_id: str = "",
+async def send_error(outbox: EventSink, telemetry: Telemetry, exc: TetherError, *, stream_id: str = "",
                      event_id: str = "") -> None:  # fmt: skip
     """The one way an in-band `error` event is sent: counted, then queued (dropped once closed)."""
     telemetry.error(exc.code)

@@ -12,6 +12,7 @@ same methods, and a stateless HTTP create is a one-turn session, so there is one
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -22,8 +23,9 @@ from tether import errors, ids, offload, render
 from tether.backends.base import Backend, BackendRequest, Finish, TextDelta
 from tether.compaction_codec import effective_context, encode_payload
 from tether.config import TetherConfig
-from tether.core import multi_agent
+from tether.core import background, multi_agent
 from tether.core.chain import CacheBudget, CachedResponse, Node, segments_of
+from tether.core.checked import CheckedCreate, check_create
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
@@ -32,7 +34,7 @@ from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, InlineWriter, Outgoing
 from tether.core.outcome import Outcome
 from tether.core.postinference import PostInference, PostJob
-from tether.core.pump import RESPONSE_ENDS, Pump, Until
+from tether.core.pump import RESPONSE_ENDS, PumpEnd, ResponseEnd, one_response
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter
 from tether.core.run import ReplayGap, ResponseRun, Runs
@@ -61,8 +63,6 @@ _MAX_KEPT_ITEMS = 32
 # A response another replica ran has ended: how long a continuation waits for its store write
 # (written after its terminal event with store_durability = "overlap").
 _STORE_WRITE_WAIT_S = 5.0
-# The transport name of the session a background run runs in (not a connection: `_new_session`).
-_BACKGROUND = "background"
 
 
 class Engine:
@@ -176,8 +176,13 @@ class Engine:
                                           "over cannot open its MCP credentials (server.reasoning_key must be the "
                                           "same on every replica); send the create again."))  # fmt: skip
                     continue
+                try:  # checked here as every create is where it enters: this process's limits and MCP config
+                    checked = await check_create(self.services, c.tenant, params)
+                except TetherError as exc:
+                    run.close(exc)
+                    continue
                 log.info("took over queued response %s", c.run_id)
-                self._spawn_background(c.tenant, params, run)
+                self._spawn_background(checked, run)
 
     async def ready(self) -> bool:
         return not self._stopping and await self.store.ping()
@@ -189,13 +194,12 @@ class Engine:
         if self._takeover is not None:
             self._takeover.cancel()
         # Queued background runs stop waiting (shared: another replica takes them over; else they
-        # fail). Running ones end with their sessions, as every turn does: `grace` to finish,
-        # then cut. Cancelling those tasks instead would close their sessions as a gone client
-        # does, which keeps a stored response running (detached) past the grace.
+        # fail). Running ones end as every turn does: `grace` to finish, then cut.
         for task, run in list(self._background_tasks.items()):
             if run.control is None:
                 task.cancel()
-        await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)), return_exceptions=True)
+        await asyncio.gather(*(s.end(reason, grace=grace) for s in list(self.sessions)),
+                             self._end_background(reason, grace), return_exceptions=True)  # fmt: skip
         await asyncio.gather(*self._background_tasks, return_exceptions=True)
         await self.post.flush()
 
@@ -237,9 +241,8 @@ class Engine:
         if session in self.sessions:
             self.sessions.discard(session)
             self.sessions_closed += 1
-            if session.transport != _BACKGROUND:
-                self._per_tenant[session.tenant] -= 1
-                self.telemetry.session_closed(session.transport)
+            self._per_tenant[session.tenant] -= 1
+            self.telemetry.session_closed(session.transport)
 
     # -- shared stage helpers ---------------------------------------------------------------------
 
@@ -393,37 +396,63 @@ class Engine:
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: Literal[False] = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]: ...
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent] | ResponseEnd]: ...
 
     @overload
     def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool, nbytes: int | None = None,
         inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Sequence[Outgoing]]: ...
+    ) -> AsyncIterator[Sequence[Outgoing] | ResponseEnd]: ...
 
     async def create(
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None, inline: InlineWriter | None = None,
-    ) -> AsyncIterator[Sequence[Outgoing]]:
-        """A stateless create: a one-turn session (hydrating from the store when continuing),
-        whose batches end where the pump says its one response ended (`tether.core.pump`)."""
+    ) -> AsyncIterator[Sequence[Outgoing] | ResponseEnd]:
+        """A stateless create: checked at its entry (`start_run`), then run by a one-turn session
+        (a connection of its key while it runs; hydrating from the store when continuing), whose
+        batches end where its one response ended, followed by the `ResponseEnd` that says how
+        (`tether.core.pump.one_response`: the create's one pump)."""
         session = await self.open_session(tenant, transport="http")
+        params.ClearField("stream_id")
+        try:
+            checked = await self.start_run(tenant, params, nbytes=nbytes)
+        except TetherError as exc:
+            await session.close()
+            yield self._refused(exc)
+            return
         if inline is not None and lazy_deltas:  # deltas are `Delta` records: a JSON writer's
             session.write_inline(inline)
-        pump = Pump(Until.RESPONSE_END)
+        end: ResponseEnd | None = None
         try:
-            request = service_pb2.SessionRequest()
-            request.create.CopyFrom(params)
-            request.create.ClearField("stream_id")
-            await session.send(request, nbytes=nbytes)
-            async for batch in session.events(lazy_deltas=lazy_deltas):
-                yield pump.feed(batch)
-                if pump.end is not None:
-                    return
+            await session.start(checked)
+            async with contextlib.aclosing(one_response(session.events(lazy_deltas=lazy_deltas))) as stream:
+                async for record in stream:
+                    if isinstance(record, ResponseEnd):
+                        end = record
+                    yield record
         finally:
-            if pump.end in RESPONSE_ENDS:  # the caller may stop at the end; the turn still files its state
+            if end is not None and end.end in RESPONSE_ENDS:  # the caller may stop at the end; the turn still files its state
                 await session.wait_idle()
             await session.close()  # otherwise the caller went away: cancel the generation
+
+    async def start_run(self, tenant: str, params: request_pb2.ResponseCreateParams, *,
+                        nbytes: int | None = None) -> CheckedCreate:  # fmt: skip
+        """The one entry of every create that no session of the client's carries: HTTP
+        `POST /v1/responses`, gRPC `CreateResponse`, a background create. Refused while the server
+        stops; its params checked once, here (`tether.core.checked`; `nbytes`: their size as
+        received, when the transport knows it): the turn that runs it takes them as they are, and
+        a background create's Response is made from them once, at its entry."""
+        if self._stopping:
+            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
+        return await check_create(self.services, tenant, params, nbytes)
+
+    def _refused(self, exc: TetherError) -> ResponseEnd:
+        """A create refused at its entry: its end record, counted as a turn's refusal is."""
+        self.telemetry.error(exc.code)
+        self.telemetry.turn_refused(exc.code)
+        ev = events_pb2.ServerEvent()
+        ev.error.error.CopyFrom(exc.to_proto())
+        return ResponseEnd(PumpEnd.REFUSED, ev)
 
     async def get_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """The stored response; one in flight (or whose store write has not landed yet, or a
@@ -447,11 +476,9 @@ class Engine:
     async def create_background(
         self, tenant: str, params: request_pb2.ResponseCreateParams
     ) -> response_pb2.Response:
-        """`background: true`: check the request, reserve its run and return it `queued`; a task
-        runs it (at most `max_background_running` at once, fairly shared between keys:
-        `tether.core.slots`) in a session of its own."""
-        if self._stopping:
-            raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
+        """`background: true`: check the request (`start_run`), reserve its run with its Response
+        and return it `queued`; a task runs it (at most `max_background_running` at once, fairly
+        shared between keys: `tether.core.slots`) with no connection (`tether.core.background`)."""
         if params.HasField("store") and not params.store:
             raise TetherError(
                 errors.INVALID_REQUEST,
@@ -461,44 +488,40 @@ class Engine:
         params.ClearField("background")
         params.ClearField("stream")
         params.ClearField("stream_id")
-        validate.validate_params(params, self.config.limits, self.config.server.accept_unknown_parameters)
+        # Another replica that takes the run over checks the params as sent (its prompt expanded there, once).
+        sent = None
+        if self.shared is not None:
+            sent = request_pb2.ResponseCreateParams()
+            sent.CopyFrom(params)
+        checked = await self.start_run(tenant, params)
         self.router.resolve(params.model)
         self.runs.admit_background(tenant)
         response = response_skeleton(params, self.services.clock.wall())
         response.status, response.background = "queued", True
         run = self.runs.reserve(tenant, response)
-        if run.mirror is not None:  # any replica knows it once this answers, and can take it over
-            run.mirror.params = self.params_sealer.publishable(tenant, run.id, params)  # MCP credentials sealed
+        if run.mirror is not None and sent is not None:  # any replica knows it once this answers, and can take it over
+            run.mirror.params = self.params_sealer.publishable(tenant, run.id, sent)  # MCP credentials sealed
             await run.mirror.publish_now()
         self.runs.count("background")
-        self._spawn_background(tenant, params, run)
+        self._spawn_background(checked, run)
         return run.snapshot()
 
-    def _spawn_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
-        task = asyncio.create_task(self._run_background(tenant, params, run), name=f"tether-bg-{run.id}")
+    def _spawn_background(self, checked: CheckedCreate, run: ResponseRun) -> None:
+        task = asyncio.create_task(self._run_background(checked, run), name=f"tether-bg-{run.id}")
         self._background_tasks[task] = run
         task.add_done_callback(self._background_done)
 
     def _background_done(self, task: asyncio.Task) -> None:
         self._background_tasks.pop(task, None)
 
-    async def _run_background(self, tenant: str, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
+    async def _run_background(self, checked: CheckedCreate, run: ResponseRun) -> None:
         try:
-            async with self._background_slots.hold(tenant):
+            async with self._background_slots.hold(run.tenant):
                 if run.state.final:  # cancelled while queued
                     return
                 if self._stopping:
                     raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
-                # A background run is no connection: it counts against the background limits only.
-                session = self._new_session(tenant, _BACKGROUND)
-                drain = asyncio.create_task(_discard(session.events()))  # the run logs each batch
-                try:
-                    await session.start(params, run)
-                    await run.wait_settled()
-                    await session.wait_idle()
-                finally:
-                    await session.close(detach=False)  # no client to outlive: its turn ends with it
-                    await drain
+                await background.run_turn(self.services, self.strategy, self.cache_budget, checked, run)
         except asyncio.CancelledError:
             if run.control is None and run.mirror is not None and not run.state.final:
                 raise  # still queued, shared: another replica takes it over once this one has stopped
@@ -509,6 +532,19 @@ class Engine:
         except Exception:
             log.exception("background response %s failed", run.id)
             run.close(TetherError(errors.SERVER_ERROR, "The server had an error processing the request."))
+
+    async def _end_background(self, reason: TetherError, grace: float) -> None:
+        """The server stops: running background runs end as a session's turns do (`Session.end`),
+        `grace` to finish, then cut (each still ends with a terminal event carrying `reason`);
+        one not generating then (preparing, finishing) is cancelled."""
+        running = {task: run for task, run in self._background_tasks.items() if run.control is not None}
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=grace)
+        for task in pending:
+            control = running[task].control
+            if control is None or not control.interrupt(Outcome.CUT, reason):
+                task.cancel()
 
     async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;
@@ -712,11 +748,6 @@ async def _follow(batches: AsyncIterator[Sequence[Outgoing]], response_id: str) 
     except ReplayGap as exc:  # a reader that fell behind the log's bound
         message = f"Stream of response '{response_id}' fell behind: {exc}."
         raise TetherError(errors.REPLAY_UNAVAILABLE, message) from None
-
-
-async def _discard(events: AsyncIterator) -> None:
-    async for _ in events:
-        pass
 
 
 def _interrupt(run: ResponseRun) -> bool:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from tether.core.run import ResponseRun
+from tether.core.checked import CheckedCreate
 from tether.responses.v1 import items_pb2, request_pb2
 
-# A queued create: its params, the client's event id, the bytes charged to its connection's pending
-# bytes (tether.core.queued) and the run a background create reserved.
-Queued = tuple[request_pb2.ResponseCreateParams, str, int, ResponseRun | None]
+# A queued create: its params (checked already when its entry checked them: a stateless create's),
+# the client's event id and the bytes charged to its connection's pending bytes (tether.core.queued).
+Queued = tuple[request_pb2.ResponseCreateParams | CheckedCreate, str, int]
 
 
 class Lane:

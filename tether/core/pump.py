@@ -10,6 +10,11 @@ shutting down says so in its last event: WebSocket close 1001, a gRPC status), a
 server drains, when is nothing in flight any more. Those answers live here, so no transport
 pattern-matches event arms for them; a transport only encodes and writes (`Writer`).
 
+A one-response stream is pumped once, where its events are made (`one_response`: the engine's
+create, or the adapter of a remote engine's, whose wire carries the events but not their end):
+its batches, then one `ResponseEnd` record that says how the response ended. Its transport writes
+the batches and reads the record as it is (`deliver`); a session's stream goes through `Pump.run`.
+
 A JSON transport's deltas may skip the pump: while it waits for a session's next batch, a delta
 is written by its producer, in the step the upstream woke it (`tether.core.outbox`,
 `InlineWriter`: one pass per token). Only deltas do, so the pump still sees every event its
@@ -29,7 +34,8 @@ and a remote session's stream at each of its events, to count what is in flight.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from tether.core.outbox import Delta, Outgoing
@@ -58,6 +64,36 @@ class PumpEnd(enum.Enum):
 
 
 RESPONSE_ENDS = frozenset({PumpEnd.TERMINAL, PumpEnd.REFUSED, PumpEnd.ABORTED})
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseEnd:
+    """The last record of a one-response stream (`ResponsesAPI.create`, made by `one_response`):
+    how its response ended, read by the transports as it is.
+
+    `end`: TERMINAL (`event` is the terminal event, the last of the last batch), REFUSED (`event`
+    is the request's `error`, which came instead of the response and is in no batch: the
+    transport answers it, as an HTTP status or in-band), ABORTED (`event` is the
+    connection-scoped `error` that ended the last batch), SHUTTING_DOWN or SOURCE_ENDED (the
+    stream ran dry without either; `event` is the last connection-scoped `error`, if any),
+    WRITER_GONE (`deliver`: the transport's peer went first)."""
+
+    end: PumpEnd
+    event: events_pb2.ServerEvent | None = None
+
+    @property
+    def response(self) -> response_pb2.Response | None:
+        """The Response of the terminal event (None for any other end)."""
+        ev = self.event
+        if self.end is not PumpEnd.TERMINAL or ev is None:
+            return None
+        return getattr(ev, ev.WhichOneof("event")).response  # type: ignore[arg-type]  # a terminal event: its arm is set
+
+    @property
+    def error(self) -> events_pb2.Error | None:
+        """The `error` that ended the stream (None for a terminal event)."""
+        ev = self.event
+        return ev.error.error if ev is not None and ev.WhichOneof("event") == "error" else None
 
 
 class PumpState(enum.Enum):
@@ -108,8 +144,8 @@ def connection_error(event: Outgoing) -> events_pb2.Error | None:
 
 class Pump:
     """One stream's pump (module docstring). `feed` is the lifecycle, pure and synchronous, for
-    a caller that drives the source itself (the engine's one-turn create); `run` drives a
-    source into a `Writer`. `in_flight`: the source's count of responses in flight
+    a caller that drives the source itself (`one_response`, a create's stream); `run` drives a
+    session's source into a `Writer`. `in_flight`: the source's count of responses in flight
     (`SessionHandle.responses_in_flight`; one that answers None has them counted from the
     events), for a pump that may be drained; without it `drain` is a programming error."""
 
@@ -139,13 +175,10 @@ class Pump:
             raise ValueError("this pump does not know what is in flight (no `in_flight` given)")
         return self._in_flight() or 0
 
-    @property
-    def response(self) -> response_pb2.Response | None:
-        """The Response of a one-response stream's terminal event (None before, or without one)."""
-        last = self.last
-        if self.end is not PumpEnd.TERMINAL or last is None:
-            return None
-        return getattr(last, last.WhichOneof("event")).response  # type: ignore[arg-type]  # a terminal event: its arm is set
+    def ending(self) -> ResponseEnd:
+        """A one-response stream's end record, once it has ended."""
+        assert self.end is not None, "the stream has not ended"
+        return ResponseEnd(self.end, self.last)
 
     def drain(self) -> bool:
         """The server stops: end once nothing is in flight. True when nothing is now."""
@@ -197,11 +230,12 @@ class Pump:
         self._started = True
         return batch
 
-    def _source_ended(self, last: Sequence[Outgoing]) -> PumpEnd:
+    def source_ended(self, last: Sequence[Outgoing]) -> PumpEnd:
         """The source ran dry; its last batch says whether the server was shutting down."""
         error = connection_error(last[-1]) if last else None
         if error is not None:
             self.error = error
+            self.last = last[-1]  # type: ignore[assignment]  # a connection-scoped error: a protobuf event
             if error.code == SERVER_SHUTTING_DOWN:
                 return self._finish(PumpEnd.SHUTTING_DOWN)
         return self._finish(PumpEnd.SOURCE_ENDED)
@@ -209,25 +243,51 @@ class Pump:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self, source: AsyncIterable[Sequence[E]], writer: Writer[E]) -> PumpEnd:
-        """Move `source`'s batches into `writer` until one of the ends of `PumpEnd`. A refused
-        one-response stream's error is not written: the transport answers it (`error`)."""
+        """Move a session's (or a followed run's) batches into `writer` until one of the ends of
+        `PumpEnd`. A one-response stream is `one_response`'s: its transport only writes it."""
+        assert self.until is Until.SOURCE_END, "a one-response stream goes through one_response"
         last: Sequence[E] = ()
         # A session whose runs say what is in flight needs nothing from each batch: not even a call.
-        feed = None if self.until is Until.SOURCE_END and self._ids is None else self.feed
+        feed = None if self._ids is None else self.feed
         write = writer.write
         async for batch in source:
-            if feed is None:
-                if not await write(batch):
-                    return self._finish(PumpEnd.WRITER_GONE)
-            else:
-                out = feed(batch)
-                if self.end is PumpEnd.REFUSED:
-                    return self.end
-                if not await write(out):
-                    return self._finish(PumpEnd.WRITER_GONE)
-                if self.end is not None:
-                    return self.end
+            if feed is not None:
+                feed(batch)
+            if not await write(batch):
+                return self._finish(PumpEnd.WRITER_GONE)
             if self.state is PumpState.DRAINING and self.in_flight == 0:
                 return self._finish(PumpEnd.DRAINED)
             last = batch
-        return self._source_ended(last)
+        return self.source_ended(last)
+
+
+async def one_response(source: AsyncIterable[Sequence[E]]) -> AsyncGenerator[Sequence[E] | ResponseEnd, None]:
+    """The one-response stream of `source` (a one-turn session's batches; a remote engine's
+    `CreateResponse` messages, whose end is not on the wire): its batches, the last one cut after
+    the event that ended the response, then one `ResponseEnd`. A refused create yields no batch:
+    its error is in the end record. The one pump of a create: its transport only writes
+    (`deliver`). The caller closes `source`."""
+    pump = Pump(Until.RESPONSE_END)
+    last: Sequence[E] = ()
+    async for batch in source:
+        out = pump.feed(batch)
+        if pump.end is not PumpEnd.REFUSED:
+            yield out
+        if pump.end is not None:
+            yield pump.ending()
+            return
+        last = batch
+    pump.source_ended(last)
+    yield pump.ending()
+
+
+async def deliver(stream: AsyncIterable[Sequence[E] | ResponseEnd], writer: Writer[E]) -> ResponseEnd:
+    """Write a stream's batches into `writer` up to its end record, and return that record
+    (`ResponsesAPI.create`'s shape). A stream without one (a followed run's) ends SOURCE_ENDED
+    when it runs dry; WRITER_GONE when the writer's peer went first."""
+    async for item in stream:
+        if isinstance(item, ResponseEnd):
+            return item
+        if not await writer.write(item):
+            return ResponseEnd(PumpEnd.WRITER_GONE)
+    return ResponseEnd(PumpEnd.SOURCE_ENDED)

@@ -39,16 +39,15 @@ import orjson
 from tether import errors, ids
 from tether.core import lifetime
 from tether.core.chain import CacheBudget, ResponseCache
-from tether.core.context import Memo, Parents, TurnContext, TurnServices, send_error
+from tether.core.checked import CheckedCreate
+from tether.core.context import TurnContext, TurnServices, send_error
 from tether.core.items import user_message
 from tether.core.lane import Lane
 from tether.core.outbox import InlineWriter, Outbox, OutboxClosed, Outgoing
 from tether.core.outcome import Outcome, TurnControl
-from tether.core.run import ResponseRun
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
-from tether.mcp.sessions import McpSessions
 from tether.protocol.calls import call_of
 from tether.responses.v1 import events_pb2, items_pb2, request_pb2, service_pb2
 
@@ -111,18 +110,7 @@ class Session:
             limits.cache_responses_per_connection, cache_budget, on_evict=services.telemetry.cache_eviction,
             tenant=tenant,
         )
-        self.context = TurnContext(
-            tenant=tenant,
-            transport=transport,
-            session_id=self.id,
-            outbox=self.outbox,
-            cache=self.cache,
-            parents=Parents(self.cache, tenant, services),
-            memo=Memo(tenant, services),
-            services=services,
-            register=self._register,
-            mcp=McpSessions(services.config.mcp, on_count=services.telemetry.mcp_sessions),
-        )
+        self.context = TurnContext.of(services, tenant, transport, self.id, self.outbox, self.cache, self._register)
         self._lanes: dict[str, Lane] = {}
         self._active = asyncio.Semaphore(limits.max_active_responses)
         self._turns: dict[str, Turn] = {}  # response id -> running turn
@@ -270,13 +258,14 @@ class Session:
 
     # -- lanes ------------------------------------------------------------------------------------
 
-    async def start(self, params: request_pb2.ResponseCreateParams, run: ResponseRun) -> None:
-        """Queue a create whose run a background create reserved (its id and time stand)."""
+    async def start(self, checked: CheckedCreate) -> None:
+        """Queue a create its entry checked already (`Engine.start_run`: a stateless create)."""
         self._last_activity = self.clock.monotonic()
-        await self._enqueue(params, "", run)
+        await self._enqueue(checked, "", nbytes=checked.nbytes)
 
-    async def _enqueue(self, params: request_pb2.ResponseCreateParams, event_id: str = "",
-                       run: ResponseRun | None = None, nbytes: int | None = None) -> None:  # fmt: skip
+    async def _enqueue(self, create: request_pb2.ResponseCreateParams | CheckedCreate, event_id: str = "",
+                       nbytes: int | None = None) -> None:  # fmt: skip
+        params = create.params if isinstance(create, CheckedCreate) else create
         stream_id = params.stream_id
         try:
             check_stream_id(stream_id)
@@ -320,7 +309,7 @@ class Session:
             await self.emit_error(exc, stream_id=stream_id, event_id=event_id)
             return
         self.queued_bytes += nbytes
-        lane.queue.append((params, event_id, nbytes, run))
+        lane.queue.append((create, event_id, nbytes))
         if lane.worker is None or lane.worker.done():
             lane.worker = asyncio.create_task(self._lane_loop(lane), name=f"tether-lane-{stream_id or 'default'}")
 
@@ -328,9 +317,9 @@ class Session:
         task = asyncio.current_task()
         assert task is not None  # the lane's worker task
         while lane.queue:
-            params, event_id, nbytes, preset = lane.queue.popleft()
+            create, event_id, nbytes = lane.queue.popleft()
             try:
-                if not await self._run_one(lane, task, params, event_id, nbytes, preset):
+                if not await self._run_one(lane, task, create, event_id, nbytes):
                     return
             finally:
                 self._release(nbytes)
@@ -346,15 +335,16 @@ class Session:
         self.queued_bytes -= nbytes
         self.services.queued.release(self.tenant, nbytes)
 
-    async def _run_one(self, lane: Lane, task: asyncio.Task, params: request_pb2.ResponseCreateParams,
-                       event_id: str, nbytes: int, preset: ResponseRun | None) -> bool:  # fmt: skip
-        """One create of `lane`: wait for an active slot, run its turn (in the run a background
-        create reserved, if any), then queue what its accepted steers continue with. False: the
-        connection is gone, or its client is and the lane's later creates are not run."""
+    async def _run_one(self, lane: Lane, task: asyncio.Task, create: request_pb2.ResponseCreateParams | CheckedCreate,
+                       event_id: str, nbytes: int) -> bool:  # fmt: skip
+        """One create of `lane`: wait for an active slot, run its turn, then queue what its
+        accepted steers continue with. False: the connection is gone, or its client is and the
+        lane's later creates are not run."""
         async with self._active:
+            checked, params = (create, create.params) if isinstance(create, CheckedCreate) else (None, create)
             turn = self.strategy.turn(self.context, params, lane, TurnControl(task), event_id)
             turn.size_hint = nbytes
-            turn.response_run = preset
+            turn.checked = checked
             crash: TetherError | None = None
             try:
                 with self.services.telemetry.turn_span(turn.facts):
@@ -422,7 +412,7 @@ class Session:
         nbytes = successor.ByteSize()
         self.services.queued.charge(self.tenant, nbytes)  # the server's own create: not refused
         self.queued_bytes += nbytes
-        turn.lane.queue.appendleft((successor, "", nbytes, None))
+        turn.lane.queue.appendleft((successor, "", nbytes))
 
     # -- steer, append, cancel --------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 A turn gets a narrow `TurnContext` (its connection's outbox, cache, parents and memos, and the
 process-wide services); it never sees its session or the engine. Its stages, in order (each
 timed, each incremental over the cached chain):
-  validate  the params (before anything is read)
+  validate  the params (before anything is read), unless the create's entry checked them
+            already (`tether.core.checked`: a create is checked once)
   resolve   previous_response_id -> the connection cache, else one store read (hydration)
   validate  the new items (call ids against the chain's open calls)
   classify  the new items' rendered text (safety)
@@ -46,6 +47,7 @@ from tether.core import multi_agent
 from tether.core.accounting import OutputCap, TurnUsage, account, capped
 from tether.core.builder import OutputBuilder
 from tether.core.chain import CachedResponse, Node, Segment, segments_of
+from tether.core.checked import CheckedCreate, check_create
 from tether.core.context import LastHeader, TurnContext
 from tether.core.conversations import check_new_ids
 from tether.core.items import assign_ids, item_key, request_input
@@ -124,6 +126,8 @@ class Turn:
         # The request's size as received (the session sets it; a template's expansion adds to it):
         # what decides whether its input is checked and rendered off the event loop.
         self.size_hint = 0
+        # Its params as the create's entry checked them (`Engine.start_run`); None: the turn checks them.
+        self.checked: CheckedCreate | None = None
 
     # -- what a kind sees (StepIO) -------------------------------------------------------------------
 
@@ -214,18 +218,14 @@ class Turn:
         return await self._plan(parent, new_items, (texts, findings, new_bytes), header, route)
 
     async def _validate_params(self) -> None:
-        params, limits = self.params, self.services.limits
-        with self.clock.stage("validate"):
-            validate.validate_params(params, limits, self.services.config.server.accept_unknown_parameters)
-            multi_agent.validate(params, limits)
-            if params.tools or params.tool_choice.WhichOneof("choice") == "other_json":
-                self.mcp = McpLoop.of(params, self.services.config.mcp)
-            # `prompt`: the template into instructions and input, its expansion bounded. A template
-            # may repeat a variable: variables of 16 KiB or more are expanded off the loop.
-            variables = len(params.prompt.variables_json) if params.HasField("prompt") else 0
-            apply = self.services.config.prompts.apply
-            self.size_hint += await offload.run(16 * variables, apply, params, self.ctx.tenant, limits.max_request_bytes,
-                                                limits.max_item_bytes)  # fmt: skip
+        """The params checked (`check_create`), here unless the create's entry checked them
+        already (`checked`): never twice."""
+        checked = self.checked
+        if checked is None:
+            checked = await check_create(self.services, self.ctx.tenant, self.params, self.size_hint)
+        self.clock.add("validate", checked.seconds)
+        self.mcp = checked.mcp
+        self.size_hint += checked.expanded
 
     async def _resolve(self) -> Parent:
         """previous_response_id (the connection cache, else one store read) or the conversation."""
@@ -344,16 +344,20 @@ class Turn:
         return items
 
     def _response_skeleton(self, header: LastHeader | None) -> response_pb2.Response:
+        """The Response this turn creates: the one a background create reserved (built once, at
+        its entry: the turn only moves it to `in_progress`), else a new one."""
+        run = self.response_run
+        if run is not None and run.response is not None:
+            r = response_pb2.Response()
+            r.CopyFrom(run.response)
+            r.status = "in_progress"
+            return r
         echo = None
         if header is not None:
             if header.echo is None:
                 header.echo = header_echo(self.params)
             echo = header.echo
-        r = response_skeleton(self.params, self.services.clock.wall(), echo)
-        run = self.response_run
-        if run is not None and run.response is not None:  # reserved by a background create
-            r.id, r.created_at, r.background = run.id, run.response.created_at, run.background
-        return r
+        return response_skeleton(self.params, self.services.clock.wall(), echo)
 
     # -- generation -------------------------------------------------------------------------------
 

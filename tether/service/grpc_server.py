@@ -3,9 +3,10 @@
 Nothing here interprets the protocol. The Session RPC feeds client events into the session; the
 core's pump (`tether.core.pump`) moves its batches out (one SessionResponse per batch) and says
 whether the session ended with the server shutting down (then the call's status says so too).
-`CreateResponse` and `StreamResponse` go through the same pump, one event per message. Unary
-RPCs call the API and map a
-`TetherError` to a gRPC status with `tether-error-code`, `tether-error-param` and
+`CreateResponse` writes its create's batches, one message per batch, and a refused create's
+error as one more message (its end record says so: `pump.deliver`); `StreamResponse` goes
+through the pump, a message per batch. Unary RPCs call the API and map a `TetherError` to a
+gRPC status with `tether-error-code`, `tether-error-param` and
 `tether-error-status` trailing metadata. The API key travels as `authorization: Bearer <key>`.
 """
 
@@ -27,7 +28,7 @@ from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.core.conversations import RPCS as CONVERSATION_RPCS
 from tether.core.outbox import Delta, Outgoing
-from tether.core.pump import Pump, PumpEnd
+from tether.core.pump import Pump, PumpEnd, deliver
 from tether.errors import TetherError
 from tether.observability import tracing
 from tether.protocol import wire
@@ -190,11 +191,14 @@ class ResponsesServicer(service_pb2_grpc.ResponsesServiceServicer):
             await self._abort(context, exc)
             return
         tracing.adopt_parent(context.invocation_metadata())
+        writer = _MessageWriter(context, service_pb2.CreateResponseResponse)
         try:  # one message per batch, as the Session RPC
-            await Pump().run(self._api.create(tenant, request.params),
-                             _MessageWriter(context, service_pb2.CreateResponseResponse))  # fmt: skip
+            end = await deliver(self._api.create(tenant, request.params), writer)
         except TetherError as exc:  # refused at admission (connections per key, shutting down)
             await self._abort(context, exc)
+            return
+        if end.end is PumpEnd.REFUSED and end.event is not None:  # the request error goes in-band, as on a Session
+            await writer.write((end.event,))
 
     async def GetResponse(self, request, context):
         async def call(tenant):

@@ -9,7 +9,9 @@ Mapping:
   each `SessionResponse`'s batch; `close()` cancels the call (the server cancels the session's
   work). A session that ends with a non-OK gRPC status (upstream gone, auth refused) yields one
   `error` event with the mapped error as its last batch, like a connection-fatal error in-band.
-- `create` -> the server-streaming `CreateResponse`, flattened to events. A call that fails raises
+- `create` -> the server-streaming `CreateResponse`, a batch per message, then the end record
+  read from them (`pump.one_response`: the wire carries the upstream's events, not its record;
+  a refusal is the upstream's in-band `error`, which goes into the record). A call that fails raises
   the `TetherError` rebuilt from its status, as the Engine's `create` raises a refusal at admission
   (too many connections for the key, shutting down): before any event it is the HTTP status of the
   answer, and the bridge counts it like any error it answers from an exception. The upstream's
@@ -33,6 +35,7 @@ Credentials, two modes (`call_metadata` builds the metadata; a subclass may over
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
@@ -40,7 +43,7 @@ import grpc
 
 from tether.auth import Authenticator, _bearer
 from tether.core.outbox import InlineWriter
-from tether.core.pump import connection_error
+from tether.core.pump import ResponseEnd, connection_error, one_response
 from tether.errors import (
     INVALID_API_KEY,
     INVALID_REQUEST,
@@ -215,13 +218,19 @@ class RemoteResponsesAPI:
         self, tenant: str, params: request_pb2.ResponseCreateParams, *, lazy_deltas: bool = False,
         nbytes: int | None = None,  # the local transport's; the remote engine measures what it receives
         inline: InlineWriter | None = None,  # every event comes over the call: nothing to write inline
-    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
+    ) -> AsyncIterator[Sequence[events_pb2.ServerEvent] | ResponseEnd]:
         call = self._stub.CreateResponse(
             service_pb2.CreateResponseRequest(params=params), metadata=self.call_metadata(tenant)
         )
-        try:
+
+        async def batches() -> AsyncIterator[Sequence[events_pb2.ServerEvent]]:
             async for message in call:
                 yield message.events
+
+        try:  # the end record is not on the wire: read from the events, as the upstream's pump did
+            async with contextlib.aclosing(one_response(batches())) as stream:
+                async for record in stream:
+                    yield record
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
         finally:
