@@ -491,14 +491,13 @@ class Engine:
                     raise TetherError(errors.SERVER_SHUTTING_DOWN, "The server is shutting down.")
                 # A background run is no connection: it counts against the background limits only.
                 session = self._new_session(tenant, _BACKGROUND)
-                drain = asyncio.create_task(_discard(session.events()))  # the run logs each batch
+                session.outbox.discard()  # nobody reads it: the run logs every event as it is put
                 try:
                     await session.start(params, run)
                     await run.wait_settled()
                     await session.wait_idle()
                 finally:
                     await session.close(detach=False)  # no client to outlive: its turn ends with it
-                    await drain
         except asyncio.CancelledError:
             if run.control is None and run.mirror is not None and not run.state.final:
                 raise  # still queued, shared: another replica takes it over once this one has stopped
@@ -712,11 +711,6 @@ async def _follow(batches: AsyncIterator[Sequence[Outgoing]], response_id: str) 
     except ReplayGap as exc:  # a reader that fell behind the log's bound
         message = f"Stream of response '{response_id}' fell behind: {exc}."
         raise TetherError(errors.REPLAY_UNAVAILABLE, message) from None
-
-
-async def _discard(events: AsyncIterator) -> None:
-    async for _ in events:
-        pass
 
 
 def _interrupt(run: ResponseRun) -> bool:
