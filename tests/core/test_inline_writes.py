@@ -112,4 +112,4 @@ async def test_a_failing_transport_never_fails_the_producer():
     assert [(d.sequence_number, d.delta) for d in await reader] == [(0, "a")]
     await _idle_reader(box)
     await box.put(delta("r", "b"))  # and the broken writer is not offered again
-    assert run.next_seq == 1 and box.events_inline == 0
+    assert run.next_seq == 2 and box.events_inline == 0  # "b" committed (numbered 1) and queued

@@ -229,17 +229,19 @@ def test_background_admission_is_bounded_per_tenant_and_per_process() -> None:
     assert runs.background_counts() == (2, 0)
 
 
-async def test_close_queues_its_terminal_event_behind_the_events_still_in_the_outbox() -> None:
+async def test_close_commits_its_terminal_event_behind_the_events_still_in_the_outbox() -> None:
     box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
     box.bind(run)
     await box.put(_event("created"))
     await box.put(_delta("a"))
     run.close(None)  # the turn was cancelled before its own terminal event
-    assert run.state is RunState.IN_PROGRESS  # not yet: its earlier events have not left
+    assert run.state is RunState.CANCELLED and run.settled  # the run decides, when the ending is committed
+    assert [e.sequence_number for e in run.log.since(-1)] == [0, 1, 2]
+    assert box.runs_in_flight() == 1  # its ending has not left this outbox yet
     batch = await box.get_batch(lazy_deltas=True)
     assert [e.sequence_number for e in batch] == [0, 1, 2] and batch[-1].incomplete.response.status == "cancelled"
-    assert run.state is RunState.CANCELLED and run.settled
+    assert box.runs_in_flight() == 0
 
 
 def test_finished_runs_are_bounded_by_their_bytes_per_process() -> None:

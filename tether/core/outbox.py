@@ -11,9 +11,13 @@ Rules (Nagle-like):
 - otherwise the writer waits out the rest of the window while later deltas for the same content
   are merged into the queued one (bounded by `max_coalesced_bytes`);
 - any non-delta event ends the wait; everything ready goes out as one batch.
-Sequence numbers are stamped when events leave the queue (or are written inline, below), so
-they stay contiguous per response however deltas were merged. The window is the process's
-`CoalesceWindow`: `coalesce_ms`, wider while many streams generate at once.
+Sequence numbers are given when a producer puts an event (`put` commits it to its response's
+run, `tether.core.run`, which numbers, logs and mirrors it): the queue only carries what the
+connection has not sent yet. A delta merges into its run's tail, the last entry while no reader
+has taken it (the entry sits in this queue then), so numbers stay contiguous per response
+however deltas were merged, and the live client and the run's followers see the same ones.
+Taking a batch freezes the tails it carries. The window is the process's `CoalesceWindow`:
+`coalesce_ms`, wider while many streams generate at once.
 
 Deltas travel as `Delta` records (plain strings), not protobuf messages: streamed text is merged
 by appending to a list, and a protobuf event is built once per batch, only for a transport that
@@ -23,7 +27,7 @@ per token on any transport.
 
 One pass per token (`InlineWriter`): while the reader is idle (waiting in `get_batch` with
 nothing queued) and the window does not hold it, a delta is committed and written in the
-producer's own step: `put` numbers it through its run (which logs and mirrors it) and hands it
+producer's own step: `put` commits it to its run (numbered, logged, mirrored) and hands it
 to the transport's `write_now`, which encodes it and writes it to the socket without awaiting.
 The token then crosses the event loop once (the upstream's wake-up) instead of twice (the turn's
 task, then the writer's). Anything else takes the queue: a non-delta (the pump reads every
@@ -36,6 +40,8 @@ through writer tasks (one task hop each), and an inline write has none.
 Backpressure: the queue holds at most `max_events` entries; producers (the turns of the session)
 wait in `put` when it is full, so a slow reader slows its own generation, never the server's
 memory. Merged deltas take no extra entry, which keeps generation going while the reader catches up.
+A session whose client went away (`discard`) never blocks its producers: events are committed
+to their runs as always, and nothing is queued.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ import orjson
 from tether.config import Limits
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.run import ResponseRun
-from tether.protocol.wire import DELTA_ARMS
+from tether.protocol.wire import DELTA_ARMS, TERMINAL_ARMS
 from tether.responses.v1 import events_pb2
 
 
@@ -229,6 +235,8 @@ class Outbox:
         self._closed = False
         self._last_flush = 0.0
         self._runs: dict[str, ResponseRun] = {}  # response id -> its run (numbers and logs its events)
+        self._final_queued: set[str] = set()  # responses whose terminal event is committed, not sent
+        self._discarding = False  # nobody reads: commit only (`discard`)
         self._inline: InlineWriter | None = None  # the reader's transport, for one-pass writes
         self._idle = False  # the reader waits in get_batch with nothing queued (and nothing being written)
         self.events_inline = 0  # of events_out: written in the producer's step
@@ -241,40 +249,67 @@ class Outbox:
         return self._closed
 
     async def put(self, event: Outgoing) -> None:
-        """Queue an event; waits while the queue is full. Raises OutboxClosed after close()."""
+        """Commit an event to its response's run and queue it; waits while the queue is full.
+        Raises OutboxClosed after close()."""
         self.events_in += 1
         if type(event) is Delta:
             delta: Delta | None = event
+            arm = None
         else:
             arm = event.WhichOneof("event")
             delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None
         if delta is not None:
-            if self._queue:
-                tail = self._queue[-1]
-                if type(tail) is Delta and tail.size < self._max_coalesced and tail.continues(delta):
-                    tail.merge(delta)
+            run = self._run_of(delta.response_id)
+            if run is not None:
+                tail = run.tail
+                if tail is not None and tail.size < self._max_coalesced and tail.continues(delta):
+                    run.extend(delta)
                     return
-            elif self._idle and self._inline is not None and self._write_now(delta):
-                return
-        while len(self._queue) >= self._max_events and not self._closed:
+                if not self._queue and self._idle and self._inline is not None and self._write_now(delta, run):
+                    return
+        while len(self._queue) >= self._max_events and not self._closed and not self._discarding:
             self._space.clear()
             await self._space.wait()
         if self._closed:
             raise OutboxClosed()
         if delta is None:
+            self._commit(event, arm)
+            if self._discarding:
+                return
             self._queue.append(event)
             self._urgent.set()
         else:
+            self._commit(delta, None)
+            if self._discarding:
+                return
             self._queue.append(delta)
         self._ready.set()
 
-    def _write_now(self, delta: Delta) -> bool:
+    def _run_of(self, response_id: str) -> ResponseRun | None:
+        """The run that numbers `response_id`'s events ("" -> None: request- and connection-scoped
+        errors keep sequence number 0); a response no run was bound for gets one here."""
+        if not response_id:
+            return None
+        run = self._runs.get(response_id)
+        if run is None:
+            run = self._runs[response_id] = ResponseRun(response_id)
+        return run
+
+    def _commit(self, entry: Outgoing, arm: str | None) -> None:
+        """Number, log and mirror `entry` through its run (`ResponseRun.stamp`)."""
+        run = self._run_of(entry.response_id)
+        if run is not None and run.stamp(entry, arm):  # its terminal event
+            if self._discarding:
+                del self._runs[entry.response_id]
+            else:
+                self._final_queued.add(entry.response_id)
+
+    def _write_now(self, delta: Delta, run: ResponseRun) -> bool:
         """Commit `delta` and write it in this step (module docstring), when the transport takes
         it and the `coalesce_ms` floor since the last write has passed."""
         now = self._clock.monotonic()
-        run = self._runs.get(delta.response_id)
-        if run is None or self._closed or now - self._last_flush < self._window.min_s:
-            return False  # (a response no run was bound for: the queue numbers it)
+        if self._closed or self._discarding or now - self._last_flush < self._window.min_s:
+            return False
         delta.sequence_number = run.next_seq  # its number if written; committed only then
         writer = self._inline
         assert writer is not None
@@ -285,6 +320,7 @@ class Outbox:
             self._inline = None  # where its errors are handled: the producer never sees them
             return False
         run.stamp(delta, None)  # a delta never ends its run
+        run.freeze()  # sent: it does not grow
         self._last_flush = now
         self.events_out += 1
         self.events_inline += 1
@@ -297,20 +333,34 @@ class Outbox:
         self._inline = writer
 
     def bind(self, run: ResponseRun) -> None:
-        """Number (and log) the events of `run.id` that leave this outbox through `run`."""
+        """Commit the events of `run.id` put here to `run` (it numbers and logs them)."""
         self._runs[run.id] = run
         run.sink = self
 
     def runs_in_flight(self) -> int:
-        """Bound runs whose terminal event has not left yet (a run leaves `_runs` with it)."""
-        return sum(1 for run in self._runs.values() if not run.state.final)
+        """Bound runs whose terminal event has not left yet: not produced, or still queued (a
+        run leaves `_runs` when its terminal event leaves)."""
+        return sum(1 for rid, run in self._runs.items() if not run.state.final or rid in self._final_queued)
 
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
-        """Queue a last event past the bound (connection-fatal errors) so close never blocks."""
+        """Commit and queue a last event past the bound (a run's ending, connection-fatal errors)
+        so close never blocks."""
         if not self._closed:
+            self._commit(event, event.WhichOneof("event"))
+            if self._discarding:
+                return
             self._queue.append(event)
             self._urgent.set()
             self._ready.set()
+
+    def discard(self) -> None:
+        """Nobody reads this outbox any more (its client went away): what is queued is dropped,
+        and from now on `put` commits events to their runs and queues nothing (so it never waits)."""
+        self._discarding = True
+        self._queue.clear()
+        self._final_queued.clear()
+        self._ready.set()
+        self._space.set()
 
     def close(self) -> None:
         """No more events; the reader drains what is queued, then `get_batch` returns []."""
@@ -353,18 +403,20 @@ class Outbox:
                 finally:
                     timer.cancel()
         batch: list[Outgoing] = []
-        queue, runs = self._queue, self._runs
+        queue, runs, final_queued = self._queue, self._runs, self._final_queued
         while queue:
             entry = queue.popleft()
-            rid = entry.response_id
-            if rid:  # request- or connection-scoped errors keep their sequence number (0)
-                run = runs.get(rid)
-                if run is None:  # events of a response no run was bound for: numbered all the same
-                    run = runs[rid] = ResponseRun(rid)
-                if run.stamp(entry, None if type(entry) is Delta else entry.WhichOneof("event")):
-                    del runs[rid]
-            if type(entry) is Delta and not lazy_deltas:
-                entry = entry.to_event()
+            if type(entry) is Delta:
+                run = runs.get(entry.response_id)
+                if run is not None and run.tail is entry:
+                    run.tail = None  # taken: it no longer grows
+                if not lazy_deltas:
+                    entry = entry.to_event()
+            elif final_queued and entry.response_id in final_queued:
+                arm = entry.WhichOneof("event")
+                if arm in TERMINAL_ARMS:  # the run's last event left: it is no longer in flight here
+                    final_queued.discard(entry.response_id)
+                    runs.pop(entry.response_id, None)
             batch.append(entry)
         self._urgent.clear()
         self._space.set()

@@ -7,13 +7,15 @@ between states in one pure function, `next_run_state`), its latest Response obje
 bounded replay log of them. Subscribers read the log from any point (`follow(after=n)`: the
 events numbered above n, then the live ones until the terminal event).
 
-Where the numbers come from: an event is numbered when it is committed to the run, i.e. when it
-leaves its connection's outbox as part of a batch (`Outbox.get_batch` calls `stamp`), or, for a
-delta written in its producer's step while the connection's writer is idle, when the transport
-took it (`Outbox.put` -> `InlineWriter.write_now`, then `stamp`). Deltas the outbox merged are
-one event there, so the live client and anyone replaying the log see the same
-contiguous numbers; a connection whose client went away keeps draining its outbox into its runs
-(`Session` detaches), so the numbering never forks.
+Where the numbers come from: an event is numbered when its producer commits it to the run
+(`stamp`, called by `Outbox.put` in the producer's step), before any reader sees it: the
+connection that created the response reads it from its outbox as one follower among others, and
+anyone replaying the log sees the same contiguous numbers. Text deltas are merged at the run's
+tail: a delta for the same content as the run's last entry joins that entry (`extend`) while no
+reader has taken it yet; the first read of the tail (the outbox's batch leaving, a follower's
+read, the shared mirror's write, an inline write) freezes it (`freeze`), and the next delta is
+a new entry. A connection whose client went away discards what it would have sent: its runs
+already hold it.
 
 `Runs` is the process's registry: runs of stored responses in flight (retrievable, resumable,
 cancellable by id, per tenant), finished ones for `replay_retention_s` (at most
@@ -129,6 +131,11 @@ class ReplayLog:
             head = 0
         self._head = head
 
+    def grow(self, size: int) -> None:
+        """The last entry grew by `size` (a delta merged into the run's tail)."""
+        self._sizes[-1] += size
+        self.nbytes += size
+
     def since(self, after: int) -> list[Any]:
         """The entries numbered above `after` (a new list of just those); ReplayGap when some of
         them were dropped."""
@@ -168,7 +175,8 @@ class ResponseRun:
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
     __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq", "epoch",
-                 "terminal_produced", "settled", "sink", "finished_at", "mirror", "_wake", "_settled", "_on_final")  # fmt: skip
+                 "terminal_produced", "settled", "sink", "finished_at", "mirror", "tail", "_wake", "_settled",
+                 "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
                  log: ReplayLog | None = None, background: bool = False,
@@ -185,11 +193,14 @@ class ResponseRun:
         # This replica's fencing token for the run's shared side (`tether.store.runbus`): every
         # shared write and the response's store write carry it; 0 for a run kept in one process.
         self.epoch = 0
-        self.terminal_produced = False  # the turn queued its terminal event (numbered when it leaves)
+        self.terminal_produced = False  # the turn committed its terminal event
         self.settled = False  # the turn is over and its bookkeeping done (see `settle`)
         self.sink: RunSink | None = None  # the outbox its events leave through (`Outbox.bind`)
         self.finished_at = 0.0
         self.mirror: Mirror | None = None  # its shared side with a Redis/PostgreSQL store
+        # The last entry while it is a delta no reader has taken yet: more text for the same
+        # content joins it (`extend`) instead of taking a number of its own. None once read.
+        self.tail: Any = None
         self._wake: asyncio.Future | None = None
         self._settled: asyncio.Future | None = None
         self._on_final = on_final
@@ -205,6 +216,7 @@ class ResponseRun:
         `arm` is None), log it and wake the subscribers. Returns whether it ended the run."""
         entry.sequence_number = seq = self.next_seq
         self.next_seq = seq + 1
+        self.tail = entry if arm is None else None
         log = self.log
         if log is not None:
             log.append(entry, entry.size if arm is None else entry.ByteSize())
@@ -223,6 +235,17 @@ class ResponseRun:
             self._wake.set_result(None)
             self._wake = None
         return ended
+
+    def extend(self, delta: Any) -> None:
+        """Merge `delta` into the tail (the caller checked that it continues it), unseen by any
+        reader so far: it keeps the tail's number, and the log's size grows with it."""
+        self.tail.merge(delta)
+        if self.log is not None:
+            self.log.grow(delta.size)
+
+    def freeze(self) -> None:
+        """A reader took the tail: it is final, the next delta is an entry of its own."""
+        self.tail = None
 
     def _move(self, wanted: RunState) -> None:
         before = self.state
@@ -296,6 +319,7 @@ class ResponseRun:
         while True:
             batch = self.log.since(after)
             if batch:
+                self.tail = None  # read: it no longer grows
                 after = batch[-1].sequence_number
                 yield batch
             if self.state.final and after >= self.next_seq - 1:

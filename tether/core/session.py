@@ -12,14 +12,14 @@ socket. It owns:
 - per-connection memos of the render and route stages (header tokens, model routes);
 - its lifetime (`connection_lifetime_s`, then `websocket_connection_limit_reached`) and idle
   timeout (the rule: `tether.core.lifetime`, on the injected clock), and its outbox (coalescing,
-  backpressure; each response's run numbers and logs the events as they leave it).
+  backpressure; each response's run numbers and logs the events as they are put there).
 Request-scoped problems become in-band `error` events; the session stays usable.
 
 When the client goes away (`close`) while stored (store=true) responses are in flight, the
 session detaches instead of cancelling them: it takes no more creates, drops the queued ones,
-cancels the turns of other responses, and keeps draining its outbox into the runs while the
-stored ones finish (or end `cancelled`, per `Limits.on_client_gone`) and are stored; then it
-closes. Their runs stay retrievable and resumable by id (`tether.core.run`).
+cancels the turns of other responses, and discards what its outbox would have sent (the runs
+already hold it) while the stored ones finish (or end `cancelled`, per `Limits.on_client_gone`)
+and are stored; then it closes. Their runs stay retrievable and resumable by id (`tether.core.run`).
 
 A session knows neither the engine nor any kind of turn but the one its `TurnStrategy` makes: it
 gets the process-wide `TurnServices`, builds each turn a `TurnContext`, and interrupts a turn
@@ -178,11 +178,10 @@ class Session:
         are bound to it from just before `response.created`): what a draining transport waits for."""
         return self.outbox.runs_in_flight()
 
-    async def close(self, *, detach: bool = True) -> None:
+    async def close(self) -> None:
         """The client went away: cancel everything and free the connection's state, except the
         turns of stored responses in flight: those the session detaches (module docstring) and
-        closes when they end, without the caller waiting. `detach=False` (a background run's
-        session, which has no client to outlive) cancels those too.
+        closes when they end, without the caller waiting.
 
         Idempotent, and shielded: a caller that is itself cancelled mid-close (a transport tearing
         down) does not leave the session half-closed."""
@@ -190,7 +189,7 @@ class Session:
         if self._close_task is None:
             if self.state is SessionState.CLOSED:  # ended by the server (end()) already
                 return
-            if detach and self.state is SessionState.OPEN and self._detach():
+            if self.state is SessionState.OPEN and self._detach():
                 self._close_task = asyncio.ensure_future(self._close_detached())
                 return
             self._close_task = asyncio.ensure_future(self._close())
@@ -207,6 +206,7 @@ class Session:
             return False
         self._detached = True
         self.state = next_state(self.state, SessionState.DRAINING)
+        self.outbox.discard()  # nobody reads it: the kept turns' events go to their runs only
         keep = {t.control.task for t in kept}
         for lane in self._lanes.values():
             self._drop_queued(lane)
@@ -220,16 +220,10 @@ class Session:
         return True
 
     async def _close_detached(self) -> None:
-        """Drain the outbox into the runs (nobody reads it now) until the kept turns end; close."""
-        drain = asyncio.create_task(self._discard_events(), name=f"tether-detached-{self.id}")
+        """Close once the kept turns have ended."""
         workers = [lane.worker for lane in self._lanes.values() if lane.worker]
         await asyncio.gather(*workers, return_exceptions=True)
         await self._close()
-        await drain
-
-    async def _discard_events(self) -> None:
-        async for _ in self.events():
-            pass
 
     async def _close(self) -> None:
         self.state = next_state(self.state, SessionState.CLOSED)
@@ -241,9 +235,7 @@ class Session:
         for lane in self._lanes.values():
             self._drop_queued(lane)
         self.context.mcp.close_soon()  # in the background: the MCP servers' goodbyes hold nothing up
-        self.outbox.close()
-        while await self.outbox.get_batch():  # what no one will send still counts in its run's log
-            pass
+        self.outbox.close()  # what it still held is in its runs' logs already
         self.cache.clear()
         self._on_closed(self)
 

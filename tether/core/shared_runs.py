@@ -94,6 +94,8 @@ class RunMirror:
         try:
             while True:
                 entries, self._pending = self._pending, []
+                if entries and run.tail is entries[-1]:
+                    run.freeze()  # written now: later text is an entry of its own
                 events = [
                     (e.sequence_number, (e.to_event() if type(e) is Delta else e).SerializeToString()) for e in entries
                 ]
