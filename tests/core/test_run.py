@@ -297,3 +297,50 @@ def test_a_disowned_run_is_forgotten_in_flight_or_finished_and_frees_its_backgro
     assert runs.get("t", "resp_f") is None
     queued.close(None)  # its late ending changes nothing here
     assert runs.get("t", "resp_q") is None and runs.background_counts() == (0, 0)
+
+
+def _bound_box(max_events: int = 16) -> tuple[Outbox, ResponseRun]:
+    box = Outbox(max_events=max_events, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    box.bind(run)
+    return box, run
+
+
+async def test_an_event_is_numbered_and_logged_when_its_producer_puts_it() -> None:
+    box, run = _bound_box()
+    await box.put(_event("created"))
+    await box.put(_delta("a"))
+    await box.put(_delta("b"))  # joins the tail: nobody has read it
+    logged = run.log.since(-1)  # before the connection read anything
+    assert [e.sequence_number for e in logged] == [0, 1] and logged[1].delta == "ab"
+    batch = await box.get_batch(lazy_deltas=True)
+    assert [(e.sequence_number, type(e) is Delta) for e in batch] == [(0, False), (1, True)]
+    assert batch[1] is logged[1]  # the connection sends the entry the log holds
+
+
+async def test_a_follower_that_reads_the_tail_freezes_it_for_everyone() -> None:
+    box, run = _bound_box()
+    follower = run.follow()
+    await box.put(_delta("a"))
+    assert [(e.sequence_number, e.delta) for e in await anext(follower)] == [(0, "a")]
+    await box.put(_delta("b"))  # the tail was read: an entry of its own
+    assert [(e.sequence_number, e.delta) for e in await anext(follower)] == [(1, "b")]
+    batch = await box.get_batch(lazy_deltas=True)
+    assert [(e.sequence_number, e.delta) for e in batch] == [(0, "a"), (1, "b")]  # the same numbers
+    await box.put(_delta("c"))
+    await box.put(_delta("d"))  # the batch froze "b": "c" is new, "d" joins it
+    assert [(e.sequence_number, e.delta) for e in run.log.since(1)] == [(2, "cd")]
+    await follower.aclose()
+
+
+async def test_a_discarding_outbox_commits_to_its_runs_and_never_blocks_its_producer() -> None:
+    box, run = _bound_box(max_events=1)
+    await box.put(_event("created"))
+    box.discard()  # its client went away
+    async with asyncio.timeout(1):
+        for i in range(5):
+            await box.put(_event("in_progress"))
+            await box.put(_delta(str(i)))
+        await box.put(_event("completed", "completed"))
+    assert [e.sequence_number for e in run.log.since(-1)] == list(range(12))
+    assert run.state is RunState.COMPLETED and box.runs_in_flight() == 0
