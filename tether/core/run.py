@@ -100,7 +100,7 @@ class ReplayLog:
 
     Frames: an entry's wire encoding (the bridge's SSE frame) is the same for every subscriber,
     since its sequence number is fixed once it is logged; `frame` encodes it for the first
-    subscriber that asks and keeps it next to the entry for the others. The cached bytes count
+    subscriber that asks and keeps it (by its number) for the others. The cached bytes count
     in `nbytes` under the same `max_bytes`: caching one drops the oldest entries (with their
     frames) as an append does, never the entry itself nor a newer one; a frame that does not fit
     even so is returned uncached. A followed run's log therefore holds fewer events in the same
@@ -113,7 +113,7 @@ class ReplayLog:
     def __init__(self, max_events: int, max_bytes: int) -> None:
         self._entries: list[Any] = []
         self._sizes: list[int] = []
-        self._frames: list[bytes | None] = []  # an entry's cached frame, or None
+        self._frames: dict[int, bytes] = {}  # sequence number -> its entry's cached frame
         self._head = 0  # entries before it were dropped (not yet compacted away)
         self._encode: Callable[[Any], bytes] | None = None  # the encoding the frames are of
         self.max_events = max(1, max_events)
@@ -129,12 +129,11 @@ class ReplayLog:
         entries = self._entries
         entries.append(entry)
         self._sizes.append(size)
-        self._frames.append(None)
-        before = self.nbytes
-        self.nbytes = before + size
-        self._drop_oldest(len(entries) - 1)
+        self.nbytes = nbytes = self.nbytes + size
+        if len(entries) - self._head > self.max_events or nbytes > self.max_bytes:
+            self._drop_oldest(len(entries) - 1)
         if self.on_resize is not None:
-            self.on_resize(self.nbytes - before)
+            self.on_resize(self.nbytes - nbytes + size)
 
     def _drop_oldest(self, keep: int) -> None:
         """Drop the oldest entries past either bound, down to (never including) index `keep`."""
@@ -143,13 +142,13 @@ class ReplayLog:
         while head < keep and (len(entries) - head > self.max_events or self.nbytes > self.max_bytes):
             self.nbytes -= sizes[head]
             entries[head] = None  # let it go now, not at the next compaction
-            frames[head] = None
+            if frames:
+                frames.pop(self.first_seq, None)
             head += 1
             self.first_seq += 1
         if head and head >= len(entries) - head:
             del entries[:head]
             del sizes[:head]
-            del frames[:head]
             head = 0
         self._head = head
 
@@ -169,12 +168,11 @@ class ReplayLog:
         entries (one already dropped, or a frame of another encoding, is encoded uncached)."""
         seq = entry.sequence_number
         i = self._head + seq - self.first_seq
-        frames = self._frames
-        if self._head <= i < len(frames) and self._entries[i] is entry:
+        if self._head <= i < len(self._entries) and self._entries[i] is entry:
             if self._encode is None:
                 self._encode = encode
             if encode is self._encode:
-                frame = frames[i]
+                frame = self._frames.get(seq)
                 if frame is None:
                     frame = encode(entry)
                     if len(frame) + self._sizes[i] <= self.max_bytes:  # else it could never fit
@@ -191,9 +189,8 @@ class ReplayLog:
         if self.nbytes > self.max_bytes:  # the newer entries leave no room for it
             self.nbytes -= size
         else:
-            i = self._head + seq - self.first_seq  # a compaction may have moved it
-            self._frames[i] = frame
-            self._sizes[i] += size
+            self._frames[seq] = frame
+            self._sizes[self._head + seq - self.first_seq] += size  # a compaction may have moved it
         if self.on_resize is not None and self.nbytes != before:
             self.on_resize(self.nbytes - before)
 
