@@ -5,7 +5,11 @@ A `ResponseRun` holds what outlives a connection: the response's state (`RunStat
 between states in one pure function, `next_run_state`), its latest Response object, the turn's
 `TurnControl` (so a cancel can reach it from anywhere), the sequence numbers of its events and a
 bounded replay log of them. Subscribers read the log from any point (`follow(after=n)`: the
-events numbered above n, then the live ones until the terminal event).
+events numbered above n, then the live ones until the terminal event). The log holds the events
+as they were committed (merged deltas as `Delta` records, the others as protobuf events) and,
+once a subscriber's transport asked for it, each one's encoded frame (`ReplayLog.frame`): an
+event's number is part of its frame and fixed once stamped, so every follower of the run sends
+the same bytes, encoded once, counted in the log's byte bound.
 
 Where the numbers come from: an event is numbered when it is committed to the run, i.e. when it
 leaves its connection's outbox as part of a batch (`Outbox.get_batch` calls `stamp`), or, for a
