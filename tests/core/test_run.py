@@ -11,7 +11,16 @@ import pytest
 
 from tether import errors
 from tether.core.outbox import CoalesceWindow, Delta, Outbox
-from tether.core.run import FINAL, ReplayGap, ReplayLog, ResponseRun, Runs, RunState, next_run_state
+from tether.core.run import (
+    FINAL,
+    WAKE_PER_PASS,
+    ReplayGap,
+    ReplayLog,
+    ResponseRun,
+    Runs,
+    RunState,
+    next_run_state,
+)
 from tether.errors import TetherError
 from tether.responses.v1 import events_pb2, response_pb2
 
@@ -408,3 +417,29 @@ def test_frames_cached_for_a_finished_run_count_in_the_process_bound() -> None:
     run.stamp(_delta("x" * 160, "resp_2"), None)  # ~180 bytes: 80 more would pass 200
     run.stamp(_event("completed", "completed", "resp_2"), "completed")
     assert runs.get("t", "resp_2") is run  # the count went back to 0 with the runs dropped
+
+
+async def test_a_run_wakes_at_most_wake_per_pass_subscribers_per_pass_of_the_loop() -> None:
+    """Hundreds of followers woken by one event write their batches over several passes of the
+    loop, `WAKE_PER_PASS` per pass, so no one pass holds all their writes; all get every event."""
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    got = [0] * (2 * WAKE_PER_PASS + 10)
+
+    async def follow(i: int) -> None:
+        async for batch in run.follow(0):
+            got[i] += len(batch)
+
+    readers = [asyncio.create_task(follow(i)) for i in range(len(got))]
+    await asyncio.sleep(0)
+    run.stamp(_delta("a"), None)
+    served = []
+    for _ in range(4):
+        await asyncio.sleep(0)  # one pass: the next group takes its batch
+        served.append(sum(got))
+    assert served == [WAKE_PER_PASS, 2 * WAKE_PER_PASS, len(got), len(got)]
+    gone = readers[-1]
+    gone.cancel()  # a subscriber that goes away holds up nobody
+    run.stamp(_event("completed", "completed"), "completed")
+    await asyncio.gather(*readers[:-1])
+    assert got[:-1] == [2] * (len(got) - 1)
