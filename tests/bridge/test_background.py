@@ -13,6 +13,8 @@ import openai
 import pytest
 
 from tests.support.grpc_client import RawSession
+from tether.core.outbox import Delta
+from tether.protocol.wire import SSE_DONE
 
 from .helpers import KEY_A, check_sse_events, recv_json, send_json, wait_for
 
@@ -242,6 +244,29 @@ async def test_resume_of_an_unknown_or_unretained_response(make_stack: Any) -> N
         last = stack.engine.runs.get("a", done.id).next_seq - 1
         tail = [ev async for ev in await client.responses.retrieve(done.id, stream=True, starting_after=last - 2)]
         assert [ev.sequence_number for ev in tail] == [last - 1, last]
+
+
+async def test_the_followers_of_a_run_share_one_encoding_of_each_event(make_stack: Any) -> None:
+    """Every SSE follower of a run sends the same bytes for an event; the run's log encodes it
+    once and keeps that frame in its byte bound: its bytes are its entries' plus one stream's
+    frames, whether the followers read live or after the end."""
+    async with make_stack(backend=SLOW) as stack, stack.client() as client:
+        created = await client.responses.create(model="sim-model", input="hello", background=True)
+        run = stack.engine.runs.get("a", created.id)
+        headers = {"Authorization": f"Bearer {KEY_A}"}
+        async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=10) as h:
+
+            async def follow() -> bytes:
+                return (await h.get(f"/responses/{created.id}", params={"stream": "true"})).content
+
+            live = await asyncio.gather(*(follow() for _ in range(5)))
+            late = [await follow() for _ in range(2)]
+        assert run.state.final and all(body == live[0] for body in [*live, *late])
+        assert live[0].endswith(SSE_DONE)
+        entries = run.log.since(-1)
+        assert entries[0].sequence_number == 0 and len(entries) == run.next_seq
+        logged = sum(e.size if type(e) is Delta else e.ByteSize() for e in entries)
+        assert run.log.nbytes == logged + len(live[0]) - len(SSE_DONE)
 
 
 async def test_runs_are_counted_in_the_metrics(make_stack: Any) -> None:

@@ -11,7 +11,16 @@ import pytest
 
 from tether import errors
 from tether.core.outbox import CoalesceWindow, Delta, Outbox
-from tether.core.run import FINAL, ReplayGap, ReplayLog, ResponseRun, Runs, RunState, next_run_state
+from tether.core.run import (
+    FINAL,
+    WAKE_PER_PASS,
+    ReplayGap,
+    ReplayLog,
+    ResponseRun,
+    Runs,
+    RunState,
+    next_run_state,
+)
 from tether.errors import TetherError
 from tether.responses.v1 import events_pb2, response_pb2
 
@@ -344,3 +353,142 @@ async def test_a_discarding_outbox_commits_to_its_runs_and_never_blocks_its_prod
         await box.put(_event("completed", "completed"))
     assert [e.sequence_number for e in run.log.since(-1)] == list(range(12))
     assert run.state is RunState.COMPLETED and box.runs_in_flight() == 0
+
+
+# -- frames: encoded once per run, in the log's byte bound ----------------------------------------
+
+
+class _Encoder:
+    """A stand-in wire encoding of `size` bytes per entry that counts its calls."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.calls = 0
+
+    def __call__(self, entry: object) -> bytes:
+        self.calls += 1
+        return b"%d:" % entry.sequence_number + b"f" * (self.size - len(b"%d:" % entry.sequence_number))  # type: ignore[attr-defined]
+
+
+async def test_an_entry_is_encoded_once_for_all_the_followers_of_its_run() -> None:
+    """Every follower of a run sends the same bytes for an event (its number is fixed once it
+    is logged): the first to ask encodes it, the others get that very frame from the log."""
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    encode = _Encoder(10)
+    run.stamp(_event("created"), "created")
+    sent: list[list[bytes]] = [[] for _ in range(50)]
+
+    async def follow(out: list[bytes]) -> None:
+        async for batch in run.follow(-1):
+            out.extend(batch.log.frame(e, encode) for e in batch)
+
+    readers = [asyncio.create_task(follow(out)) for out in sent]
+    await asyncio.sleep(0)
+    for text in "abc":
+        run.stamp(_delta(text), None)
+        await asyncio.sleep(0)
+    run.stamp(_event("completed", "completed"), "completed")
+    await asyncio.gather(*readers)
+    assert encode.calls == 5  # one per event, not one per event and follower
+    assert all(len(out) == 5 and all(f is g for f, g in zip(out, sent[0], strict=True)) for out in sent)
+    late = [f async for batch in run.follow(1) for f in (batch.log.frame(e, encode) for e in batch)]
+    assert encode.calls == 5 and late == sent[0][2:]
+
+
+def test_cached_frames_count_in_the_log_bytes_at_and_past_the_bound() -> None:
+    encode = _Encoder(10)
+
+    run = ResponseRun("resp_1")
+
+    def logged(max_bytes: int, *texts: str) -> tuple[ReplayLog, list[Delta]]:
+        nonlocal run
+        log = ReplayLog(100, max_bytes)
+        run = ResponseRun("resp_1", log=log)
+        deltas = [_delta(t) for t in texts]
+        for d in deltas:
+            run.stamp(d, None)
+        return log, deltas
+
+    # At the bound: two 1-byte entries and their 10-byte frames fill 22 bytes exactly.
+    log, (a, b) = logged(22, "a", "b")
+    assert log.frame(a, encode) == encode(a) and log.frame(b, encode) == encode(b)
+    assert log.nbytes == 22 and len(log) == 2 and log.first_seq == 0
+    calls = encode.calls
+    log.frame(a, encode), log.frame(b, encode)
+    assert encode.calls == calls  # both cached
+    # Past it by one byte: caching the newest frame drops the oldest entry with its frame.
+    log, (a, b) = logged(21, "a", "b")
+    log.frame(a, encode), log.frame(b, encode)
+    assert log.nbytes == 11 and len(log) == 1 and log.first_seq == 1
+    with pytest.raises(ReplayGap):
+        log.since(-1)
+    # A frame that could never fit (with its entry, 11 > 10 bytes) is returned, not kept.
+    log, (a,) = logged(10, "a")
+    calls = encode.calls
+    assert log.frame(a, encode) == encode(a) and log.nbytes == 1
+    log.frame(a, encode)
+    assert encode.calls == calls + 3
+    # One that the newer entries leave no room for drops nothing: never the entry itself nor a newer one.
+    log, (a, b) = logged(15, "a", "b" * 5)
+    log.frame(a, encode)
+    assert log.nbytes == 6 and len(log) == 2 and log.first_seq == 0
+    # Appends drop the oldest entries with their frames, all in the same bound.
+    log, (a, b) = logged(30, "a", "b")
+    log.frame(a, encode), log.frame(b, encode)
+    run.stamp(_delta("c" * 9), None)  # 22 + 9 > 30: the oldest entry and its frame go
+    assert log.nbytes == 20 and log.first_seq == 1
+    # The frames are those of one encoding: another one is encoded each time, never kept.
+    other = _Encoder(4)
+    log.frame(b, other), log.frame(b, other)
+    assert other.calls == 2 and log.nbytes == 20 and log.frame(b, encode) == encode(b)
+
+
+def test_frames_cached_for_a_finished_run_count_in_the_process_bound() -> None:
+    """A finished run followed late gets its frames cached then: they count against
+    `replay_bytes_per_process` too (the oldest finished runs go), until its run is dropped."""
+    runs = _runs(finished_bytes=200, max_finished=100)
+    finished = []
+    for i in range(2):
+        run = runs.open("t", response_pb2.Response(id=f"resp_{i}", store=True), control=None)
+        run.stamp(_delta("x" * 45, f"resp_{i}"), None)
+        run.stamp(_event("completed", "completed", f"resp_{i}"), "completed")
+        finished.append(run)
+    assert all(runs.get("t", r.id) is r for r in finished)  # ~65 bytes each
+    log = finished[1].log
+    assert log is not None
+    encode = _Encoder(40)
+    for entry in log.since(-1):
+        log.frame(entry, encode)  # +80 bytes: 210 > 200, the oldest finished run goes
+    assert runs.get("t", "resp_0") is None and runs.get("t", "resp_1") is finished[1]
+    runs.forget("t", "resp_1")
+    assert log.on_resize is None  # its later frames are nobody's count any more
+    run = runs.open("t", response_pb2.Response(id="resp_2", store=True), control=None)
+    run.stamp(_delta("x" * 160, "resp_2"), None)  # ~180 bytes: 80 more would pass 200
+    run.stamp(_event("completed", "completed", "resp_2"), "completed")
+    assert runs.get("t", "resp_2") is run  # the count went back to 0 with the runs dropped
+
+
+async def test_a_run_wakes_at_most_wake_per_pass_subscribers_per_pass_of_the_loop() -> None:
+    """Hundreds of followers woken by one event write their batches over several passes of the
+    loop, `WAKE_PER_PASS` per pass, so no one pass holds all their writes; all get every event."""
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    got = [0] * (2 * WAKE_PER_PASS + 10)
+
+    async def follow(i: int) -> None:
+        async for batch in run.follow(0):
+            got[i] += len(batch)
+
+    readers = [asyncio.create_task(follow(i)) for i in range(len(got))]
+    await asyncio.sleep(0)
+    run.stamp(_delta("a"), None)
+    served = []
+    for _ in range(4):
+        await asyncio.sleep(0)  # one pass: the next group takes its batch
+        served.append(sum(got))
+    assert served == [WAKE_PER_PASS, 2 * WAKE_PER_PASS, len(got), len(got)]
+    gone = readers[-1]
+    gone.cancel()  # a subscriber that goes away holds up nobody
+    run.stamp(_event("completed", "completed"), "completed")
+    await asyncio.gather(*readers[:-1])
+    assert got[:-1] == [2] * (len(got) - 1)

@@ -46,6 +46,7 @@ from tether.bridge.origin import check_json_body
 from tether.config import Limits
 from tether.core.outbox import Delta, Outgoing
 from tether.core.pump import PumpEnd, ResponseEnd, deliver
+from tether.core.run import LogBatch
 from tether.errors import (
     INVALID_REQUEST,
     INVALID_TYPE,
@@ -245,7 +246,7 @@ class HttpHandlers:
         source = await self.ctx.api.follow_response(req.tenant, response_id, after)  # batches
         async with _cancel_on_disconnect(req.receive) as watch:
             try:
-                await self._stream_sse(req, source, watch, started=True)
+                await self._stream_sse(req, source, watch, started=True, writer=_SseWriter(req.send, req.body_now))
             finally:
                 await _aclose(source)
 
@@ -427,7 +428,12 @@ class _SseWriter:
     """The writer of an SSE stream: the headers once (`start`), then a frame per event, and
     `data: [DONE]` after the last one when it ended the stream (`wire.SSE_DONE`: never before
     the terminal event, nothing after it; a stream cut short has none). `write_now`: a delta in
-    its producer's step (`tether.core.outbox.InlineWriter`), once the headers are out."""
+    its producer's step (`tether.core.outbox.InlineWriter`), once the headers are out.
+
+    A batch of a run's log (`LogBatch`, a follower's) takes its frames from the log, which
+    encodes each once for all the run's followers. With `body_now` a batch is written at once
+    as well, without the ASGI `send`'s await chain (it declines when `send` would wait); that
+    chain was a follower's largest cost per batch."""
 
     __slots__ = ("_send", "_body_now", "started", "_last")
 
@@ -452,8 +458,14 @@ class _SseWriter:
     async def write(self, batch: Sequence[Outgoing]) -> bool:
         if not self.started:
             await self.start()
-        body = b"".join([sse_frame(ev) for ev in batch])
-        await self._send({"type": "http.response.body", "body": body, "more_body": True})
+        if type(batch) is LogBatch:  # a run's log: each frame is encoded once for all its followers
+            frame = batch.log.frame
+            body = b"".join([frame(ev, sse_frame) for ev in batch])
+        else:
+            body = b"".join([sse_frame(ev) for ev in batch])
+        body_now = self._body_now
+        if body_now is None or not body_now(body):
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
         if batch:
             self._last = batch[-1]
         return True

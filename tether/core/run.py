@@ -5,7 +5,11 @@ A `ResponseRun` holds what outlives a connection: the response's state (`RunStat
 between states in one pure function, `next_run_state`), its latest Response object, the turn's
 `TurnControl` (so a cancel can reach it from anywhere), the sequence numbers of its events and a
 bounded replay log of them. Subscribers read the log from any point (`follow(after=n)`: the
-events numbered above n, then the live ones until the terminal event).
+events numbered above n, then the live ones until the terminal event). The log holds the events
+as they were committed (merged deltas as `Delta` records, the others as protobuf events) and,
+once a subscriber's transport asked for it, each one's encoded frame (`ReplayLog.frame`): an
+event's number is part of its frame and fixed once stamped, so every follower of the run sends
+the same bytes, encoded once, counted in the log's byte bound.
 
 Where the numbers come from: an event is numbered when its producer commits it to the run
 (`stamp`, called by `Outbox.put` in the producer's step), before any reader sees it: the
@@ -92,37 +96,60 @@ class ReplayGap(Exception):
 class ReplayLog:
     """The events of one run in order, bounded by `max_events` and `max_bytes` (the oldest go
     first; `first_seq` says where the log starts). Sizes: a delta's text length, an event's
-    serialized size.
+    serialized size, plus its encoded frame once one is cached (`frame`).
 
     Reads cost what they return: the entries sit in a list behind a head index (dropping the
     oldest moves the index; the list is compacted once the dropped part is as long as the rest),
     so `since(after)` is one slice of the new entries. A run followed by hundreds of subscribers
     is read hundreds of times per wake-up: a read that copied the whole log would cost them all
-    O(log) each."""
+    O(log) each.
 
-    __slots__ = ("_entries", "_sizes", "_head", "max_events", "max_bytes", "nbytes", "first_seq")
+    Frames: an entry's wire encoding (the bridge's SSE frame) is the same for every subscriber,
+    since its sequence number is fixed once it is logged; `frame` encodes it for the first
+    subscriber that asks and keeps it (by its number) for the others. The cached bytes count
+    in `nbytes` under the same `max_bytes`: caching one drops the oldest entries (with their
+    frames) as an append does, never the entry itself nor a newer one; a frame that does not fit
+    even so is returned uncached. A followed run's log therefore holds fewer events in the same
+    memory, never more memory. `on_resize` (None, or the process's count of finished logs'
+    bytes, `Runs`) is told of every change of `nbytes` once set."""
+
+    __slots__ = ("_entries", "_sizes", "_frames", "_head", "_encode", "max_events", "max_bytes", "nbytes",
+                 "first_seq", "on_resize")  # fmt: skip
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
         self._entries: list[Any] = []
         self._sizes: list[int] = []
+        self._frames: dict[int, bytes] = {}  # sequence number -> its entry's cached frame
         self._head = 0  # entries before it were dropped (not yet compacted away)
+        self._encode: Callable[[Any], bytes] | None = None  # the encoding the frames are of
         self.max_events = max(1, max_events)
         self.max_bytes = max(1, max_bytes)
         self.nbytes = 0
         self.first_seq = 0
+        self.on_resize: Callable[[int], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
     def append(self, entry: Any, size: int) -> None:
-        entries, sizes = self._entries, self._sizes
+        entries = self._entries
         entries.append(entry)
-        sizes.append(size)
-        self.nbytes += size
+        self._sizes.append(size)
+        self.nbytes = nbytes = self.nbytes + size
+        if len(entries) - self._head > self.max_events or nbytes > self.max_bytes:
+            self._drop_oldest(len(entries) - 1)
+        if self.on_resize is not None:
+            self.on_resize(self.nbytes - nbytes + size)
+
+    def _drop_oldest(self, keep: int) -> None:
+        """Drop the oldest entries past either bound, down to (never including) index `keep`."""
+        entries, sizes, frames = self._entries, self._sizes, self._frames
         head = self._head
-        while len(entries) - head > 1 and (len(entries) - head > self.max_events or self.nbytes > self.max_bytes):
+        while head < keep and (len(entries) - head > self.max_events or self.nbytes > self.max_bytes):
             self.nbytes -= sizes[head]
             entries[head] = None  # let it go now, not at the next compaction
+            if frames:
+                frames.pop(self.first_seq, None)
             head += 1
             self.first_seq += 1
         if head and head >= len(entries) - head:
@@ -132,17 +159,65 @@ class ReplayLog:
         self._head = head
 
     def grow(self, size: int) -> None:
-        """The last entry grew by `size` (a delta merged into the run's tail)."""
+        """The last entry grew by `size` (a delta merged into the run's tail, which no reader has
+        taken, so it has no frame yet)."""
         self._sizes[-1] += size
-        self.nbytes += size
+        self.nbytes = nbytes = self.nbytes + size
+        if nbytes > self.max_bytes:
+            self._drop_oldest(len(self._entries) - 1)
+        if self.on_resize is not None:
+            self.on_resize(self.nbytes - nbytes + size)
 
-    def since(self, after: int) -> list[Any]:
+    def since(self, after: int) -> LogBatch:
         """The entries numbered above `after` (a new list of just those); ReplayGap when some of
         them were dropped."""
         start = after + 1 - self.first_seq
         if start < 0:
             raise ReplayGap(f"events {after + 1}..{self.first_seq - 1} are no longer retained")
-        return self._entries[self._head + start :]
+        batch = LogBatch(self._entries[self._head + start :])
+        batch.log = self
+        return batch
+
+    def frame(self, entry: Any, encode: Callable[[Any], bytes]) -> bytes:
+        """`encode(entry)`, encoded once for every reader of this log (class docstring). The log
+        keeps the frames of one encoding, the first one asked for; `entry` is one of its
+        entries (one already dropped, or a frame of another encoding, is encoded uncached)."""
+        seq = entry.sequence_number
+        i = self._head + seq - self.first_seq
+        if self._head <= i < len(self._entries) and self._entries[i] is entry:
+            if self._encode is None:
+                self._encode = encode
+            if encode is self._encode:
+                frame = self._frames.get(seq)
+                if frame is None:
+                    frame = encode(entry)
+                    if len(frame) + self._sizes[i] <= self.max_bytes:  # else it could never fit
+                        self._cache(seq, frame)
+                return frame
+        return encode(entry)
+
+    def _cache(self, seq: int, frame: bytes) -> None:
+        """Keep `frame` for the entry numbered `seq`, in the byte bound (class docstring)."""
+        size = len(frame)
+        before = self.nbytes
+        self.nbytes = before + size
+        self._drop_oldest(self._head + seq - self.first_seq)
+        if self.nbytes > self.max_bytes:  # the newer entries leave no room for it
+            self.nbytes -= size
+        else:
+            self._frames[seq] = frame
+            self._sizes[self._head + seq - self.first_seq] += size  # a compaction may have moved it
+        if self.on_resize is not None and self.nbytes != before:
+            self.on_resize(self.nbytes - before)
+
+
+class LogBatch(list[Any]):
+    """A subscriber's batch of a run's log (`ReplayLog.since`), with the log it came from: a
+    transport asks `log.frame` for its entries' frames, encoded once for all the subscribers."""
+
+    __slots__ = ("log",)
+
+    log: ReplayLog
 
 
 class RunSink(Protocol):
@@ -175,7 +250,7 @@ class ResponseRun:
     once a turn runs it (None while queued, or for a run closed before it started)."""
 
     __slots__ = ("id", "tenant", "state", "response", "control", "background", "log", "next_seq", "epoch",
-                 "terminal_produced", "settled", "sink", "finished_at", "mirror", "tail", "_wake", "_settled",
+                 "terminal_produced", "settled", "sink", "finished_at", "mirror", "tail", "_waiters", "_settled",
                  "_on_final")  # fmt: skip
 
     def __init__(self, response_id: str, tenant: str = "", *, response: response_pb2.Response | None = None,
@@ -201,7 +276,9 @@ class ResponseRun:
         # The last entry while it is a delta no reader has taken yet: more text for the same
         # content joins it (`extend`) instead of taking a number of its own. None once read.
         self.tail: Any = None
-        self._wake: asyncio.Future | None = None
+        # One future per subscriber waiting for the next event (not one shared future behind
+        # `asyncio.shield`, which costs each of them a second future and a callback per wake-up).
+        self._waiters: list[asyncio.Future[None]] = []
         self._settled: asyncio.Future | None = None
         self._on_final = on_final
 
@@ -231,9 +308,8 @@ class ResponseRun:
                 self._move(RunState.IN_PROGRESS)
         if self.mirror is not None:
             self.mirror.push(entry, arm)
-        if self._wake is not None:
-            self._wake.set_result(None)
-            self._wake = None
+        if self._waiters:
+            self._wake()
         return ended
 
     def extend(self, delta: Any) -> None:
@@ -247,13 +323,15 @@ class ResponseRun:
         """A reader took the tail: it is final, the next delta is an entry of its own."""
         self.tail = None
 
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        _release(waiters, 0)
+
     def _move(self, wanted: RunState) -> None:
         before = self.state
         self.state = next_run_state(before, wanted)
         if self.state is not before and self.state.final:
-            if self._wake is not None:
-                self._wake.set_result(None)
-                self._wake = None
+            self._wake()
             if self._on_final is not None:
                 self._on_final(self)
 
@@ -261,8 +339,8 @@ class ResponseRun:
         """The turn is over (or never started). A run whose terminal event was queued is only
         settled; a logged one that has none ends here, as `ending` says: cancelled when nobody
         ran it to its end (`error` None), else failed with `error`, with a terminal event that
-        says so: queued behind its other events in the outbox it is bound to while that is open,
-        else logged at once."""
+        says so: committed through the outbox it is bound to while that is open (the connection
+        gets it behind its other events), else logged at once."""
         if not self.terminal_produced and not self.state.final and self.log is not None:
             end = ending(Outcome.CANCELLED if error is None else Outcome.FAILED, None, error)
             response = response_pb2.Response()
@@ -322,11 +400,36 @@ class ResponseRun:
                 self.tail = None  # read: it no longer grows
                 after = batch[-1].sequence_number
                 yield batch
+                continue  # what was logged while the batch was being written, before waiting
             if self.state.final and after >= self.next_seq - 1:
                 return
-            if self._wake is None:
-                self._wake = asyncio.get_running_loop().create_future()
-            await asyncio.shield(self._wake)
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:  # not woken yet: nobody else lets it go
+                    self._waiters.remove(waiter)
+                raise
+
+
+# Subscribers woken per pass of the event loop. Each woken subscriber writes its batch in the
+# pass after its wake-up, so this bounds one pass's work, and so the loop's lag: the batch of a
+# run's last events carries the whole output several times (`output_text.done`, `output_item.done`,
+# the terminal Response), and 300 followers writing it in one pass held the loop for ~60 ms of
+# CPU with a 40,000-token output. A wake-up of up to this many costs no extra pass.
+WAKE_PER_PASS = 64
+
+
+def _release(waiters: list[asyncio.Future[None]], start: int) -> None:
+    """Wake `waiters[start:]`, `WAKE_PER_PASS` of them now and the rest in the loop's next passes
+    (in order: the earliest subscribers first)."""
+    end = start + WAKE_PER_PASS
+    for waiter in waiters[start:end]:
+        if not waiter.done():  # a subscriber cancelled since
+            waiter.set_result(None)
+    if end < len(waiters):
+        waiters[end].get_loop().call_soon(_release, waiters, end)
 
 
 _TERMINAL = TERMINAL_ARMS
@@ -460,8 +563,15 @@ class Runs:
         run.finished_at = self._clock()
         self._release_background(run)
         self._finished[key] = run
-        self._finished_nbytes += run.log.nbytes if run.log is not None else 0
+        if run.log is not None:
+            self._finished_nbytes += run.log.nbytes
+            run.log.on_resize = self._finished_resized  # frames cached for its late subscribers
         self._expire()
+
+    def _finished_resized(self, change: int) -> None:
+        self._finished_nbytes += change
+        if change > 0 and self._finished_nbytes > self.finished_bytes:
+            self._expire()
 
     def _release_background(self, run: ResponseRun) -> None:
         if run.background:
@@ -483,4 +593,6 @@ class Runs:
 
     def _drop(self, key: tuple[str, str]) -> None:
         run = self._finished.pop(key)
-        self._finished_nbytes -= run.log.nbytes if run.log is not None else 0
+        if run.log is not None:
+            run.log.on_resize = None
+            self._finished_nbytes -= run.log.nbytes
