@@ -492,3 +492,18 @@ async def test_a_run_wakes_at_most_wake_per_pass_subscribers_per_pass_of_the_loo
     run.stamp(_event("completed", "completed"), "completed")
     await asyncio.gather(*readers[:-1])
     assert got[:-1] == [2] * (len(got) - 1)
+
+
+async def test_a_follower_gets_what_was_logged_while_it_wrote_its_batch_ending_included() -> None:
+    """A follower's batch is written while the follower waits at its `yield`: what the run
+    logged meanwhile, its ending included, comes next, without another event to wake it."""
+    run = ResponseRun("resp_1", log=ReplayLog(100, 1 << 20))
+    run.stamp(_event("created"), "created")
+    follower = run.follow()
+    assert [e.sequence_number for e in await anext(follower)] == [0]
+    run.stamp(_delta("a"), None)  # while the follower's transport writes event 0
+    run.stamp(_event("completed", "completed"), "completed")
+    async with asyncio.timeout(1):
+        assert [e.sequence_number for e in await anext(follower)] == [1, 2]
+        with pytest.raises(StopAsyncIteration):
+            await anext(follower)
