@@ -66,7 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -373,23 +373,39 @@ class _Dechunk:
                 return
 
 
-async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
+@contextlib.asynccontextmanager
+async def _post_sse(url: str, path: str, body: bytes, ready: asyncio.Event, go: asyncio.Event,
+                    tr: StreamTrace) -> AsyncIterator[tuple[asyncio.StreamReader, float] | None]:  # fmt: skip
+    """The minimal reader's request: connect, say `ready`, wait for `go`, POST `body` to `path`;
+    the response's reader and when the request was sent, or None (with `tr.error`) for a
+    status other than 200."""
     host, _, rest = url.removeprefix("http://").partition("/")
     h, _, port = host.partition(":")
-    body = _chat_body(model)
-    request = (f"POST /{rest}/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-               f"accept: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
-    tr = StreamTrace()
+    request = (f"POST /{rest}{path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+               f"authorization: Bearer sk-lab\r\naccept: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+               ).encode() + body
     reader, writer = await asyncio.open_connection(h, int(port))
     try:
         ready.set()
         await go.wait()
         sent = time.monotonic()
         writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        if b" 200 " not in head.split(b"\r\n", 1)[0]:
-            tr.error = head.split(b"\r\n", 1)[0].decode()
+        status = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n", 1)[0]
+        if b" 200 " not in status:
+            tr.error = status.decode()
+            yield None
+        else:
+            yield reader, sent
+    finally:
+        writer.close()
+
+
+async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
+    tr = StreamTrace()
+    async with _post_sse(url, "/chat/completions", _chat_body(model), ready, go, tr) as opened:
+        if opened is None:
             return tr
+        reader, sent = opened
         dechunk, sse, texts = _Dechunk(), bytearray(), []
         while True:
             data = await reader.read(65536)
@@ -403,31 +419,18 @@ async def _direct_asyncio(url: str, model: str, ready: asyncio.Event, go: asynci
                 tr.ok = True
                 break
         return tr
-    finally:
-        writer.close()
 
 
 async def _sse_asyncio(url: str, model: str, ready: asyncio.Event, go: asyncio.Event) -> StreamTrace:
     """POST /v1/responses (stream: true) through the same minimal asyncio reader as `direct` (one
     connection, opened before `go`): the client costs what the direct reader does, so on a
     2-core machine the figures are Tether's, not an HTTP client library's."""
-    host, _, rest = url.removeprefix("http://").partition("/")
-    h, _, port = host.partition(":")
-    body = orjson.dumps({**_create(model), "stream": True})
-    request = (f"POST /{rest}/responses HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-               f"authorization: Bearer sk-lab\r\naccept: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
-               ).encode() + body
     tr = StreamTrace()
-    reader, writer = await asyncio.open_connection(h, int(port))
-    try:
-        ready.set()
-        await go.wait()
-        sent = time.monotonic()
-        writer.write(request)
-        head = await reader.readuntil(b"\r\n\r\n")
-        if b" 200 " not in head.split(b"\r\n", 1)[0]:
-            tr.error = head.split(b"\r\n", 1)[0].decode()
+    body = orjson.dumps({**_create(model), "stream": True})
+    async with _post_sse(url, "/responses", body, ready, go, tr) as opened:
+        if opened is None:
             return tr
+        reader, sent = opened
         dechunk, buf = _Dechunk(), bytearray()
         while data := await reader.read(65536):
             dechunk.feed(data, buf)
@@ -447,8 +450,6 @@ async def _sse_asyncio(url: str, model: str, ready: asyncio.Event, go: asyncio.E
                         tr.error = t
                         return tr
         return tr
-    finally:
-        writer.close()
 
 
 async def _warm(client: Any, url: str) -> None:
