@@ -258,51 +258,39 @@ class Outbox:
         else:
             arm = event.WhichOneof("event")
             delta = Delta.from_event(event, arm) if arm in DELTA_ARMS else None
-        if delta is not None:
-            run = self._run_of(delta.response_id)
-            if run is not None:
-                tail = run.tail
-                if tail is not None and tail.size < self._max_coalesced and tail.continues(delta):
-                    run.extend(delta)
-                    return
-                if not self._queue and self._idle and self._inline is not None and self._write_now(delta, run):
-                    return
+        rid = event.response_id
+        run = self._runs.get(rid) if rid else None
+        if run is None and rid:  # a response no run was bound for: numbered all the same
+            run = self._runs[rid] = ResponseRun(rid)
+        if delta is not None and run is not None:
+            tail = run.tail
+            if tail is not None and tail.size < self._max_coalesced and tail.continues(delta):
+                run.extend(delta)
+                return
+            if not self._queue and self._idle and self._inline is not None and self._write_now(delta, run):
+                return
         while len(self._queue) >= self._max_events and not self._closed and not self._discarding:
             self._space.clear()
             await self._space.wait()
         if self._closed:
             raise OutboxClosed()
+        entry = event if delta is None else delta
+        if run is not None and run.stamp(entry, arm if delta is None else None):
+            self._ended(rid)
+        if self._discarding:
+            return
+        self._queue.append(entry)
         if delta is None:
-            self._commit(event, arm)
-            if self._discarding:
-                return
-            self._queue.append(event)
             self._urgent.set()
-        else:
-            self._commit(delta, None)
-            if self._discarding:
-                return
-            self._queue.append(delta)
         self._ready.set()
 
-    def _run_of(self, response_id: str) -> ResponseRun | None:
-        """The run that numbers `response_id`'s events ("" -> None: request- and connection-scoped
-        errors keep sequence number 0); a response no run was bound for gets one here."""
-        if not response_id:
-            return None
-        run = self._runs.get(response_id)
-        if run is None:
-            run = self._runs[response_id] = ResponseRun(response_id)
-        return run
-
-    def _commit(self, entry: Outgoing, arm: str | None) -> None:
-        """Number, log and mirror `entry` through its run (`ResponseRun.stamp`)."""
-        run = self._run_of(entry.response_id)
-        if run is not None and run.stamp(entry, arm):  # its terminal event
-            if self._discarding:
-                del self._runs[entry.response_id]
-            else:
-                self._final_queued.add(entry.response_id)
+    def _ended(self, response_id: str) -> None:
+        """The run of `response_id` committed its terminal event: it is in flight here until that
+        event leaves (`runs_in_flight`), or no longer at all when nothing is sent."""
+        if self._discarding:
+            del self._runs[response_id]
+        else:
+            self._final_queued.add(response_id)
 
     def _write_now(self, delta: Delta, run: ResponseRun) -> bool:
         """Commit `delta` and write it in this step (module docstring), when the transport takes
@@ -346,7 +334,12 @@ class Outbox:
         """Commit and queue a last event past the bound (a run's ending, connection-fatal errors)
         so close never blocks."""
         if not self._closed:
-            self._commit(event, event.WhichOneof("event"))
+            rid = event.response_id
+            run = self._runs.get(rid) if rid else None
+            if run is None and rid:
+                run = self._runs[rid] = ResponseRun(rid)
+            if run is not None and run.stamp(event, event.WhichOneof("event")):
+                self._ended(rid)
             if self._discarding:
                 return
             self._queue.append(event)
