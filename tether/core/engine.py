@@ -32,7 +32,7 @@ from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.deadlines import TurnDeadlines
 from tether.core.items import request_input
 from tether.core.outbox import CoalesceWindow, InlineWriter, Outgoing
-from tether.core.outcome import Outcome
+from tether.core.outcome import Outcome, finish_or_cut
 from tether.core.postinference import PostInference, PostJob
 from tether.core.pump import RESPONSE_ENDS, PumpEnd, ResponseEnd, one_response
 from tether.core.queued import QueuedBytes
@@ -537,14 +537,8 @@ class Engine:
         """The server stops: running background runs end as a session's turns do (`Session.end`),
         `grace` to finish, then cut (each still ends with a terminal event carrying `reason`);
         one not generating then (preparing, finishing) is cancelled."""
-        running = {task: run for task, run in self._background_tasks.items() if run.control is not None}
-        if not running:
-            return
-        _, pending = await asyncio.wait(running, timeout=grace)
-        for task in pending:
-            control = running[task].control
-            if control is None or not control.interrupt(Outcome.CUT, reason):
-                task.cancel()
+        await finish_or_cut({task: run.control for task, run in self._background_tasks.items() if run.control is not None},
+                            reason, grace)  # fmt: skip
 
     async def cancel_response(self, tenant: str, response_id: str) -> response_pb2.Response:
         """Cancel a response in flight (queued or in progress) and return it `cancelled`;

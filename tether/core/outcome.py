@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tether.errors import TetherError
@@ -149,3 +150,19 @@ class TurnControl:
         """The turn ended (COMPLETED or FAILED by itself, or the interruption it claimed); an
         interruption that got there first stays."""
         self.outcome = next_outcome(self.outcome, wanted)
+
+
+async def finish_or_cut(tasks: Mapping[asyncio.Task, TurnControl | None], reason: TetherError,
+                        grace: float) -> set[asyncio.Task]:  # fmt: skip
+    """The server ends work (shutdown, a connection's end): wait up to `grace` for `tasks` (each
+    running a turn, whose `TurnControl` it maps to, or None), then cut the turns still running
+    (each still ends with a terminal event carrying `reason`) and cancel the tasks a cut cannot
+    reach (not generating yet, or finishing). Returns the tasks still pending after the grace."""
+    if not tasks:
+        return set()
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    for task in pending:
+        control = tasks[task]
+        if control is None or not control.interrupt(Outcome.CUT, reason):
+            task.cancel()
+    return pending

@@ -44,7 +44,7 @@ from tether.core.context import TurnContext, TurnServices, send_error
 from tether.core.items import user_message
 from tether.core.lane import Lane
 from tether.core.outbox import InlineWriter, Outbox, OutboxClosed, Outgoing
-from tether.core.outcome import Outcome, TurnControl
+from tether.core.outcome import Outcome, TurnControl, finish_or_cut
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy
 from tether.errors import TetherError
@@ -600,30 +600,22 @@ class Session:
         creates, let active turns finish within `grace`, send `reason` as the last event. A
         detached session (its client gone) gives its turns `grace`, then cuts them."""
         if self._detached and self._close_task is not None:
-            done, _ = await asyncio.wait({self._close_task}, timeout=grace)
-            if not done:
-                running = {lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()}
-                for task in running - self._cut_turns(reason):
-                    task.cancel()
-                await asyncio.wait({self._close_task}, timeout=1.0)
+            await finish_or_cut(self._running_turns(), reason, grace)
+            await asyncio.wait({self._close_task}, timeout=1.0)  # it closes once its turns have ended
             return
         if self.state is not SessionState.OPEN:
             return
         self.state = next_state(self.state, SessionState.DRAINING)
         for lane in self._lanes.values():
             self._drop_queued(lane)
-        workers = [lane.worker for lane in self._lanes.values() if lane.worker and not lane.worker.done()]
-        if workers:
-            _, pending = await asyncio.wait(workers, timeout=grace)
-            if pending:
-                # Past the grace: cut the running turns so each still ends with a terminal event
-                # (`response.failed` carrying `reason`'s code, which clients treat as "redo").
-                for task in pending - self._cut_turns(reason):  # turns not generating yet, or finishing
-                    task.cancel()
-                _, pending = await asyncio.wait(pending, timeout=1.0)
-                if pending:  # a turn blocked on a full outbox: its client is not reading
-                    self.outbox.close()
-                await asyncio.gather(*pending, return_exceptions=True)
+        # Past the grace the running turns are cut, so each still ends with a terminal event
+        # (`response.failed` carrying `reason`'s code, which clients treat as "redo").
+        pending = await finish_or_cut(self._running_turns(), reason, grace)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+            if pending:  # a turn blocked on a full outbox: its client is not reading
+                self.outbox.close()
+            await asyncio.gather(*pending, return_exceptions=True)
         # Another replica may be asked to continue these responses as soon as the client sees
         # this last event: their store writes land first.
         await asyncio.gather(
@@ -641,11 +633,11 @@ class Session:
         self.cache.clear()
         self._on_closed(self)
 
-    def _cut_turns(self, reason: TetherError) -> set[asyncio.Task]:
-        """Cut the turns generating now (each still ends with a terminal event carrying
-        `reason`); the tasks of those that took the cut."""
-        return {turn.control.task for turn in list(self._turns.values())
-                if turn.control.interrupt(Outcome.CUT, reason) and turn.control.task is not None}  # fmt: skip
+    def _running_turns(self) -> dict[asyncio.Task, TurnControl | None]:
+        """The lanes' running workers, each with the control of the turn it runs (None: none yet)."""
+        controls = {turn.control.task: turn.control for turn in self._turns.values()}
+        return {lane.worker: controls.get(lane.worker) for lane in self._lanes.values()
+                if lane.worker is not None and not lane.worker.done()}  # fmt: skip
 
 
 _STEER_PARTS = frozenset(("input_text", "input_image", "input_file"))
