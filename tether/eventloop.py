@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Coroutine
 from functools import cache
 from typing import Any, TypeVar
+
+from tether.observability.loop_lag import WatchedSelector
 
 T = TypeVar("T")
 
@@ -58,12 +61,16 @@ def resolve(choice: str) -> str:
     return choice
 
 
-def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
     if resolve(choice) == "uvloop":
         import uvloop
 
         return uvloop.new_event_loop
-    return None  # asyncio.Runner's default: a new loop of asyncio's own, exactly as asyncio.run
+    if sys.platform == "win32":  # asyncio's loop there is the proactor, which has no selector
+        return asyncio.new_event_loop
+    # asyncio's own loop, on a selector that times each pass (how long the loop was blocked,
+    # tether/observability/loop_lag.py) instead of a timer that wakes the process to find out.
+    return lambda: asyncio.SelectorEventLoop(WatchedSelector())
 
 
 def environment_choice() -> str:
