@@ -40,7 +40,7 @@ from typing import Any
 MIN_STALL_S = 0.001
 
 
-class WatchedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]  # DefaultSelector is a platform alias
+class WatchedSelector(selectors.DefaultSelector):
     """The loop's selector, timing each pass between two polls for its `probe` (module docstring)."""
 
     def __init__(self) -> None:
