@@ -7,8 +7,8 @@ as much. Two ways to see it, one per kind of loop:
 - **the watched selector** (`WatchedSelector`, the loop `tether.eventloop.run` makes on asyncio):
   the loop's own poll is timed. A pass of the loop (the callbacks and I/O handlers it runs between
   two polls) that takes `held` seconds held every ready socket that long, so `held` is the stall,
-  measured for every pass, exactly, at the cost of two clock reads and one thread-CPU read per
-  pass, and no wake-up of its own. (A periodic timer probe costs wake-ups: at the old 50 ms it
+  measured for every pass, exactly, at the cost of two clock reads per pass (and a thread-CPU
+  read at most once a millisecond), and no wake-up of its own. (A periodic timer probe costs wake-ups: at the old 50 ms it
   was 4.4 ms of CPU per second of an idle server on a 2-core VM, more than half of its idle CPU,
   and ~100 µs per token of a single paced stream.)
 - **the timer probe** (`LoopLagProbe._run`), for a loop without that selector (uvloop, or a loop
@@ -47,19 +47,30 @@ class WatchedSelector(selectors.DefaultSelector):
         super().__init__()
         self.probe: LoopLagProbe | None = None
         self._back = time.perf_counter()  # when the last poll returned
-        self._cpu = time.thread_time()  # the thread's CPU when the last pass began
+        self._cpu = time.thread_time()  # the thread's CPU, read at the start of a poll ...
+        self._cpu_at = self._back  # ... at this time
 
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
         probe = self.probe
         if probe is not None:
-            held = time.perf_counter() - self._back
-            cpu = time.thread_time()
-            if held >= MIN_STALL_S:
-                probe.record(held, cpu - self._cpu)
-            self._cpu = cpu
+            now = time.perf_counter()
+            held = now - self._back
+            # The thread's CPU is a system call (~2-4 µs on a VM, more than a short pass): read
+            # at most once per MIN_STALL_S and for every long pass, so a long pass's CPU counts
+            # from a reading at most MIN_STALL_S before it began (capped at its length).
+            if held >= MIN_STALL_S or now - self._cpu_at >= MIN_STALL_S:
+                cpu = time.thread_time()
+                if held >= MIN_STALL_S:
+                    probe.record(held, min(held, cpu - self._cpu))
+                self._cpu, self._cpu_at = cpu, now
         ready = super().select(timeout)
         self._back = time.perf_counter()
         return ready
+
+    def watch(self, probe: LoopLagProbe | None) -> None:
+        """Report each long pass to `probe` from now on (None: to nobody)."""
+        self.probe = probe
+        self._cpu, self._cpu_at = time.thread_time(), time.perf_counter()
 
 
 class LoopLagProbe:
@@ -82,8 +93,8 @@ class LoopLagProbe:
         loop = asyncio.get_running_loop()
         selector = getattr(loop, "_selector", None)  # asyncio's selector loops keep it there
         if isinstance(selector, WatchedSelector):
-            selector._cpu = time.thread_time()  # the first pass's CPU counts from here
-            self._selector, selector.probe = selector, self
+            self._selector = selector
+            selector.watch(self)
         else:
             self._task = loop.create_task(self._run(), name="tether-loop-lag")
         return self
@@ -95,7 +106,7 @@ class LoopLagProbe:
 
     async def stop(self) -> None:
         if self._selector is not None:
-            self._selector.probe = None
+            self._selector.watch(None)
             self._selector = None
         if self._task is not None:
             self._task.cancel()
