@@ -181,7 +181,7 @@ async def start(config: TetherConfig, *, authenticator: Authenticator | None = N
         lambda: (len(engine.sessions), engine.sessions_closed),
         config.server.memory_reclaim_interval_s,
         telemetry.memory_reclaimed,
-        lambda: len(engine.runs.in_flight_runs()),
+        lambda: engine.services.coalesce.streaming,  # turns reading a backend now
     ).start()
     probe = LoopLagProbe(config.server.loop_lag_interval_s)
     probe.on_lag = telemetry.watch_loop(probe)
