@@ -257,20 +257,23 @@ def stop_signal() -> asyncio.Event:
     return stop
 
 
-def freeze_startup_heap() -> int:
+def freeze_startup_heap(young_threshold: int = 0) -> int:
     """Move every object alive now out of the garbage collector's generations (`gc.freeze`), once
     the server is built and listening: the tokenizer's rank tables (loaded by `build_engine`), the
     compiled codecs and protobuf descriptors, the configuration, the modules. A full (gen-2)
     collection then no longer walks them, so its pauses of the event loop are shorter: one took
     19 ms during a 100-stream run before. Collected first, so that startup garbage is
-    freed, not frozen for good. Returns how many objects are frozen (the "tether serving" log
-    line's `frozen_objects`).
+    freed, not frozen for good. Then the youngest generation's threshold becomes
+    `young_threshold` (`server.gc_young_threshold`; 0: Python's own). Returns how many objects
+    are frozen (the "tether serving" log line's `frozen_objects`).
 
     Only in a served process (`serve_forever`, `serve_remote_forever`), never in `start`: tests
     start many servers inside one process, where each freeze would also make every earlier test's
     garbage cycles permanent."""
     gc.collect()
     gc.freeze()
+    if young_threshold:
+        gc.set_threshold(young_threshold, *gc.get_threshold()[1:])
     return gc.get_freeze_count()
 
 
@@ -280,7 +283,7 @@ async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDA
     worker of several announces for all)."""
     stopping = stop_signal()
     running = await start(config, strategy=strategy)
-    frozen = freeze_startup_heap()
+    frozen = freeze_startup_heap(config.server.gc_young_threshold)
     log.info(
         "tether serving",
         extra={
@@ -288,6 +291,7 @@ async def serve_forever(config: TetherConfig, *, strategy: TurnStrategy = STANDA
             "bridge_port": running.bridge_port,
             "event_loop": eventloop.running_loop(),
             "frozen_objects": frozen,
+            "gc_threshold": list(gc.get_threshold()),
         },
     )
     if announce:
@@ -394,7 +398,7 @@ async def serve_remote_forever(
     remote = await start_remote_bridge(
         config, upstream=upstream, api_key=api_key, tls_ca=tls_ca, merge_tenants=merge_tenants
     )
-    freeze_startup_heap()
+    freeze_startup_heap(config.server.gc_young_threshold)
     try:
         print(f"tether bridge: HTTP/WebSocket on {remote.bridge.base_url} -> gRPC {upstream}", flush=True)
         await stopping.wait()

@@ -108,7 +108,8 @@ def test_serve_runs_the_default_loop_and_a_remote_bridge_the_configured_one(tmp_
 def test_serve_on_the_other_loop_says_so_and_serves_a_grpc_turn(tmp_path: Path) -> None:
     config = write_config(tmp_path / "t.toml", store=f"sqlite:///{tmp_path / 't.db'}")
     with ServerProcess(
-        config, tmp_path, log_level="info", args=["--set", f"server.event_loop={OTHER_LOOP}"]
+        config, tmp_path, log_level="info",
+        args=["--set", f"server.event_loop={OTHER_LOOP}", "--set", "server.gc_young_threshold=12345"],
     ) as server:
         assert _event_loops(server.base_url) == {OTHER_LOOP: 1.0}
 
@@ -125,3 +126,4 @@ def test_serve_on_the_other_loop_says_so_and_serves_a_grpc_turn(tmp_path: Path) 
     serving = [r for r in records if r.get("msg") == "tether serving"]
     assert [r["event_loop"] for r in serving] == [OTHER_LOOP], server.log_text()[-2000:]
     assert serving[0]["frozen_objects"] > 10_000  # the startup heap left the collector (gc.freeze)
+    assert serving[0]["gc_threshold"][0] == 12345  # server.gc_young_threshold

@@ -158,6 +158,7 @@ LOADER_MISTAKES = {  # every error the configuration loader raises, as a file ->
     "[server]\nevent_loop = 'trio'\n": "event_loop",
     "[server]\nws_compress_min_bytes = -1\n": "server.ws_compress_min_bytes",
     "[server]\nloop_lag_interval_s = -1\n": "server.loop_lag_interval_s",
+    "[server]\ngc_young_threshold = -1\n": "server.gc_young_threshold",
     "[limits]\nmax_turn_s = 0\n": "limits.max_turn_s",
     "[limits]\ncoalesce_ms = -1\n": "limits.coalesce_ms",
     "[limits]\nrun_orphan_after_s = 0\n": "limits.run_orphan_after_s",
