@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from tether.core.outbox import Delta
+from tether.core.delta import Delta
 from tether.core.run import ReplayLog, ResponseRun
 from tether_lab.processes import ServerProcess
 from tether_lab.scaleout import write_config

@@ -44,8 +44,8 @@ import orjson
 from tether import eventloop, workloads
 from tether.bridge import common
 from tether.config import BackendSpec, TetherConfig
+from tether.core.delta import Delta
 from tether.core.engine import Engine
-from tether.core.outbox import Delta
 from tether.protocol import json_codec
 from tether.server import build_engine
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.support.grpc_client import RawSession
-from tether.core.outbox import Delta
+from tether.core.delta import Delta
 from tether.protocol.wire import SSE_DONE
 
 from .helpers import KEY_A, check_sse_events, recv_json, send_json, wait_for

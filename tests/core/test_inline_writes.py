@@ -7,7 +7,8 @@ import asyncio
 
 from tests.core.clocks import SetClock
 from tests.core.test_outbox import completed, created, delta
-from tether.core.outbox import CoalesceWindow, Delta, Outbox
+from tether.core.delta import Delta
+from tether.core.outbox import CoalesceWindow, Outbox
 from tether.core.run import ReplayLog, ResponseRun
 
 

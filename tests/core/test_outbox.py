@@ -105,7 +105,7 @@ async def test_close_drains_then_ends_and_rejects_new_events():
 async def test_merged_deltas_concatenate_their_log_probabilities_in_order():
     import orjson
 
-    from tether.core.outbox import Delta
+    from tether.core.delta import Delta
 
     box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.0), max_coalesced_bytes=1 << 16)
     await box.put(created("r"))

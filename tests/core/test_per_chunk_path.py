@@ -14,7 +14,8 @@ from tether import render
 from tether.backends.base import Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta, runs_of
 from tether.bridge import common
 from tether.core.builder import OutputBuilder
-from tether.core.outbox import DELTA_ARMS, CoalesceWindow, Delta, Outbox
+from tether.core.delta import Delta
+from tether.core.outbox import DELTA_ARMS, CoalesceWindow, Outbox
 from tether.core.pump import ResponseEnd
 from tether.core.wakeups import WakeupReader
 from tether.protocol import json_codec

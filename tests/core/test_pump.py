@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from tether.core.outbox import CoalesceWindow, Delta, Outbox, Outgoing
+from tether.core.delta import Delta, Outgoing
+from tether.core.outbox import CoalesceWindow, Outbox
 from tether.core.pump import (
     Pump,
     PumpEnd,

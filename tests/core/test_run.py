@@ -10,7 +10,8 @@ import tracemalloc
 import pytest
 
 from tether import errors
-from tether.core.outbox import CoalesceWindow, Delta, Outbox
+from tether.core.delta import Delta
+from tether.core.outbox import CoalesceWindow, Outbox
 from tether.core.run import (
     FINAL,
     WAKE_PER_PASS,

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from tether.core.background import RunLog
-from tether.core.outbox import CoalesceWindow, Delta, OutboxClosed
+from tether.core.delta import Delta
+from tether.core.outbox import CoalesceWindow, OutboxClosed
 from tether.core.run import ReplayLog, ResponseRun
 from tether.responses.v1 import events_pb2
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tether import errors
-from tether.core.outbox import Delta
+from tether.core.delta import Delta
 from tether.core.run import ReplayGap, ResponseRun, RunState
 from tether.core.shared_runs import SharedRuns
 from tether.responses.v1 import events_pb2, response_pb2

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from tether.auth import Authenticator
 from tether.config import Limits, ServerConfig
 from tether.core.api import ResponsesAPI
-from tether.core.outbox import Delta, Outgoing
+from tether.core.delta import Delta, Outgoing
 from tether.errors import (
     HEADERS_TOO_LARGE,
     INVALID_REQUEST,

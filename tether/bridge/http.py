@@ -44,7 +44,7 @@ from tether.bridge import common
 from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.origin import check_json_body
 from tether.config import Limits
-from tether.core.outbox import Delta, Outgoing
+from tether.core.delta import Delta, Outgoing
 from tether.core.pump import PumpEnd, ResponseEnd, deliver
 from tether.core.run import LogBatch
 from tether.errors import (

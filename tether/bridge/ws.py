@@ -36,7 +36,7 @@ from tether.bridge.common import BridgeContext, Receive, Send
 from tether.bridge.ws_transport import TEXT_UTF8, GuardedWebSocketProtocol
 from tether.config import Limits
 from tether.core.api import SessionHandle
-from tether.core.outbox import Delta, Outgoing
+from tether.core.delta import Delta, Outgoing
 from tether.core.pump import Pump, PumpEnd
 from tether.errors import INVALID_REQUEST, INVALID_STREAM_ID, SERVER_SHUTTING_DOWN, TetherError
 from tether.observability import tracing

@@ -13,7 +13,8 @@ from typing import Literal, Protocol, overload
 
 from google.protobuf.message import Message
 
-from tether.core.outbox import InlineWriter, Outgoing
+from tether.core.delta import Outgoing
+from tether.core.outbox import InlineWriter
 from tether.core.pump import ResponseEnd
 from tether.responses.v1 import events_pb2, request_pb2, response_pb2, service_pb2
 
@@ -25,7 +26,7 @@ class SessionHandle(Protocol):
     raises `TetherError` only when the session is closed. `events()` yields batches of server
     events (whatever is ready; deltas already coalesced) and ends when the session closes;
     after a connection-fatal error its last batch holds that `error` event. With `lazy_deltas`,
-    text deltas may come as `outbox.Delta` records instead of protobuf events (a JSON transport
+    text deltas may come as `delta.Delta` records instead of protobuf events (a JSON transport
     encodes them straight from the merged text); without it every event is a protobuf event (the
     overloads say so to the type checker).
     """

@@ -24,8 +24,9 @@ from tether.core.chain import CacheBudget, ResponseCache
 from tether.core.checked import CheckedCreate
 from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import TurnContext, TurnServices
+from tether.core.delta import Delta, Outgoing
 from tether.core.lane import Lane
-from tether.core.outbox import CoalesceWindow, Delta, OutboxClosed, Outgoing
+from tether.core.outbox import CoalesceWindow, OutboxClosed
 from tether.core.outcome import TurnControl
 from tether.core.run import ResponseRun
 from tether.core.turn import TurnStrategy

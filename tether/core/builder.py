@@ -40,7 +40,7 @@ import orjson
 
 from tether import ids
 from tether.backends.base import Chunk, Finish, ReasoningDelta, RefusalDelta, TextDelta, ToolCallDelta
-from tether.core.outbox import Delta
+from tether.core.delta import Delta
 from tether.protocol.calls import custom_call_item
 from tether.responses.v1 import events_pb2, items_pb2
 

@@ -22,7 +22,8 @@ from tether.core.chain import CachedResponse, ResponseCache
 from tether.core.clock import Clock
 from tether.core.conversations import Conversations
 from tether.core.deadlines import TurnDeadlines
-from tether.core.outbox import CoalesceWindow, OutboxClosed, Outgoing
+from tether.core.delta import Outgoing
+from tether.core.outbox import CoalesceWindow, OutboxClosed
 from tether.core.postinference import PostInference
 from tether.core.queued import QueuedBytes
 from tether.core.ratelimit import RateLimiter

@@ -30,8 +30,9 @@ from tether.core.clock import SYSTEM_CLOCK, Clock
 from tether.core.context import Summary, TurnServices
 from tether.core.conversations import Conversations, list_args, output_item
 from tether.core.deadlines import TurnDeadlines
+from tether.core.delta import Outgoing
 from tether.core.items import request_input
-from tether.core.outbox import CoalesceWindow, InlineWriter, Outgoing
+from tether.core.outbox import CoalesceWindow, InlineWriter
 from tether.core.outcome import Outcome, finish_or_cut
 from tether.core.postinference import PostInference, PostJob
 from tether.core.pump import RESPONSE_ENDS, PumpEnd, ResponseEnd, one_response

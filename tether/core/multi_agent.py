@@ -45,9 +45,9 @@ from tether.config import Limits
 from tether.core.accounting import add_usage
 from tether.core.builder import Emitted, OutputBuilder
 from tether.core.chain import Segment
+from tether.core.delta import Delta
 from tether.core.items import user_message
 from tether.core.kinds import Prepared, StepIO, add_compaction, compact_threshold
-from tether.core.outbox import Delta
 from tether.errors import TetherError
 from tether.responses.v1 import items_pb2, request_pb2
 

@@ -38,7 +38,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from tether.core.outbox import Delta, Outgoing
+from tether.core.delta import Delta, Outgoing
 from tether.errors import SERVER_SHUTTING_DOWN
 from tether.protocol.wire import TERMINAL_ARMS
 from tether.responses.v1 import events_pb2, response_pb2

@@ -41,9 +41,10 @@ import enum
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from tether import errors
+from tether.core.delta import Delta, Outgoing
 from tether.core.outcome import Outcome, TurnControl, ending
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
@@ -117,11 +118,11 @@ class ReplayLog:
                  "first_seq", "on_resize")  # fmt: skip
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
-        self._entries: list[Any] = []
+        self._entries: list[Outgoing | None] = []  # None: dropped, until the next compaction
         self._sizes: list[int] = []
         self._frames: dict[int, bytes] = {}  # sequence number -> its entry's cached frame
         self._head = 0  # entries before it were dropped (not yet compacted away)
-        self._encode: Callable[[Any], bytes] | None = None  # the encoding the frames are of
+        self._encode: Callable[[Outgoing], bytes] | None = None  # the encoding the frames are of
         self.max_events = max(1, max_events)
         self.max_bytes = max(1, max_bytes)
         self.nbytes = 0
@@ -131,7 +132,7 @@ class ReplayLog:
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
-    def append(self, entry: Any, size: int) -> None:
+    def append(self, entry: Outgoing, size: int) -> None:
         entries = self._entries
         entries.append(entry)
         self._sizes.append(size)
@@ -174,11 +175,11 @@ class ReplayLog:
         start = after + 1 - self.first_seq
         if start < 0:
             raise ReplayGap(f"events {after + 1}..{self.first_seq - 1} are no longer retained")
-        batch = LogBatch(self._entries[self._head + start :])
+        batch = LogBatch(cast("list[Outgoing]", self._entries[self._head + start :]))  # past the head: none dropped
         batch.log = self
         return batch
 
-    def frame(self, entry: Any, encode: Callable[[Any], bytes]) -> bytes:
+    def frame(self, entry: Outgoing, encode: Callable[[Outgoing], bytes]) -> bytes:
         """`encode(entry)`, encoded once for every reader of this log (class docstring). The log
         keeps the frames of one encoding, the first one asked for; `entry` is one of its
         entries (one already dropped, or a frame of another encoding, is encoded uncached)."""
@@ -211,7 +212,7 @@ class ReplayLog:
             self.on_resize(self.nbytes - before)
 
 
-class LogBatch(list[Any]):
+class LogBatch(list[Outgoing]):
     """A subscriber's batch of a run's log (`ReplayLog.since`), with the log it came from: a
     transport asks `log.frame` for its entries' frames, encoded once for all the subscribers."""
 
@@ -238,7 +239,7 @@ class Mirror(Protocol):
     params: bytes | None
     fenced: bool  # a shared write was refused: another replica ended the run or took it over
 
-    def push(self, entry: Any, arm: str | None) -> None: ...
+    def push(self, entry: Outgoing, arm: str | None) -> None: ...
 
     def fence(self) -> None: ...
 
@@ -275,7 +276,7 @@ class ResponseRun:
         self.mirror: Mirror | None = None  # its shared side with a Redis/PostgreSQL store
         # The last entry while it is a delta no reader has taken yet: more text for the same
         # content joins it (`extend`) instead of taking a number of its own. None once read.
-        self.tail: Any = None
+        self.tail: Delta | None = None
         # One future per subscriber waiting for the next event (not one shared future behind
         # `asyncio.shield`, which costs each of them a second future and a callback per wake-up).
         self._waiters: list[asyncio.Future[None]] = []
@@ -288,16 +289,21 @@ class ResponseRun:
 
     # -- producing ---------------------------------------------------------------------------
 
-    def stamp(self, entry: Any, arm: str | None) -> bool:
-        """Number `entry` (an event whose oneof arm is `arm`, or a merged delta record when
-        `arm` is None), log it and wake the subscribers. Returns whether it ended the run."""
+    def stamp(self, entry: Outgoing, arm: str | None) -> bool:
+        """Number `entry` (an event whose oneof arm is `arm`, or a delta record, whose `arm` is
+        None), log it and wake the subscribers. Returns whether it ended the run."""
         entry.sequence_number = seq = self.next_seq
         self.next_seq = seq + 1
-        self.tail = entry if arm is None else None
         log = self.log
-        if log is not None:
-            log.append(entry, entry.size if arm is None else entry.ByteSize())
         ended = False
+        if type(entry) is Delta:
+            self.tail = entry
+            if log is not None:
+                log.append(entry, entry.size)
+        else:
+            self.tail = None
+            if log is not None:
+                log.append(entry, entry.ByteSize())
         if arm is not None and arm in RESPONSE_ARMS:
             response = getattr(entry, arm).response
             self.response = response
@@ -312,10 +318,12 @@ class ResponseRun:
             self._wake()
         return ended
 
-    def extend(self, delta: Any) -> None:
+    def extend(self, delta: Delta) -> None:
         """Merge `delta` into the tail (the caller checked that it continues it), unseen by any
         reader so far: it keeps the tail's number, and the log's size grows with it."""
-        self.tail.merge(delta)
+        tail = self.tail
+        assert tail is not None, "extend: the run has no tail to merge into"
+        tail.merge(delta)
         if self.log is not None:
             self.log.grow(delta.size)
 
@@ -386,7 +394,7 @@ class ResponseRun:
             r.status = self.state.value
         return r
 
-    async def follow(self, after: int = -1) -> AsyncIterator[list[Any]]:
+    async def follow(self, after: int = -1) -> AsyncIterator[LogBatch]:
         """The logged events numbered above `after`, then the live ones, until the run has
         ended and its last event was given, in batches: each batch is everything logged since
         this subscriber's last one (its own view: a subscriber that reads slowly gets fewer,

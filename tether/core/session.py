@@ -41,9 +41,10 @@ from tether.core import lifetime
 from tether.core.chain import CacheBudget, ResponseCache
 from tether.core.checked import CheckedCreate
 from tether.core.context import TurnContext, TurnServices, send_error
+from tether.core.delta import Outgoing
 from tether.core.items import user_message
 from tether.core.lane import Lane
-from tether.core.outbox import InlineWriter, Outbox, OutboxClosed, Outgoing
+from tether.core.outbox import InlineWriter, Outbox, OutboxClosed
 from tether.core.outcome import Outcome, TurnControl, finish_or_cut
 from tether.core.stages.validate import check_stream_id
 from tether.core.turn import STANDARD_TURNS, Turn, TurnStrategy

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from tether import errors
-from tether.core.outbox import Delta
+from tether.core.delta import Delta, Outgoing
 from tether.core.run import RESPONSE_ARMS, ReplayGap, ResponseRun
 from tether.errors import TetherError
 from tether.protocol.wire import TERMINAL_ARMS
@@ -53,13 +53,13 @@ class RunMirror:
     def __init__(self, shared: SharedRuns, run: ResponseRun) -> None:
         self.shared = shared
         self.run = run
-        self._pending: list[Any] = []
+        self._pending: list[Outgoing] = []
         self._dirty = True  # the Response changed since the last write (the first write carries it)
         self._task: asyncio.Task | None = None
         self.params: bytes | None = None  # a queued background run's create params, sent once (takeover)
         self.fenced = False  # a write was refused: another replica ended or took the run
 
-    def push(self, entry: Any, arm: str | None) -> None:
+    def push(self, entry: Outgoing, arm: str | None) -> None:
         if self.fenced:
             return
         self._pending.append(entry)
@@ -161,7 +161,7 @@ class SharedRuns:
         self._on_event("fenced")
         self._on_fenced(run)
 
-    def spawn(self, coro: Any) -> asyncio.Task:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -50,11 +50,11 @@ from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.checked import CheckedCreate, check_create
 from tether.core.context import LastHeader, TurnContext
 from tether.core.conversations import check_new_ids
+from tether.core.delta import Delta
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.kinds import STANDARD, Prepared, Rendered, TurnKind, compact
 from tether.core.lane import Lane
 from tether.core.mcp import McpLoop, check_approval_responses, redacted_tools
-from tether.core.outbox import Delta
 from tether.core.outcome import COMPLETED_ENDING, Ending, Outcome, TurnControl, ending
 from tether.core.postinference import PostJob
 from tether.core.run import ResponseRun

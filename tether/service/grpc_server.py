@@ -27,7 +27,7 @@ from tether.auth import Authenticator
 from tether.config import TetherConfig
 from tether.core.api import ResponsesAPI
 from tether.core.conversations import RPCS as CONVERSATION_RPCS
-from tether.core.outbox import Delta, Outgoing
+from tether.core.delta import Delta, Outgoing
 from tether.core.pump import Pump, PumpEnd, deliver
 from tether.errors import TetherError
 from tether.observability import tracing
