@@ -24,7 +24,8 @@ Parts, each a separate process, so /proc attributes every CPU second:
 - **a client process per round** (`client`), which connects first, then streams when told to:
   `direct` (a minimal asyncio SSE reader, straight to the upstream), `direct-httpx` (the same reader
   through httpx, the HTTP client Tether's backend used before this lab), `direct-aiohttp` (through
-  aiohttp), and through Tether: `ws` (WebSocket mode, the client's default permessage-deflate
+  aiohttp, the client Tether's backend used before its own, `tether/backends/chat/http1.py`;
+  `pip install aiohttp`, in the `lab` extra), and through Tether: `ws` (WebSocket mode, the client's default permessage-deflate
   offer, as the openai SDK makes it), `sse` (POST /v1/responses, stream: true, read by the
   minimal reader: an HTTP client library's own CPU on a 2-core machine would otherwise show up as
   Tether's TTFT), `grpc` (the bidi Session). A direct reader's own process CPU is the floor: what any program that reads the stream

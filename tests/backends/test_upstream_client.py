@@ -1,19 +1,23 @@
-"""The Chat Completions adapter's connection pool and timeouts (aiohttp), at and past each edge,
+"""The Chat Completions adapter's connection pool and timeouts (tether/backends/chat/http1.py), at and past each edge,
 against real sockets on loopback: `max_connections` with `pool_timeout_s`, `keepalive_timeout_s`,
 an upstream that never answers (nor reads the request), and the options' validation."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import ssl
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.fakes import chat_server as fk
 from tests.fakes.items import request
-from tether.backends.base import BackendError, Finish
+from tests.support.tls import self_signed
+from tether.backends.base import BackendError, Finish, TextDelta
 from tether.backends.registry import build_backend
 
 FAST = {"api_key": "test-key", "max_retries": 0, "dialect": "cerebras"}
@@ -166,3 +170,98 @@ async def test_a_slow_consumer_is_not_an_idle_upstream(fake_chat_server):
         assert ei.value.code == "backend_timeout" and 0.25 <= time.monotonic() - t0 < 3
     finally:
         await b.aclose()
+
+
+async def _tls_chat_server(cert: Path, key: Path, seen: list[bytes]) -> asyncio.Server:
+    """An https upstream that answers every request with a one-token chat stream (chunked), on
+    one kept-alive connection; `seen` gets each request's head."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                seen.append(head)
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+                await reader.readexactly(length)
+                events = [fk._frame_bytes(fk.chunk({"content": "secure"})), fk._frame_bytes(fk.chunk({}, "stop")),
+                          b"data: [DONE]\n\n"]  # fmt: skip
+                body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + body)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()
+
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    return await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+
+
+async def _connect_proxy(asked: list[bytes]) -> asyncio.Server:
+    """An HTTP proxy that serves CONNECT only: `asked` gets each request line."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        line = head.split(b"\r\n", 1)[0]
+        asked.append(line)
+        host, _, port = line.split(b" ")[1].decode().rpartition(":")
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_an_https_upstream_directly_and_through_a_connect_proxy(tmp_path, monkeypatch):
+    """TLS verified with the system's CAs (here `SSL_CERT_FILE`, the test's own certificate),
+    kept alive across calls; with HTTPS_PROXY the calls go through a CONNECT tunnel, TLS inside."""
+    cert, key = self_signed(tmp_path)
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    seen: list[bytes] = []
+    asked: list[bytes] = []
+    upstream = await _tls_chat_server(cert, key, seen)
+    proxy = await _connect_proxy(asked)
+    port = upstream.sockets[0].getsockname()[1]
+    try:
+        b = backend(f"https://localhost:{port}/v1")
+        try:
+            for _ in range(2):
+                chunks = await drain(b)
+                assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["secure"]
+                assert isinstance(chunks[-1], Finish)
+            posts = [h for h in seen if h.startswith(b"POST /v1/chat/completions HTTP/1.1")]
+            assert len(posts) == 2 and f"host: localhost:{port}".encode() in posts[0]
+        finally:
+            await b.aclose()
+        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.sockets[0].getsockname()[1]}")
+        b = backend(f"https://localhost:{port}/v1")
+        try:
+            for _ in range(2):
+                chunks = await drain(b)
+                assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["secure"]
+            assert asked == [f"CONNECT localhost:{port} HTTP/1.1".encode()]  # one tunnel, kept alive
+            assert len([h for h in seen if h.startswith(b"POST /v1/chat/completions HTTP/1.1")]) == 4
+        finally:
+            await b.aclose()
+        monkeypatch.delenv("SSL_CERT_FILE")  # not trusted: refused, as a connection failure
+        monkeypatch.delenv("HTTPS_PROXY")
+        b = backend(f"https://localhost:{port}/v1")
+        try:
+            with pytest.raises(BackendError) as ei:
+                await drain(b)
+            assert ei.value.code == "backend_error" and "CertificateRejected" in ei.value.message
+            assert len([h for h in seen if h.startswith(b"POST")]) == 4  # nothing went out
+        finally:
+            await b.aclose()
+    finally:
+        upstream.close()
+        proxy.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -14,6 +13,7 @@ from openai import AsyncOpenAI
 from websockets.asyncio.client import connect
 
 from tests.support.configs import instant_config
+from tests.support.tls import self_signed
 from tether.auth import Authenticator
 from tether.bridge import start_bridge
 from tether.server import start as start_server
@@ -22,20 +22,6 @@ from tether.startup import StartupError
 from .helpers import KEY_A, recv_response, send_json
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
-def self_signed(tmp: Path) -> tuple[Path, Path]:
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
 
 
 async def test_https_and_wss(tmp_path: Path, authenticator: Authenticator) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 import tether.client as tc
 from tests.support.configs import server_config
 from tests.support.stacks import Server
+from tests.support.tls import self_signed as make_self_signed
 from tether import errors
 from tether.backends.simulated import CUSTOM_INPUT
 
@@ -85,16 +84,7 @@ async def test_sync_connect_failure_is_raised(tmp_path):
 
 @pytest.fixture
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True,
-    )
-    return cert, key
+    return make_self_signed(tmp_path)
 
 
 async def test_tls(tmp_path: Path, self_signed):

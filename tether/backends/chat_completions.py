@@ -1,11 +1,9 @@
 """The one Chat Completions adapter: any `/v1/chat/completions` server, shaped by its dialect.
 
-`ChatCompletionsBackend` talks to one upstream over one `aiohttp.ClientSession` (its connection pool:
-keep-alive, `max_connections`). aiohttp rather than httpx because a streamed token is one network
-read, and the read is what costs: from a paced upstream (one token per SSE chunk, `python -m
-tether_lab.upstream`, 2-vCPU VM) a bare asyncio reader pays 200-220 µs of CPU per read at one
-stream and ~50 at ten, the same reader through aiohttp (a C HTTP parser) 335 / 66-78, through
-httpx (httpcore, h11 and anyio in Python) 620-690 / ~300. What differs between
+`ChatCompletionsBackend` talks to one upstream over one `UpstreamPool` (`tether.backends.chat.http1`:
+a minimal HTTP/1.1 client, keep-alive, `max_connections`): a streamed token is one network read,
+and every create one request, and both cost less there than through an HTTP client library (the
+module says how much; httpx, tried first, cost 3x the CPU per read of a bare asyncio reader). What differs between
 servers (vLLM, SGLang, llama.cpp, llama-cpp-python, Ollama, LM Studio, Cerebras, OpenAI) is
 declared in `tether.backends.chat.dialects` and chosen by the `dialect` option, or detected from
 `GET {base_url}/models` when it is "auto". The kinds "openai" and "cerebras" are this class with
@@ -31,7 +29,6 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-import aiohttp
 import orjson
 
 from tether import errors, offload
@@ -48,6 +45,7 @@ from tether.backends.base import (
     chunks_of,
 )
 from tether.backends.chat.dialects import Dialect, ModelCaps, detect, dialect_named, known_caps
+from tether.backends.chat.http1 import HttpError, Response, UpstreamPool
 from tether.backends.chat.mapping import (
     MappingOptions,
     emulated_custom_tools,
@@ -170,8 +168,8 @@ class ChatCompletionsBackend:
         self._headers = headers
         self._proxy = _env_proxy(self.base_url)
         # Made on first use, inside the running loop (a session belongs to the loop it was made in).
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._pool: UpstreamPool | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
         self._discovery = asyncio.Lock()
         self._owners: dict[str, str] = {}  # model id -> `owned_by` in the server's model list
         # Observability: retries made (total), an optional hook, the last x-ratelimit-* headers seen.
@@ -206,44 +204,36 @@ class ChatCompletionsBackend:
             raise ValueError(f"backend {self.name!r} ({self.kind}): an API key is required (set api_key_env)")
         return None
 
-    def _http(self) -> aiohttp.ClientSession:
-        """The upstream's session (connection pool), made in the running loop on first use."""
+    def _http(self) -> UpstreamPool:
+        """The upstream's connection pool, made in the running loop on first use."""
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session_loop is not loop or self._session.closed:
+        if self._pool is None or self._pool_loop is not loop:
             c = self.config
-            self._session = aiohttp.ClientSession(
+            self._pool = UpstreamPool(
+                self.base_url, max_connections=c.max_connections, keepalive_timeout_s=c.keepalive_timeout_s,
+                connect_timeout_s=c.connect_timeout_s, pool_timeout_s=c.pool_timeout_s, proxy=self._proxy,
                 headers=self._headers,
-                timeout=aiohttp.ClientTimeout(
-                    total=None,
-                    connect=c.pool_timeout_s + c.connect_timeout_s,  # a pooled connection: waiting + connecting
-                    sock_connect=c.connect_timeout_s,
-                    sock_read=None,  # the idle timeout is `_IdleWatch`'s: one timer per stream, not per read
-                ),
-                connector=aiohttp.TCPConnector(limit=c.max_connections, keepalive_timeout=c.keepalive_timeout_s),
-                # Proxies from the environment are looked up once (`_env_proxy`), not per request:
-                # aiohttp's trust_env does it per request in a thread, ~3-5 ms of first-token time.
-                trust_env=False,
-            )
-            self._session_loop = loop
-        return self._session
+            )  # fmt: skip
+            self._pool_loop = loop
+        return self._pool
 
-    async def _request(self, method: str, url: str, **kw: Any) -> aiohttp.ClientResponse:
+    async def _request(self, method: str, url: str, *, data: bytes = b"", headers: Mapping[str, str] | None = None) -> Response:
         """Send a request; the response once its head is in (read the body, then release it:
         `async with response`). Past the head deadline (see `write_timeout_s`): TimeoutError."""
         c = self.config
         if self.dialect is not None and self.dialect.headers:
-            kw["headers"] = {**dict(self.dialect.headers), **kw.get("headers", {})}
+            headers = {**dict(self.dialect.headers), **(headers or {})}
         async with asyncio.timeout(c.pool_timeout_s + c.connect_timeout_s + c.write_timeout_s + c.stream_idle_timeout_s):
-            return await self._http().request(method, url, proxy=self._proxy, **kw)
+            return await self._http().request(method, url, body=data, headers=headers)
 
     async def aclose(self) -> None:
         task, self._warm_task = self._warm_task, None
         for t in (task, *self._caps_refreshing):
             if t is not None:
                 t.cancel()
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
 
     # -- models and dialect ---------------------------------------------------------------------
 
@@ -256,7 +246,7 @@ class ChatCompletionsBackend:
                     status, headers, content = resp.status, resp.headers, await resp.read()
         except TimeoutError as exc:
             raise BackendError(errors.BACKEND_TIMEOUT, f"upstream timed out: {type(exc).__name__}") from exc
-        except aiohttp.ClientError as exc:
+        except HttpError as exc:
             raise BackendError(errors.BACKEND_ERROR, f"upstream unreachable: {type(exc).__name__}") from exc
         self._note_ratelimit(headers)
         if status >= 400:
@@ -301,7 +291,7 @@ class ChatCompletionsBackend:
             async with resp, asyncio.timeout(self.config.stream_idle_timeout_s):
                 status, content = resp.status, await resp.read()
             self._note_used()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, HttpError) as exc:
             log.info("backend %s: model info for %s unavailable (%s)", self.name, model, type(exc).__name__)
             return
         if status >= 400:
@@ -343,7 +333,7 @@ class ChatCompletionsBackend:
                 resp = await self._request("GET", self.base_url + path)
                 async with resp:
                     await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, HttpError) as exc:
             log.debug("backend %s: warming failed (%s)", self.name, type(exc).__name__)
             return False
         self._note_used()
@@ -359,7 +349,7 @@ class ChatCompletionsBackend:
 
     async def _keep_warm(self) -> None:
         """Warm now, then whenever the pool has been idle for 80% of `keepalive_timeout_s` (before
-        aiohttp closes the idle connection), until `warm_for_s` have passed since the last call;
+        the pool closes the idle connection), until `warm_for_s` have passed since the last call;
         then wait for the next call."""
         interval = 0.8 * self.config.keepalive_timeout_s
         await self.warm()
@@ -500,7 +490,7 @@ class ChatCompletionsBackend:
                     retryable=True,
                 )
                 retry, reason = True, type(exc).__name__
-            except aiohttp.ClientError as exc:
+            except HttpError as exc:
                 failure = BackendError(
                     errors.BACKEND_ERROR,
                     f"upstream connection failed: {type(exc).__name__}",
@@ -529,7 +519,7 @@ class ChatCompletionsBackend:
         return payload, headers
 
     async def _read(
-        self, resp: aiohttp.ClientResponse, forced: bool, emulated: frozenset[str]
+        self, resp: Response, forced: bool, emulated: frozenset[str]
     ) -> AsyncGenerator[list[Chunk], None]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
@@ -544,7 +534,7 @@ class ChatCompletionsBackend:
                     raw = await _read_at_most(resp, self.config.max_event_bytes)
             except TimeoutError as exc:
                 raise BackendError(errors.BACKEND_TIMEOUT, "upstream stalled") from exc
-            except aiohttp.ClientError as exc:
+            except HttpError as exc:
                 raise BackendError(errors.BACKEND_ERROR, f"upstream connection broke: {type(exc).__name__}") from exc
             try:
                 obj = orjson.loads(raw)
@@ -559,7 +549,7 @@ class ChatCompletionsBackend:
         decoder = SSEDecoder(self.config.max_event_bytes)
         seen = 0
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
-        it = resp.content.iter_any()
+        it = resp
         watch = _IdleWatch(resp, self.config.stream_idle_timeout_s)
         stalled = BackendError(
             errors.BACKEND_TIMEOUT, f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s"
@@ -585,7 +575,7 @@ class ChatCompletionsBackend:
                     yield run
                 if failure is not None:
                     raise failure
-        except aiohttp.ClientError as exc:
+        except HttpError as exc:
             if watch.fired:
                 raise stalled from exc
             raise BackendError(
@@ -606,7 +596,7 @@ class ChatCompletionsBackend:
             async with asyncio.timeout(self.drain_timeout_s):
                 async for _ in it:
                     pass
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, HttpError):
             pass
 
     @staticmethod
@@ -657,15 +647,15 @@ class ChatCompletionsBackend:
             )
             async with resp, asyncio.timeout(self.config.stream_idle_timeout_s):
                 count = orjson.loads(await resp.read()).get("count") if resp.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        except (HttpError, TimeoutError, ValueError, AttributeError):
             count = None
         return count if isinstance(count, int) and count >= 0 else None
 
 
-async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def _read_at_most(resp: Response, limit: int) -> bytes:
     """The whole body of `resp`, or BackendError once it passes `limit` bytes."""
     parts, size = [], 0
-    async for data in resp.content.iter_any():
+    async for data in resp:
         size += len(data)
         if size > limit:
             raise BackendError(errors.BACKEND_ERROR, f"upstream sent a reply over {limit} bytes (max_event_bytes)")
@@ -677,15 +667,15 @@ WARM_TIMEOUT_S = 1.0  # a warming request's limit (the SDK's): it must never hol
 
 
 class _IdleWatch:
-    """The stream's idle timeout: one timer per stream, where a read timeout (aiohttp's sock_read)
-    arms and cancels one per read, ~6% of the CPU of a token streamed from a paced upstream.
+    """The stream's idle timeout: one timer per stream, where a read timeout would arm and cancel
+    one per read, ~6% of the CPU of a token streamed from a paced upstream.
     `since` is when the stream began waiting for bytes (None while a read is being handled: a
     consumer that is slow to take a run is not an idle upstream). When the upstream has been silent
     for `idle` seconds the response is closed, which ends the pending read; `fired` says why."""
 
     __slots__ = ("_loop", "_idle", "_resp", "_handle", "since", "fired", "now")
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle: float) -> None:
+    def __init__(self, resp: Response, idle: float) -> None:
         self._loop = loop = asyncio.get_running_loop()
         self._idle = idle
         self._resp = resp
