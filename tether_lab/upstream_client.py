@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 
 from tether.backends.chat.http1 import UpstreamPool
-from tether_lab.upstream import Pacing, PacedUpstream
+from tether_lab.upstream import PacedUpstream, Pacing
 
 BODY = orjson.dumps({"model": "paced", "messages": [{"role": "user", "content": "hi"}], "stream": True})
 
@@ -43,34 +43,42 @@ async def measure(requests: int, tokens: int) -> list[tuple[str, str, float]]:
     long = await PacedUpstream(Pacing(tokens=tokens, interval_s=0.0005, ttft_s=0, stamp=False)).start(0)
     try:
         for upstream, what, n in ((short, "request (1-token stream)", requests), (long, "streamed read", 2)):
-            base = f"http://127.0.0.1:{upstream.port}/v1"
-            url = base + "/chat/completions"
-            pool = UpstreamPool(base, max_connections=4, keepalive_timeout_s=15, connect_timeout_s=5,
-                                pool_timeout_s=5, headers={"content-type": "application/json"})  # fmt: skip
-
-            async def tether_call() -> int:
-                async with await pool.request("POST", url, body=BODY) as r:
-                    reads = sum([1 async for _ in r])
-                return reads if what == "streamed read" else 1
-
-            rows.append(("tether http1", what, (await _cpu_per(n, tether_call))[0]))
-            await pool.aclose()
-            if importlib.util.find_spec("aiohttp") is not None:
-                import aiohttp
-
-                async with aiohttp.ClientSession(headers={"content-type": "application/json"}) as session:
-
-                    async def aiohttp_call() -> int:
-                        async with session.post(url, data=BODY) as r:
-                            reads = sum([1 async for _ in r.content.iter_any()])
-                        return reads if what == "streamed read" else 1
-
-                    rows.append(("aiohttp", what, (await _cpu_per(n, aiohttp_call))[0]))
-            if what == "request (1-token stream)":
-                rows.append(("plain asyncio", what, (await _cpu_per(n, _plain(upstream.port)))[0]))
+            rows += await _round(upstream.port, what, n)
     finally:
         await short.stop()
         await long.stop()
+    return rows
+
+
+async def _round(port: int, what: str, n: int) -> list[tuple[str, str, float]]:
+    """Each client against the upstream at `port`: `n` requests, CPU per request or per read."""
+    per_read = what == "streamed read"
+    base = f"http://127.0.0.1:{port}/v1"
+    url = base + "/chat/completions"
+    rows: list[tuple[str, str, float]] = []
+    pool = UpstreamPool(base, max_connections=4, keepalive_timeout_s=15, connect_timeout_s=5, pool_timeout_s=5,
+                        headers={"content-type": "application/json"})  # fmt: skip
+
+    async def tether_call() -> int:
+        async with await pool.request("POST", url, body=BODY) as r:
+            reads = sum([1 async for _ in r])
+        return reads if per_read else 1
+
+    rows.append(("tether http1", what, (await _cpu_per(n, tether_call))[0]))
+    await pool.aclose()
+    if importlib.util.find_spec("aiohttp") is not None:
+        import aiohttp
+
+        async with aiohttp.ClientSession(headers={"content-type": "application/json"}) as session:
+
+            async def aiohttp_call() -> int:
+                async with session.post(url, data=BODY) as r:
+                    reads = sum([1 async for _ in r.content.iter_any()])
+                return reads if per_read else 1
+
+            rows.append(("aiohttp", what, (await _cpu_per(n, aiohttp_call))[0]))
+    if not per_read:
+        rows.append(("plain asyncio", what, (await _cpu_per(n, _plain(port)))[0]))
     return rows
 
 
