@@ -258,14 +258,20 @@ class ByteRelay:
         up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
         for w in (writer, up_writer):
             w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await splice(reader, writer, up_reader, up_writer)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-            dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+async def splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
+                 up_writer: asyncio.StreamWriter) -> None:  # fmt: skip
+    """Copy bytes both ways between two connections until each side ends (a relay's, a tunnel's)."""
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await src.read(65536):
+                dst.write(data)
+        dst.close()
+
+    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 # --- clients: one round of N concurrent streams -------------------------------------------------------

@@ -5,7 +5,6 @@ an upstream that never answers (nor reads the request), and the options' validat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import ssl
 import threading
@@ -19,6 +18,7 @@ from tests.fakes.items import request
 from tests.support.tls import self_signed
 from tether.backends.base import BackendError, Finish, TextDelta
 from tether.backends.registry import build_backend
+from tether_lab.upstream import splice
 
 FAST = {"api_key": "test-key", "max_retries": 0, "dialect": "cerebras"}
 
@@ -206,14 +206,7 @@ async def _connect_proxy(asked: list[bytes]) -> asyncio.Server:
         host, _, port = line.split(b" ")[1].decode().rpartition(":")
         up_reader, up_writer = await asyncio.open_connection(host, int(port))
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-            dst.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await splice(reader, writer, up_reader, up_writer)
 
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
