@@ -162,3 +162,34 @@ async def test_a_non_delta_queued_behind_a_held_delta_is_not_held_for_the_window
     at_once = await _one_step(box.get_batch())
     assert at_once.done()
     assert [ev.WhichOneof("event") for ev in at_once.result()] == ["output_text_delta", "completed"]
+
+
+async def test_a_slow_stream_is_not_held_for_the_window():
+    """Deltas that come more than half a window apart are sent at once, even inside the window
+    since the last batch: fewer than two more would come within it, so waiting only adds latency.
+    Deltas that come faster are held and merged, as before."""
+    clock = SetClock()
+    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
+    await box.put(created("r"))
+    assert len(await box.get_batch()) == 1  # flushed at t = 0
+    await box.put(delta("r", "a"))
+    held = await _one_step(box.get_batch())
+    assert not held.done()  # how fast this stream is, nobody knows yet: held
+    clock.advance(0.006)
+    await box.put(delta("r", "b"))  # 6 ms after the last: more than half the 10 ms window
+    await box.put(completed("r"))
+    assert [ev.WhichOneof("event") for ev in await held] == ["output_text_delta", "completed"]
+    clock.advance(0.006)
+    await box.put(delta("s", "c"))  # 4 ms before the window since the last batch ends
+    at_once = await _one_step(box.get_batch())
+    assert at_once.done()  # inside the window, but this stream is slow: at once
+    for _ in range(6):  # deltas 1 ms apart: the average falls below half the window
+        clock.advance(0.001)
+        await box.put(delta("s", "d"))
+    assert box.delta_gap is not None and box.delta_gap * 2 < 0.010
+    await box.get_batch()
+    await box.put(delta("s", "e"))
+    held = await _one_step(box.get_batch())
+    assert not held.done()  # a fast stream: held for more, as before
+    await box.put(completed("s"))
+    await held
