@@ -28,8 +28,9 @@ BODY = orjson.dumps({"model": "paced", "messages": [{"role": "user", "content": 
 
 
 async def _cpu_per(n: int, one: Callable[[], Awaitable[int]]) -> tuple[float, int]:
-    """µs of process CPU per unit of `one()` (which returns how many units it did), after a warm-up."""
-    for _ in range(20):
+    """µs of process CPU per unit of `one()` (which returns how many units it did), after a warm-up
+    of `n` calls (at most 20)."""
+    for _ in range(min(n, 20)):
         await one()
     units, t0 = 0, time.process_time()
     for _ in range(n):

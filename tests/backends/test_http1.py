@@ -150,3 +150,15 @@ async def test_reading_pauses_while_the_caller_lags_and_resumes_when_it_reads() 
     with pytest.raises(HttpError):
         await response.__anext__()
     assert conn.released == [False]
+
+
+def test_header_lines_cannot_be_split_and_urls_must_be_http() -> None:
+    from tether.backends.chat.http1 import UpstreamPool
+
+    opts = {"max_connections": 1, "keepalive_timeout_s": 1, "connect_timeout_s": 1, "pool_timeout_s": 1}
+    with pytest.raises(ValueError, match="invalid HTTP header"):
+        UpstreamPool("http://127.0.0.1:9/v1", headers={"x-extra": "a\r\nx-injected: 1"}, **opts)
+    with pytest.raises(ValueError, match="http:// or https://"):
+        UpstreamPool("ftp://127.0.0.1/v1", **opts)
+    with pytest.raises(ValueError, match="only http:// proxies"):
+        UpstreamPool("http://127.0.0.1:9/v1", proxy="socks5://127.0.0.1:1080", **opts)

@@ -87,7 +87,9 @@ async def test_connection_lifetime_reconnects_and_resends(tmp_path):
 
 
 async def test_connection_end_between_turns_is_followed_by_a_fresh_one(tmp_path):
-    srv = await Server(server_config(tmp_path, connection_lifetime_s=0.1, lifetime_grace_s=0)).start()
+    # The lifetime must outlast a turn on a loaded machine: at 0.1 s the fresh connection could
+    # end too before the second turn's answer (a second reconnect).
+    srv = await Server(server_config(tmp_path, connection_lifetime_s=0.5, lifetime_grace_s=0)).start()
     try:
         async with tc.connect(srv.target, retry=QUICK_RETRY) as s:
             first = await (await s.create("tether-sim", "one")).final_response()

@@ -553,12 +553,13 @@ class UpstreamPool:
         target = url if self._proxy is not None and self.scheme == "http" else (parts.path or "/") + (
             f"?{parts.query}" if parts.query else "")  # fmt: skip
         lines = [f"{method} {target} HTTP/1.1\r\nhost: {self.authority}\r\n"]
-        merged = {**self._headers, **{k.lower(): v for k, v in (headers or {}).items()}}
+        merged = dict(self._headers)  # checked once, when the pool was made
+        for name, value in (headers or {}).items():
+            _check_header(name, value)
+            merged[name.lower()] = value
         if self._proxy is not None and self.scheme == "http" and self._proxy[2]:
             merged["proxy-authorization"] = self._proxy[2]
         for name, value in merged.items():
-            if headers and name in headers:
-                _check_header(name, value)
             lines.append(f"{name}: {value}\r\n")
         if body or method in ("POST", "PUT", "PATCH"):
             lines.append(f"content-length: {len(body)}\r\n")
