@@ -131,11 +131,18 @@ async def _one_step(coro) -> asyncio.Task:
     return task
 
 
-async def test_the_coalescing_window_runs_on_the_outbox_clock():
+async def _flushed_at_zero() -> tuple[SetClock, Outbox]:
+    """An outbox with a 10 ms window on a set clock, whose last batch (a `created`) left at t = 0:
+    a delta put now is inside the window."""
     clock = SetClock()
     box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
     await box.put(created("r"))
-    assert len(await box.get_batch()) == 1  # flushed at t = 0
+    assert len(await box.get_batch()) == 1
+    return clock, box
+
+
+async def test_the_coalescing_window_runs_on_the_outbox_clock():
+    clock, box = await _flushed_at_zero()
     await box.put(delta("r", "a"))
     waiting = await _one_step(box.get_batch())
     assert not waiting.done()  # a delta inside the window waits for more
@@ -153,10 +160,7 @@ async def test_the_coalescing_window_runs_on_the_outbox_clock():
 async def test_a_non_delta_queued_behind_a_held_delta_is_not_held_for_the_window():
     """The last text and the terminal event often reach the queue in one step of the turn, before
     the writer asks for a batch: the terminal event must not wait out the delta's window."""
-    clock = SetClock()
-    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
-    await box.put(created("r"))
-    assert len(await box.get_batch()) == 1  # flushed at t = 0: a delta now would be held
+    _, box = await _flushed_at_zero()
     await box.put(delta("r", "last words"))
     await box.put(completed("r"))
     at_once = await _one_step(box.get_batch())
@@ -168,10 +172,7 @@ async def test_a_slow_stream_is_not_held_for_the_window():
     """Deltas that come more than half a window apart are sent at once, even inside the window
     since the last batch: fewer than two more would come within it, so waiting only adds latency.
     Deltas that come faster are held and merged, as before."""
-    clock = SetClock()
-    box = Outbox(max_events=16, window=CoalesceWindow.fixed(0.010), max_coalesced_bytes=1 << 16, clock=clock)
-    await box.put(created("r"))
-    assert len(await box.get_batch()) == 1  # flushed at t = 0
+    clock, box = await _flushed_at_zero()
     await box.put(delta("r", "a"))
     held = await _one_step(box.get_batch())
     assert not held.done()  # how fast this stream is, nobody knows yet: held
