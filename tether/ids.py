@@ -27,6 +27,7 @@ def well_formed(value: str) -> bool:
 _POOL_BYTES = 4096
 _pool = b""
 _at = 0
+_lock = threading.Lock()  # ids are also made off the loop (offloaded work): no chunk twice
 
 
 def _drop_pool() -> None:
@@ -35,9 +36,6 @@ def _drop_pool() -> None:
 
 
 os.register_at_fork(after_in_child=_drop_pool)
-
-
-_lock = threading.Lock()  # ids are also made off the loop (offloaded work): no chunk twice
 
 
 def _random16() -> bytes:

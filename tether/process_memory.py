@@ -113,27 +113,27 @@ def trim_heap() -> bool:
 
 class MemoryReclaimer:
     """Every `interval_s`, if at least as many sessions closed since the last reclaim as are open
-    now (and at least one did), and no response is in flight, collect garbage and trim the heap.
+    now (and at least one did), and no turn is reading a backend, collect garbage and trim the heap.
 
     The rule follows the load: under steady churn the memory of closed sessions is reused by new
     ones and nothing runs; after a wave of closes (an agent fleet finishing, a deploy draining
     clients) the memory goes back. Not while a response streams: the full collection runs on the
     loop (measured: ~150 ms with 100 sessions open, and the purge beside it stalls allocations),
     which while a new wave of 100 WebSocket creates streamed put their TTFT p50 at 868 ms instead
-    of ~100 ms. `counts` returns (open sessions, sessions closed so far); `in_flight` the responses
-    in flight now; `on_reclaim(seconds, released_bytes)` reports each run (metrics)."""
+    of ~100 ms. `counts` returns (open sessions, sessions closed so far); `streaming` the turns
+    reading a backend now; `on_reclaim(seconds, released_bytes)` reports each run (metrics)."""
 
     def __init__(
         self,
         counts: Callable[[], tuple[int, int]],
         interval_s: float,
         on_reclaim: Callable[[float, int], Any] | None = None,
-        in_flight: Callable[[], int] = lambda: 0,
+        streaming: Callable[[], int] = lambda: 0,
     ) -> None:
         self.counts = counts
         self.interval_s = interval_s
         self.on_reclaim = on_reclaim
-        self.in_flight = in_flight
+        self.streaming = streaming
         self.runs = 0
         self._closed_at_last = counts()[1]
         self._task: asyncio.Task[None] | None = None
@@ -141,7 +141,7 @@ class MemoryReclaimer:
     def due(self) -> bool:
         open_now, closed = self.counts()
         closed_since = closed - self._closed_at_last
-        return closed_since > 0 and closed_since >= open_now and not self.in_flight()
+        return closed_since > 0 and closed_since >= open_now and not self.streaming()
 
     async def reclaim(self) -> int:
         """One run (whether or not it is due): the resident bytes it gave back."""

@@ -88,7 +88,7 @@ def test_memory_is_reclaimed_after_the_connections_close(tmp_path: Path) -> None
 
 
 async def test_reclaimer_runs_after_as_many_closes_as_open_sessions() -> None:
-    state = {"open": 10, "closed": 0, "in_flight": 0}
+    state = {"open": 10, "closed": 0, "streaming": 0}
     runs: list[tuple[float, int]] = []
     ran = asyncio.Event()
 
@@ -96,13 +96,13 @@ async def test_reclaimer_runs_after_as_many_closes_as_open_sessions() -> None:
         runs.append((seconds, released))
         ran.set()
 
-    reclaimer = MemoryReclaimer(lambda: (state["open"], state["closed"]), 0.05, on_reclaim, lambda: state["in_flight"])
+    reclaimer = MemoryReclaimer(lambda: (state["open"], state["closed"]), 0.05, on_reclaim, lambda: state["streaming"])
     assert not reclaimer.due()  # nothing closed yet
     state.update(open=6, closed=4)
     assert not reclaimer.due()  # 4 closed < 6 still open: their memory is being reused
-    state.update(open=5, closed=5, in_flight=1)
+    state.update(open=5, closed=5, streaming=1)
     assert not reclaimer.due()  # a response streams: a full collection would stall it
-    state.update(in_flight=0)
+    state.update(streaming=0)
     assert reclaimer.due()
     reclaimer.start()
     await asyncio.wait_for(ran.wait(), 30)  # a hang guard

@@ -549,13 +549,12 @@ class ChatCompletionsBackend:
         decoder = SSEDecoder(self.config.max_event_bytes)
         seen = 0
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
-        it = resp
         watch = _IdleWatch(resp, self.config.stream_idle_timeout_s)
         stalled = BackendError(
             errors.BACKEND_TIMEOUT, f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s"
         )
         try:
-            async for data in it:
+            async for data in resp:
                 watch.since = None  # not waiting on the upstream while this read is handled
                 run, failure = self._parse(decoder.feed(data), parser, generated)
                 if run:
@@ -594,7 +593,7 @@ class ChatCompletionsBackend:
         # Read to the end of the body so the connection goes back to the pool (normally instant).
         try:
             async with asyncio.timeout(self.drain_timeout_s):
-                async for _ in it:
+                async for _ in resp:
                     pass
         except (TimeoutError, HttpError):
             pass

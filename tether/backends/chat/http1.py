@@ -36,7 +36,6 @@ import urllib.parse
 import zlib
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_HIGH_WATER = 1 << 20
@@ -74,7 +73,7 @@ class Response:
 
     __slots__ = ("status", "headers", "_conn", "_head", "_head_done", "_body_state", "_length", "_chunk_left",
                  "_cbuf", "_decoder", "_pieces", "_buffered", "_eof", "_error", "_waiter", "_keep_alive",
-                 "_released", "_paused", "_close_delimited")  # fmt: skip
+                 "_released", "_paused")  # fmt: skip
 
     def __init__(self, conn: _Connection) -> None:
         self.status = 0
@@ -86,7 +85,7 @@ class Response:
         self._length: int | None = None  # Content-Length bytes still to come; -1: chunked; None: to the end
         self._chunk_left = -1  # chunked: bytes of the current chunk (+2 for its CRLF) still to come; -1 at a size line
         self._cbuf = bytearray()  # chunked: an incomplete size line
-        self._decoder: Any = None  # a zlib decompressor for a gzip/deflate body
+        self._decoder: zlib._Decompress | None = None  # for a gzip/deflate body
         self._pieces: deque[bytes] = deque()
         self._buffered = 0
         self._eof = False
@@ -95,7 +94,6 @@ class Response:
         self._keep_alive = False
         self._released = False
         self._paused = False
-        self._close_delimited = False
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -222,8 +220,8 @@ class Response:
                 raise ProtocolViolation("upstream sent an invalid Content-Length") from None
             if self._length < 0:
                 raise ProtocolViolation("upstream sent an invalid Content-Length")
-        elif status not in _NO_BODY:  # the body runs to the connection's end
-            self._close_delimited, self._keep_alive = True, False
+        elif status not in _NO_BODY:  # the body runs to the connection's end (`_length` None)
+            self._keep_alive = False
         encoding = headers.get("content-encoding", "").lower()
         if encoding == "gzip":
             self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -315,7 +313,7 @@ class Response:
         self._wake()
 
     def _connection_ended(self, exc: BaseException | None) -> None:
-        if self._body_state == 1 and self._close_delimited and exc is None:
+        if self._body_state == 1 and self._length is None and exc is None:  # a body to the end: ended
             self._end_body()
             return
         if self._body_state < 2:
