@@ -30,6 +30,7 @@ from tests.fakes.chat_server import (
     http_error,
     mid_stream_error,
     no_done,
+    paced,
     rate_limited,
     slow,
     stall,
@@ -301,6 +302,15 @@ async def test_grpc_client_gone_after_a_turn_frees_its_session(how: str) -> None
             pass
 
 
+async def _completed_stream(conn: Any) -> dict:
+    """What a reader that resumes gets: its whole stream, valid, ending in a completed response."""
+    events = await recv_until(conn, is_terminal, within=60)
+    validate_events(events)
+    done = events[-1]["response"]
+    assert done["status"] == "completed"
+    return done
+
+
 async def test_slow_client_blocks_only_its_own_stream() -> None:
     """A reader that stops reading fills the socket buffers (made small on both ends), then its
     bounded outbox, then its own generation waits; another connection's response completes
@@ -331,14 +341,37 @@ async def test_slow_client_blocks_only_its_own_stream() -> None:
                 assert (await recv_response(other))[-1]["type"] == "response.completed"
             assert Firehose.pulled["hose"] == pulled  # the slow stream did not move meanwhile
             assert len(slow_session.outbox._queue) <= limit
-            events = await recv_until(slow_conn, is_terminal, within=60)
+            done = await _completed_stream(slow_conn)
         finally:
             await slow_conn.close()
-        validate_events(events)
-        done = events[-1]["response"]
-        assert done["status"] == "completed"
         assert len(done["output"][0]["content"][0]["text"]) == chunks * 1024
         await wait_for(lambda: not engine.sessions, 10)
+
+
+async def test_a_slow_client_of_a_real_upstream_stream_gets_it_whole_and_in_order(fake: FakeChatServer) -> None:
+    """The same through a real upstream, whose tokens reach the turn in the upstream socket's
+    callback (tether/core/intake.py): once the client's socket and then its outbox are full, a
+    push no longer fits, the rest waits in order for the turn's task, which waits for room. The
+    queue never exceeds `outbound_buffer_events`, and the whole stream arrives intact."""
+    n, limit = 600, 4
+    config = upstream_config(fake, outbound_buffer_events=limit, max_coalesced_bytes=64)
+    fake.default = paced(n, 0.002)
+    async with full_stack(config) as stack:
+        slow_conn, _ = await slow_reader(stack)
+        try:
+            await send_json(slow_conn, CREATE)
+            [session] = list(stack.engine.sessions)
+            box = session.outbox
+            await wait_for(lambda: len(box._queue) >= limit and not box._space.is_set(), 30)
+            seen = []
+            for _ in range(200):  # while it is held up
+                seen.append(len(box._queue))
+                await asyncio.sleep(0.005)
+            assert max(seen) <= limit
+            done = await _completed_stream(slow_conn)
+        finally:
+            await slow_conn.close()
+    assert done["output"][0]["content"][0]["text"] == "".join(f" w{i}" for i in range(n))
 
 
 async def test_bridge_connections_disable_nagle() -> None:

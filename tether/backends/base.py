@@ -75,6 +75,9 @@ class BackendRequest:
     # routing, upstream cache hints, `cache_salt`), so one tenant's prompt never finds another's
     # cached prefix. Never sent upstream as such. "" on an open server (one tenant).
     tenant: str = ""
+    # The caller's consumer of runs in the step that read them (`RunSink`); None: every run is
+    # yielded. Set by the turn for its one call; never sent upstream.
+    sink: RunSink | None = None
 
     def scoped_cache_key(self, key: str) -> str:
         """`key` (a client's `prompt_cache_key`, a conversation key) as this tenant's own: a
@@ -184,6 +187,24 @@ class BackendError(TetherError):
         self.retryable = retryable
 
 
+class RunSink(Protocol):
+    """Where a backend may hand a run in the step that read it, instead of yielding it: the
+    turn's own handling of its chunks (`tether.core.intake`), so that a streamed token is built,
+    numbered and written to its client in the upstream socket's callback, without a switch to the
+    turn's task (one pass of the event loop per token).
+
+    The contract, for a backend that uses it (`BackendRequest.sink`; one that does not yields
+    every run, as always): the first run and the run that ends the stream (its `Finish`) are
+    yielded, never pushed (a backend pool decides failover on the first and tags the last);
+    between them a run may be pushed with `take`. When `take` returns False the sink's owner must
+    run before anything more is pushed: the backend yields an empty run `[]` (the one place a run
+    is empty), and pushes again only after its generator was resumed."""
+
+    def take(self, run: list[Chunk]) -> bool:
+        """Handle `run` now (it is the sink's from here). False: resume the owner's task first."""
+        ...
+
+
 class Backend(Protocol):
     """An inference adapter. One instance per configured backend, shared by all sessions."""
 
@@ -228,7 +249,8 @@ class Backend(Protocol):
 
     def stream_runs(self, request: BackendRequest) -> AsyncGenerator[list[Chunk], None]:
         """The same chunks as `stream`, as non-empty lists: the chunks one upstream read or
-        timer tick made ready together."""
+        timer tick made ready together (an empty list only where `request.sink` asked for its
+        owner's task: `RunSink`)."""
         ...
 
     async def aclose(self) -> None:

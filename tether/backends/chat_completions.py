@@ -39,6 +39,7 @@ from tether.backends.base import (
     Finish,
     ReasoningDelta,
     RefusalDelta,
+    RunSink,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -470,7 +471,7 @@ class ChatCompletionsBackend:
                     if resp.status < 400:
                         emulated = emulated_custom_tools(request.tools, self.dialect)  # type: ignore[arg-type]  # prepare() settled the dialect
                         try:
-                            async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated)) as runs:
+                            async with contextlib.aclosing(self._read(resp, forces_tool_call(body), emulated, request.sink)) as runs:
                                 async for run in runs:
                                     yield run
                         finally:
@@ -519,12 +520,14 @@ class ChatCompletionsBackend:
         return payload, headers
 
     async def _read(
-        self, resp: Response, forced: bool, emulated: frozenset[str]
+        self, resp: Response, forced: bool, emulated: frozenset[str], sink: RunSink | None = None
     ) -> AsyncGenerator[list[Chunk], None]:
         """Parse one 2xx upstream response; every transport failure becomes a BackendError here
         (so the caller's retry handlers never see a mid-stream failure). `forced`: the request
         obliged a tool call, and an answer without one fails rather than passing as completed.
-        `emulated`: the functions that stand for custom tools (their calls are custom calls)."""
+        `emulated`: the functions that stand for custom tools (their calls are custom calls).
+        With a `sink`, the runs after the first are handed to it in the step that read them
+        (`_Push`, `RunSink`)."""
         assert self.dialect is not None
         parser = StreamParser(self.dialect.reasoning_deltas, emulated)
         if resp.headers.get("content-type", "").startswith("application/json"):
@@ -547,33 +550,50 @@ class ChatCompletionsBackend:
             yield run
             return
         decoder = SSEDecoder(self.config.max_event_bytes)
-        seen = 0
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
+        seen = 0
+
+        def feed(data: bytes) -> tuple[list[Chunk], BackendError | None]:
+            nonlocal seen
+            run, failure = self._parse(decoder.feed(data), parser, generated)
+            seen += len(run)
+            return run, failure
+
         watch = _IdleWatch(resp, self.config.stream_idle_timeout_s)
         stalled = BackendError(
             errors.BACKEND_TIMEOUT, f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s"
         )
+        push = _Push(resp, feed, sink, watch) if sink is not None else None
         try:
-            async for data in resp:
-                watch.since = None  # not waiting on the upstream while this read is handled
-                run, failure = self._parse(decoder.feed(data), parser, generated)
-                if run:
-                    seen += len(run)
-                    yield run
-                if failure is not None:
-                    raise failure
-                if parser.done:
+            while not parser.done:
+                data = resp.read_nowait()
+                if data is None:  # the body ended
+                    if watch.fired:
+                        raise stalled
+                    run, failure = self._parse(decoder.flush(), parser, generated)
+                    if run:
+                        seen += len(run)
+                        yield run
+                    if failure is not None:
+                        raise failure
                     break
-                watch.since = watch.now()
-            else:
-                if watch.fired:
-                    raise stalled
-                run, failure = self._parse(decoder.flush(), parser, generated)
-                if run:
-                    seen += len(run)
-                    yield run
-                if failure is not None:
-                    raise failure
+                if data:
+                    watch.since = None  # not waiting on the upstream while this read is handled
+                    run, failure = feed(data)
+                    if run:
+                        yield run
+                    if failure is not None:
+                        raise failure
+                    watch.since = watch.now()
+                elif push is None or not seen:  # the first run is always yielded (`RunSink`)
+                    await resp.wait()
+                else:
+                    await push.until_woken(parser)
+                    if push.wake:  # the sink's owner must run: it has what was pushed
+                        push.wake = False
+                        yield []
+                    if push.failure is not None:
+                        raise push.failure
         except HttpError as exc:
             if watch.fired:
                 raise stalled from exc
@@ -660,6 +680,77 @@ async def _read_at_most(resp: Response, limit: int) -> bytes:
             raise BackendError(errors.BACKEND_ERROR, f"upstream sent a reply over {limit} bytes (max_event_bytes)")
         parts.append(data)
     return b"".join(parts)
+
+
+class _Push:
+    """A streamed response's runs handed to a `RunSink` in the step that read them: while the
+    reader waits (`until_woken`), each network read is decoded, parsed and taken in the
+    upstream connection's `data_received` (no future, no switch to the turn's task: the token's
+    one pass of the event loop). The wait ends when the sink asks for its owner's task (`wake`),
+    a read fails to parse (`failure`), the stream says `[DONE]`, or the body ends or breaks (the
+    reader then finds that with `read_nowait`)."""
+
+    __slots__ = ("_resp", "_feed", "_sink", "_watch", "_parser", "_woken", "wake", "failure")
+
+    def __init__(self, resp: Response, feed: Callable[[bytes], tuple[list[Chunk], BackendError | None]],
+                 sink: RunSink, watch: _IdleWatch) -> None:  # fmt: skip
+        self._resp = resp
+        self._feed = feed
+        self._sink = sink
+        self._watch = watch
+        self._parser: StreamParser | None = None
+        self._woken: asyncio.Future[None] | None = None
+        self.wake = False
+        self.failure: BaseException | None = None
+
+    async def until_woken(self, parser: StreamParser) -> None:
+        self._parser = parser
+        self._woken = woken = asyncio.get_running_loop().create_future()
+        self._resp.listen(self._on_data)
+        try:
+            await woken
+        finally:
+            self._resp.listen(None)
+            self._woken = None
+
+    def _stop(self) -> None:
+        woken = self._woken
+        if woken is not None and not woken.done():
+            woken.set_result(None)
+
+    def _on_data(self) -> None:
+        if self._woken is None or self._woken.done():
+            return
+        watch = self._watch
+        handled = False
+        while True:
+            try:
+                data = self._resp.read_nowait()
+            except HttpError:  # the reader meets it again, where failures are handled
+                self._stop()
+                return
+            if data is None:  # the body ended (perhaps with the bytes just handled)
+                self._stop()
+                return
+            if not data:
+                break
+            handled, watch.since = True, None
+            try:
+                run, failure = self._feed(data)
+            except Exception as exc:  # noqa: BLE001 - a line over max_event_bytes: raised by the reader
+                self.failure = exc
+                self._stop()
+                return
+            if run and not self._sink.take(run):
+                self.wake = True
+            if failure is not None:
+                self.failure = failure
+            parser = self._parser
+            if self.wake or failure is not None or (parser is not None and parser.done):
+                self._stop()
+                return
+        if handled:
+            watch.since = watch.now()
 
 
 WARM_TIMEOUT_S = 1.0  # a warming request's limit (the SDK's): it must never hold anything up

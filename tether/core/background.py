@@ -64,16 +64,21 @@ class RunLog:
         run.sink = self
 
     async def put(self, event: Outgoing) -> None:
+        self.put_now(event)
+
+    def put_now(self, event: Outgoing) -> bool:
+        """Commit (or hold, a delta) `event`: a run's log never makes its producer wait."""
         if self.closed:
             raise OutboxClosed()
         if type(event) is Delta:
             self._delta(event)
-            return
+            return True
         arm = event.WhichOneof("event")
         if arm in DELTA_ARMS:
             self._delta(Delta.from_event(event, arm))
         else:
             self._commit_event(event)
+        return True
 
     def put_nowait_final(self, event: events_pb2.ServerEvent) -> None:
         """The run's ending when no terminal event came from its turn (`ResponseRun.close`)."""

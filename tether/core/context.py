@@ -216,6 +216,11 @@ class EventSink(Protocol):
         """Raises OutboxClosed once the sink is closed."""
         ...
 
+    def put_now(self, event: Outgoing) -> bool:
+        """`put` without waiting: False, and nothing committed, when `put` would have to wait
+        (a full queue). Raises OutboxClosed once the sink is closed."""
+        ...
+
     def bind(self, run: ResponseRun) -> None: ...
 
 

@@ -31,10 +31,11 @@ per token on any transport.
 
 One pass per token (`InlineWriter`): while the reader is idle (waiting in `get_batch` with
 nothing queued) and the window does not hold it, a delta is committed and written in the
-producer's own step: `put` commits it to its run (numbered, logged, mirrored) and hands it
+producer's own step: `put_now` commits it to its run (numbered, logged, mirrored) and hands it
 to the transport's `write_now`, which encodes it and writes it to the socket without awaiting.
-The token then crosses the event loop once (the upstream's wake-up) instead of twice (the turn's
-task, then the writer's). Anything else takes the queue: a non-delta (the pump reads every
+The producer's step is the upstream socket's callback where the backend pushes its reads to the
+turn (`tether.core.intake`): the token then crosses the event loop once, instead of three times
+(the socket's wake-up, the turn's task, the writer's). Anything else takes the queue: a non-delta (the pump reads every
 lifecycle event), a delta behind queued events (order), a transport that cannot take the bytes
 at once (paused writes, a write in progress, a message that needs its generic path), a delta
 within `coalesce_ms` of the last write. Only the fixed floor `coalesce_ms` holds an inline
@@ -156,7 +157,13 @@ class Outbox:
     async def put(self, event: Outgoing) -> None:
         """Commit an event to its response's run and queue it; waits while the queue is full.
         Raises OutboxClosed after close()."""
-        self.events_in += 1
+        while not self.put_now(event):
+            self._space.clear()
+            await self._space.wait()
+
+    def put_now(self, event: Outgoing) -> bool:
+        """`put` without waiting: False, and nothing committed, when the queue is full (a delta
+        that merges into its run's tail, or is written inline, takes no entry and never waits)."""
         if type(event) is Delta:
             delta: Delta | None = event
             arm = None
@@ -167,33 +174,44 @@ class Outbox:
         run = self._runs.get(rid) if rid else None
         if run is None and rid:  # a response no run was bound for: numbered all the same
             run = self._runs[rid] = ResponseRun(rid)
+        now = 0.0
         if delta is not None:
             now = self._clock.monotonic()
-            last, self._last_delta = self._last_delta, now
-            if last is not None:
-                gap, average = now - last, self.delta_gap
-                self.delta_gap = gap if average is None else average + (gap - average) * 0.25
             if run is not None:
                 tail = run.tail
                 if tail is not None and tail.size < self._max_coalesced and tail.continues(delta):
+                    self._delta_at(now)
                     run.extend(delta)
-                    return
+                    return True
                 if not self._queue and self._idle and self._inline is not None and self._write_now(delta, run, now):
-                    return
-        while len(self._queue) >= self._max_events and not self._closed and not self._discarding:
-            self._space.clear()
-            await self._space.wait()
+                    self._delta_at(now)
+                    return True
+        if len(self._queue) >= self._max_events and not self._closed and not self._discarding:
+            return False
         if self._closed:
             raise OutboxClosed()
+        if delta is not None:
+            self._delta_at(now)
+        else:
+            self.events_in += 1
         entry = event if delta is None else delta
         if run is not None and run.stamp(entry, arm if delta is None else None):
             self._ended(rid)
         if self._discarding:
-            return
+            return True
         self._queue.append(entry)
         if delta is None:
             self._urgent.set()
         self._ready.set()
+        return True
+
+    def _delta_at(self, now: float) -> None:
+        """A delta was put at `now`: `events_in`, and the moving average of the gap between deltas."""
+        self.events_in += 1
+        last, self._last_delta = self._last_delta, now
+        if last is not None:
+            gap, average = now - last, self.delta_gap
+            self.delta_gap = gap if average is None else average + (gap - average) * 0.25
 
     def _ended(self, response_id: str) -> None:
         """The run of `response_id` committed its terminal event: it is in flight here until that

@@ -31,7 +31,6 @@ bookkeeping (connection cache, store/ledger write), durable first or overlapped 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import time
@@ -50,7 +49,7 @@ from tether.core.chain import CachedResponse, Node, Segment, segments_of
 from tether.core.checked import CheckedCreate, check_create
 from tether.core.context import LastHeader, TurnContext
 from tether.core.conversations import check_new_ids
-from tether.core.delta import Delta
+from tether.core.intake import Intake
 from tether.core.items import assign_ids, item_key, request_input
 from tether.core.kinds import STANDARD, Prepared, Rendered, TurnKind, compact
 from tether.core.lane import Lane
@@ -395,38 +394,45 @@ class Turn:
         while_waiting: Callable[[], None] | None = None,
     ) -> None:
         """One backend call streamed into `builder` and the outbox, one wake-up's chunks at a time
-        (`WakeupReader`: their text deltas merge into one event); `while_waiting` runs once, when
-        the backend first has to wait. Raises BackendError, or CancelledError when the client goes
-        away or cancels (the upstream is closed either way)."""
+        (`WakeupReader`: their text deltas merge into one event), or each network read handled
+        in the step that read it where the backend pushes runs to the turn's `Intake` while it
+        waits; `while_waiting` runs once, when the backend first has to wait. Raises
+        BackendError, or CancelledError when the client goes away or cancels (the upstream is
+        closed either way)."""
         self.phase = Phase.GENERATING
-        reader = WakeupReader(backend.stream_runs(request), while_waiting)
-        outbox = self.ctx.outbox
-        stream_id, response_id = self.stream_id, self.response_id
         cap = self.output_cap
         assert cap is not None
+        outbox = self.ctx.outbox
+        intake = Intake(builder, outbox, cap, self.stream_id, self.response_id, self.control)
+        request.sink = intake
+        reader = WakeupReader(backend.stream_runs(request), while_waiting)
         started = time.perf_counter()
         builder.finish = None
         try:
             with self.services.coalesce.generating():  # counted: many streams widen the outboxes' window
-                chunks = await reader.next()
-                if chunks:
-                    self.clock.add("backend_ttft", time.perf_counter() - started)
-                while chunks:
-                    for ev in builder.feed(chunks):
-                        if type(ev) is Delta:  # what the model generated in this wake-up
-                            cap.add("".join(ev.pieces))
-                        ev.stream_id, ev.response_id = stream_id, response_id
-                        await outbox.put(ev)
-                    if builder.capped:  # max_tool_calls reached: the rest of the stream is not wanted
+                while True:
+                    intake.armed = True
+                    try:
+                        chunks = await reader.next()
+                    finally:
+                        intake.armed = False
+                    if intake.held:  # pushed while the task had to handle them: they came first
+                        intake.consume(intake.take_held())
+                    if chunks:
+                        intake.consume(chunks)
+                    if intake.error is not None:
+                        raise intake.error
+                    backlog = intake.backlog
+                    while backlog:
+                        await outbox.put(backlog.popleft())
+                    if intake.stopped or reader.ended:
                         break
-                    if cap.room < 0 and cap.over():  # the upstream ignored the output cap: stop reading
-                        last = builder.finish or Finish()
-                        builder.finish = dataclasses.replace(last, reason="length")
-                        break
-                    chunks = await reader.next()
         finally:
+            request.sink = None
             await reader.aclose()
-            self.clock.add("backend_wait", reader.waited)
+            if intake.first_at is not None:
+                self.clock.add("backend_ttft", intake.first_at - started)
+            self.clock.add("backend_wait", reader.waited - intake.spent)
             self.clock.add("backend", time.perf_counter() - started)
 
     def _builder(self) -> OutputBuilder:

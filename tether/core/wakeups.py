@@ -53,8 +53,9 @@ def _finish(step: Any, pending: Any, throw: BaseException | None = None) -> Gene
 
 
 class WakeupReader:
-    """`next()` returns the chunks of the stream's next wake-up ([] once it has ended), from a
-    stream of runs (`Backend.stream_runs`).
+    """`next()` returns the chunks of the stream's next wake-up, from a stream of runs
+    (`Backend.stream_runs`): [] once it has ended (`ended`), or where the stream yielded an empty
+    run (its `RunSink` asks for the turn's task, which then finds the chunks in the sink).
     `waited` is the time spent inside the backend (waiting, and producing the chunks).
 
     `while_waiting` runs once, the first time the stream has to wait before its first chunk (the
@@ -67,12 +68,12 @@ class WakeupReader:
         self._while_waiting = while_waiting
         self._step: Any = None  # a started __anext__() that is waiting
         self._pending: Any = None  # what it waits on
-        self._ended = False
+        self.ended = False
         self.waited = 0.0
 
     async def next(self) -> list[Chunk]:
         chunks: list[Chunk] = []
-        if self._ended:
+        if self.ended:
             return chunks
         step, pending = self._step, self._pending
         self._step = self._pending = None
@@ -80,12 +81,17 @@ class WakeupReader:
         t0 = time.perf_counter()
         try:
             if step is not None:  # it was waiting: its chunk is the first of this wake-up
-                chunks += await _finish(step, pending)
+                run = await _finish(step, pending)
+                if not run:  # the stream's sink asks for its owner (`RunSink`)
+                    return chunks
+                chunks += run
             while True:
                 step = anext()
                 try:
                     pending = step.send(None)
                 except StopIteration as ready:
+                    if not ready.value:
+                        return chunks
                     chunks += ready.value
                     continue
                 if chunks:  # the stream has to wait: this wake-up's run is complete
@@ -93,9 +99,12 @@ class WakeupReader:
                     return chunks
                 if self._while_waiting is not None:
                     self._run_while_waiting(pending)
-                chunks += await _finish(step, pending)
+                run = await _finish(step, pending)
+                if not run:
+                    return chunks
+                chunks += run
         except StopAsyncIteration:
-            self._ended = True
+            self.ended = True
             return chunks
         finally:
             self.waited += time.perf_counter() - t0

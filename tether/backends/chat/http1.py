@@ -25,6 +25,10 @@ TimeoutError).
 A `Response` is read with `read()` or `async for piece in response` (each piece what one network
 read completed, as aiohttp's `iter_any`), and released by `async with response` (or `release()`):
 its connection goes back to the pool when the body was read to its end, else it is closed.
+A caller that handles the body in the step that read it (a streamed token written to its client
+without a task switch) sets `listen(callback)`: the callback runs in the connection's
+`data_received` once per network read (and when the body ends or fails), and takes what is there
+with `read_nowait()`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import ssl
 import urllib.parse
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import cast
 
 MAX_HEAD_BYTES = 64 * 1024
 READ_HIGH_WATER = 1 << 20
@@ -73,7 +78,7 @@ class Response:
 
     __slots__ = ("status", "headers", "_conn", "_head", "_head_done", "_body_state", "_length", "_chunk_left",
                  "_cbuf", "_decoder", "_pieces", "_buffered", "_eof", "_error", "_waiter", "_keep_alive",
-                 "_released", "_paused")  # fmt: skip
+                 "_released", "_paused", "_listener")  # fmt: skip
 
     def __init__(self, conn: _Connection) -> None:
         self.status = 0
@@ -94,6 +99,7 @@ class Response:
         self._keep_alive = False
         self._released = False
         self._paused = False
+        self._listener: Callable[[], None] | None = None
 
     # -- the caller's side ----------------------------------------------------------------------
 
@@ -108,24 +114,43 @@ class Response:
 
     async def __anext__(self) -> bytes:
         while True:
-            pieces = self._pieces
-            if pieces:
-                data = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
-                pieces.clear()
-                self._buffered = 0
-                if self._paused:
-                    self._paused = False
-                    self._conn.resume_reading()
+            data = self.read_nowait()
+            if data:
                 return data
-            if self._error is not None:
-                raise self._error
-            if self._eof:
+            if data is None:
                 raise StopAsyncIteration
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
+            await self.wait()
+
+    async def wait(self) -> None:
+        """Until body bytes arrive, or the body ends or fails (returns at once if one has)."""
+        if self._pieces or self._eof or self._error is not None:
+            return
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def read_nowait(self) -> bytes | None:
+        """The body bytes that have arrived and were not read yet (b"" when none have), None once
+        the body has ended and all of it was read; raises the HttpError that ended it early."""
+        pieces = self._pieces
+        if pieces:
+            data = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+            pieces.clear()
+            self._buffered = 0
+            if self._paused:
+                self._paused = False
+                self._conn.resume_reading()
+            return data
+        if self._error is not None:
+            raise self._error
+        return None if self._eof else b""
+
+    def listen(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` in the step that received body bytes (once per network read), or
+        learnt that the body ended or failed; None stops it (module docstring)."""
+        self._listener = callback
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -141,8 +166,14 @@ class Response:
         """End it now: a pending read ends with HttpError, the connection closes."""
         self._fail(HttpError("response closed"))
         self.release()
+        self._notify()
 
     # -- the connection's side ------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener()
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -332,13 +363,13 @@ class _Connection(asyncio.Protocol):
         self.tunnel: asyncio.Future[bytes] | None = None  # a CONNECT's answer head, while one is asked
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport, self.open = transport, True
+        self.transport, self.open = cast(asyncio.Transport, transport), True  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
         response = self.response
         if response is not None:
             response._feed(data)
+            response._notify()
         elif self.tunnel is not None and not self.tunnel.done():
             self.tunnel.set_result(data)
         else:  # nothing was asked: a server that talks out of turn is not reused
@@ -354,6 +385,7 @@ class _Connection(asyncio.Protocol):
         response, self.response = self.response, None
         if response is not None:
             response._connection_ended(exc)
+            response._notify()
         self.pool.connection_closed(self)
 
     def pause_reading(self) -> None:
@@ -461,8 +493,10 @@ class UpstreamPool:
         tls = self._ssl if self._proxy is None else None
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                await loop.create_connection(lambda: conn, where[0], where[1], ssl=tls,
-                                             server_hostname=self.host if tls else None)  # fmt: skip
+                transport, _ = await loop.create_connection(lambda: conn, where[0], where[1], ssl=tls,
+                                                            server_hostname=self.host if tls else None)  # fmt: skip
+                if conn.transport is None:  # uvloop calls connection_made in a later step
+                    conn.connection_made(transport)
                 if self._proxy is not None and self._ssl is not None:
                     await self._tunnel(conn)
         except ssl.SSLCertVerificationError as exc:
