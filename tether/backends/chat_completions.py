@@ -553,26 +553,28 @@ class ChatCompletionsBackend:
         generated: list[str] = []  # for a count with the model's tokenizer when the stream has none
         seen = 0
 
-        def feed(data: bytes) -> tuple[list[Chunk], BackendError | None]:
+        def parse(events: Iterable[tuple[str | None, bytes]]) -> tuple[list[Chunk], BackendError | None]:
             nonlocal seen
-            run, failure = self._parse(decoder.feed(data), parser, generated)
+            run, failure = self._parse(events, parser, generated)
             seen += len(run)
             return run, failure
+
+        def feed(data: bytes) -> tuple[list[Chunk], BackendError | None]:
+            return parse(decoder.feed(data))
 
         watch = _IdleWatch(resp, self.config.stream_idle_timeout_s)
         stalled = BackendError(
             errors.BACKEND_TIMEOUT, f"upstream stream stalled: no data for {self.config.stream_idle_timeout_s:g}s"
         )
-        push = _Push(resp, feed, sink, watch) if sink is not None else None
+        push = _Push(resp, feed, parser, sink, watch) if sink is not None else None
         try:
             while not parser.done:
                 data = resp.read_nowait()
                 if data is None:  # the body ended
                     if watch.fired:
                         raise stalled
-                    run, failure = self._parse(decoder.flush(), parser, generated)
+                    run, failure = parse(decoder.flush())
                     if run:
-                        seen += len(run)
                         yield run
                     if failure is not None:
                         raise failure
@@ -588,7 +590,7 @@ class ChatCompletionsBackend:
                 elif push is None or not seen:  # the first run is always yielded (`RunSink`)
                     await resp.wait()
                 else:
-                    await push.until_woken(parser)
+                    await push.until_woken()
                     if push.wake:  # the sink's owner must run: it has what was pushed
                         push.wake = False
                         yield []
@@ -690,21 +692,20 @@ class _Push:
     a read fails to parse (`failure`), the stream says `[DONE]`, or the body ends or breaks (the
     reader then finds that with `read_nowait`)."""
 
-    __slots__ = ("_resp", "_feed", "_sink", "_watch", "_parser", "_woken", "wake", "failure")
+    __slots__ = ("_resp", "_feed", "_parser", "_sink", "_watch", "_woken", "wake", "failure")
 
     def __init__(self, resp: Response, feed: Callable[[bytes], tuple[list[Chunk], BackendError | None]],
-                 sink: RunSink, watch: _IdleWatch) -> None:  # fmt: skip
+                 parser: StreamParser, sink: RunSink, watch: _IdleWatch) -> None:  # fmt: skip
         self._resp = resp
-        self._feed = feed
+        self._feed = feed  # one read -> its chunks (decoded by `parser`)
+        self._parser = parser
         self._sink = sink
         self._watch = watch
-        self._parser: StreamParser | None = None
         self._woken: asyncio.Future[None] | None = None
         self.wake = False
         self.failure: BaseException | None = None
 
-    async def until_woken(self, parser: StreamParser) -> None:
-        self._parser = parser
+    async def until_woken(self) -> None:
         self._woken = woken = asyncio.get_running_loop().create_future()
         self._resp.listen(self._on_data)
         try:
@@ -745,8 +746,7 @@ class _Push:
                 self.wake = True
             if failure is not None:
                 self.failure = failure
-            parser = self._parser
-            if self.wake or failure is not None or (parser is not None and parser.done):
+            if self.wake or failure is not None or self._parser.done:
                 self._stop()
                 return
         if handled:
