@@ -33,6 +33,10 @@ Parts, each a separate process, so /proc attributes every CPU second:
 - **a byte relay** (`relay`, `ByteRelay`): the least a proxy process does, every byte it reads
   from the upstream written on to the client (a read and a write per token, no parsing), read by
   the `direct` client through it; its process CPU is the floor for anything that forwards.
+- **the forwarders** (`ws-floor`, `sse-floor`, `grpc-floor`; `tether_lab.forwarders`): the least
+  a Python server pays to forward each token as a Responses event on that transport (parse the
+  chunk, write one event; nothing numbered, kept or checked), read by the same client as the
+  Tether path they floor; the table's `× its forwarder` is Tether's CPU over theirs.
 - **LiteLLM** where `litellm[proxy]` is installed, here or in the Python `--litellm-python`
   names (its proxy, `--model openai/paced --api_base ...`, one process), read over its
   chat-completions SSE. It is not a dependency; the run says when it is missing.
@@ -577,9 +581,11 @@ async def _via_grpc(target: str, model: str, ready: asyncio.Event, go: asyncio.E
         await channel.close()
 
 
-MODES = ("direct", "direct-httpx", "direct-aiohttp", "relay", "ws", "sse", "grpc", "litellm")
+MODES = ("direct", "direct-httpx", "direct-aiohttp", "relay", "ws", "sse", "grpc", "ws-floor", "sse-floor", "grpc-floor",
+         "litellm")
 DIRECT_MODES = ("direct", "direct-httpx", "direct-aiohttp")
 TETHER_MODES = ("ws", "sse", "grpc")
+FLOOR_MODES = {"ws-floor": "ws", "sse-floor": "sse", "grpc-floor": "grpc"}  # tether_lab.forwarders, by the path they floor
 
 
 async def client_round(mode: str, target: str, model: str, streams: int, go: Callable[[], Any]) -> dict:
@@ -590,7 +596,7 @@ async def client_round(mode: str, target: str, model: str, streams: int, go: Cal
     closers: list[Callable[[], Any]] = []
     if mode in ("direct", "relay"):  # the relay passes the upstream's bytes on as they are
         coros = [_direct_asyncio(target, model, r, start) for r in ready]
-    elif mode == "sse":
+    elif mode in ("sse", "sse-floor"):
         coros = [_sse_asyncio(target, model, r, start) for r in ready]
     elif mode in ("direct-httpx", "litellm"):
         import httpx
@@ -606,9 +612,9 @@ async def client_round(mode: str, target: str, model: str, streams: int, go: Cal
                                         timeout=aiohttp.ClientTimeout(total=120))
         closers.append(session.close)
         coros = [_direct_aiohttp(session, target, model, r, start) for r in ready]
-    elif mode == "ws":
+    elif mode in ("ws", "ws-floor"):
         coros = [_via_ws(target, model, r, start) for r in ready]
-    elif mode == "grpc":
+    elif mode in ("grpc", "grpc-floor"):
         coros = [_via_grpc(target, model, r, start) for r in ready]
     else:
         raise ValueError(f"unknown mode {mode!r}")
@@ -777,12 +783,13 @@ def tether_config(path: Path, upstream_url: str, *, dialect: str = "vllm", extra
     path.write_text("\n".join(lines))
 
 
-def start_helper(argv: list[str], workdir: Path, name: str) -> tuple[subprocess.Popen, int]:
-    """`python -m tether_lab.upstream ARGV` (serve, relay) as a subprocess; its port from READY."""
+def start_helper(argv: list[str], workdir: Path, name: str, module: str = "tether_lab.upstream") -> tuple[subprocess.Popen, int]:
+    """`python -m MODULE ARGV` (this module's serve and relay, the forwarders) as a subprocess; its
+    port from READY."""
     from tether_lab.processes import die_with_parent
 
     log = open(workdir / f"{name}.err", "wb")  # noqa: SIM115 - kept for the process's life
-    proc = subprocess.Popen([sys.executable, "-m", "tether_lab.upstream", *argv], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv], stdout=subprocess.PIPE,
                             stderr=log, preexec_fn=die_with_parent)
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()
@@ -796,6 +803,23 @@ def start_upstream(pacing: Pacing, workdir: Path) -> tuple[subprocess.Popen, int
     return start_helper(["serve", "--tokens", str(pacing.tokens), "--interval-ms", str(pacing.interval_s * 1000),
                          "--burst", str(pacing.burst), "--ttft-ms", str(pacing.ttft_s * 1000)]
                         + ([] if pacing.stamp else ["--no-stamp"]), workdir, "upstream")
+
+
+def start_forwarders(modes: list[str], upstream_port: int, workdir: Path,
+                     started: list[subprocess.Popen]) -> dict[str, tuple[int, str]]:
+    """The forwarders the floor modes among `modes` need (each appended to `started`): each floor
+    mode's (pid, target)."""
+    out: dict[str, tuple[int, str]] = {}
+    if "ws-floor" in modes or "sse-floor" in modes:
+        proc, fport = start_helper(["http", "--to", str(upstream_port)], workdir, "forwarder-http", "tether_lab.forwarders")
+        started.append(proc)
+        out["ws-floor"] = (proc.pid, f"ws://127.0.0.1:{fport}/v1/responses")
+        out["sse-floor"] = (proc.pid, f"http://127.0.0.1:{fport}/v1")
+    if "grpc-floor" in modes:
+        proc, fport = start_helper(["grpc", "--to", str(upstream_port)], workdir, "forwarder-grpc", "tether_lab.forwarders")
+        started.append(proc)
+        out["grpc-floor"] = (proc.pid, f"127.0.0.1:{fport}")
+    return out
 
 
 def litellm_python(args: argparse.Namespace) -> str | None:
@@ -847,8 +871,9 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *, upstream_url: str,
                    tether: Any, model: str, litellm_port: int | None, litellm_pid: int | None,
                    log: Callable[[str], None], relay: tuple[int, int] | None = None,
-                   single_repeat: int = 3) -> list[dict]:
+                   forwarders: dict[str, tuple[int, str]] | None = None, single_repeat: int = 3) -> list[dict]:
     """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay;
+    `forwarders`: (pid, target) of the forwarder serving each floor mode (`tether_lab.forwarders`);
     a single stream is streamed `single_repeat` times in a row (TTFT p50 over more than one).
 
     Tether's upstream connections are warm when a round starts, as the readers' are (a reader
@@ -871,6 +896,10 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                 if relay is None:
                     continue
                 target, pid = f"http://127.0.0.1:{relay[1]}/v1", relay[0]
+            elif mode in FLOOR_MODES:
+                if not forwarders or mode not in forwarders:
+                    continue
+                pid, target = forwarders[mode]
             elif mode == "litellm":
                 if litellm_port is None:
                     continue
@@ -893,7 +922,11 @@ def _add_ratios(rows: list[dict]) -> None:
     floors = {(r["pacing"], r["streams"]): r["cpu_us_per_token"] for r in rows if r["mode"] == "direct"}
     direct_lat = {(r["pacing"], r["streams"]): r for r in rows if r["mode"] == "direct"}
     litellm = {(r["pacing"], r["streams"]): r["cpu_us_per_token"] for r in rows if r["mode"] == "litellm"}
+    forwarded = {(r["pacing"], r["streams"], FLOOR_MODES[r["mode"]]): r["cpu_us_per_token"]
+                 for r in rows if r["mode"] in FLOOR_MODES}
     for r in rows:
+        fw = forwarded.get((r["pacing"], r["streams"], r["mode"]))
+        r["x_forwarder"] = r["cpu_us_per_token"] / fw if fw and r["cpu_us_per_token"] else None
         key = (r["pacing"], r["streams"])
         floor, ll, d = floors.get(key), litellm.get(key), direct_lat.get(key)
         r["x_floor"] = r["cpu_us_per_token"] / floor if floor and r["cpu_us_per_token"] else None
@@ -907,7 +940,8 @@ def _f(v: float | None, digits: int = 0) -> str:
 
 
 _WHO = {"direct": "reader itself", "direct-httpx": "reader itself", "direct-aiohttp": "reader itself",
-        "relay": "byte relay", "ws": "Tether", "sse": "Tether", "grpc": "Tether", "litellm": "LiteLLM"}
+        "relay": "byte relay", "ws": "Tether", "sse": "Tether", "grpc": "Tether", "litellm": "LiteLLM",
+        "ws-floor": "forwarder", "sse-floor": "forwarder", "grpc-floor": "forwarder"}
 
 
 def _row_line(r: dict) -> str:
@@ -919,13 +953,14 @@ def _row_line(r: dict) -> str:
 
 def render(rows: list[dict], header: str) -> str:
     lines = [header, "",
-             "| upstream | streams | path | ok | tokens | CPU µs/token | of | × direct | × LiteLLM | TTFT p50 ms "
+             "| upstream | streams | path | ok | tokens | CPU µs/token | of | × direct | × its forwarder | × LiteLLM | TTFT p50 ms "
              "| cold TTFT p50 ms | added lag p50 / p99 ms | lag p50 vs direct ms | ITL p50 ms | reads/stream | client CPU s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams'] * r.get('repeat', 1)} | {r['tokens']:,} "
-            f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r['x_litellm'], 2)} "
+            f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r.get('x_forwarder'), 2)} "
+            f"| {_f(r['x_litellm'], 2)} "
             f"| {_f(r['ttft_p50_ms'], 1)} | {_f(r.get('cold_ttft_p50_ms'), 1)} | {_f(r['lag_p50_ms'], 2)} / {_f(r['lag_p99_ms'], 2)} "
             f"| {_f(r['lag_p50_ms_vs_direct'], 2)} | {_f(r['itl_p50_ms'], 1)} | {_f(r['reads_per_stream'], 0)} "
             f"| {r['client_cpu_s']:.2f} |")
@@ -1006,11 +1041,13 @@ def run(args: argparse.Namespace) -> int:
         litellm = None
         litellm_port = None
         relay_proc = None
+        helpers: list[subprocess.Popen] = []
         try:
             relay = None
             if "relay" in modes:
                 relay_proc, relay_port = start_helper(["relay", "--port", "0", "--to", str(port)], out, "relay")
                 relay = (relay_proc.pid, relay_port)
+            forwarders = start_forwarders(modes, port, out, helpers)
             if "litellm" in modes:
                 ll_python = litellm_python(args)
                 if ll_python is None:
@@ -1032,10 +1069,12 @@ def run(args: argparse.Namespace) -> int:
             phase_streams = concurrency if pacing.burst == 1 else [int(x) for x in args.burst_streams.split(",")]
             rows += rounds_against(tag, phase_streams, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
                                    litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
-                                   relay=relay, single_repeat=args.repeat)
+                                   relay=relay, forwarders=forwarders, single_repeat=args.repeat)
         finally:
             tether.stop()
             _stop(relay_proc)
+            for helper in helpers:
+                _stop(helper)
             _stop(litellm)
             _stop(upstream)
     if args.llama:

@@ -15,7 +15,7 @@ import httpx
 import orjson
 
 from tests.fakes.chat_server import FakeChatServer, paced
-from tether_lab import upstream
+from tether_lab import forwarders, upstream
 
 
 def _read_events(server: FakeChatServer) -> list[tuple[float, dict]]:
@@ -87,18 +87,21 @@ def test_lab_module_smoke(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "tether_lab.upstream", "--streams", "2", "--tokens", "8", "--interval-ms", "5",
-         "--ttft-ms", "5", "--burst", "1", "--modes", "direct,relay,direct-httpx,ws,sse,grpc,litellm", "--out", str(out)],
+         "--ttft-ms", "5", "--burst", "1", "--modes",
+         "direct,relay,direct-httpx,ws,sse,grpc,ws-floor,sse-floor,grpc-floor,litellm", "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "upstream.json").read_text())
     modes = {r["mode"]: r for r in data["rows"]}
-    assert {"direct", "relay", "direct-httpx", "ws", "sse", "grpc"} <= set(modes)
-    for mode in ("direct", "relay", "direct-httpx", "ws", "sse", "grpc"):
+    paths = ("direct", "relay", "direct-httpx", "ws", "sse", "grpc", "ws-floor", "sse-floor", "grpc-floor")
+    assert set(paths) <= set(modes)
+    for mode in paths:
         r = modes[mode]
         assert r["ok"] == 2 and r["tokens"] == 16, r
         assert r["cpu_us_per_token"] is not None and r["lag_p50_ms"] is not None
     assert modes["ws"]["x_floor"] is not None
+    assert all(modes[m]["x_forwarder"] is not None for m in ("ws", "sse", "grpc"))  # against its own forwarder
     assert "| upstream | streams | path |" in (out / "upstream.md").read_text()
     if "litellm" not in modes:
         assert any("LiteLLM" in n for n in data["notes"])
@@ -127,6 +130,34 @@ async def test_the_byte_relay_passes_the_stream_through_unchanged() -> None:
         await server.stop()
     row = upstream.summarize(raw, None)
     assert row["ok"] == 2 and row["tokens"] == 24 and server.streams_done == 2
+
+
+async def test_the_forwarders_deliver_every_token_on_each_transport() -> None:
+    """The floors (`tether_lab.forwarders`) speak each transport well enough for the lab's own
+    clients: every stamped token arrives once, and the stream ends `completed` with the
+    token count, through WebSocket mode, SSE and the gRPC Session."""
+    server = await upstream.PacedUpstream(upstream.Pacing(tokens=15, interval_s=0.001, burst=2, ttft_s=0.0)).start()
+    http = await forwarders.HttpForwarder(server.port).start()
+    grpc_fw = await forwarders.GrpcForwarder(server.port).start()
+    targets = {"ws-floor": f"ws://127.0.0.1:{http.port}/v1/responses", "sse-floor": f"http://127.0.0.1:{http.port}/v1",
+               "grpc-floor": f"127.0.0.1:{grpc_fw.port}"}
+
+    async def go() -> None:
+        return None
+
+    try:
+        for mode, target in targets.items():
+            raw = await asyncio.wait_for(upstream.client_round(mode, target, "paced", 2, go), 30)
+            assert [t["error"] for t in raw["traces"]] == [None, None], mode
+            for trace in raw["traces"]:
+                assert trace["ok"] and trace["tokens"] == 15, (mode, trace)
+                assert len(trace["lags"]) == 15  # every stamp arrived, none twice
+            assert upstream.summarize(raw, None)["ok"] == 2
+    finally:
+        await grpc_fw.stop()
+        await http.stop()
+        await server.stop()
+    assert server.streams_done == 6
 
 
 async def test_client_round_reports_a_failing_stream() -> None:

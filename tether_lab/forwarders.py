@@ -1,0 +1,274 @@
+"""The least a Python server pays to forward a paced upstream's tokens as Responses events, one
+per transport: the floors Tether's own figures in `tether_lab.upstream` are read against.
+
+    python -m tether_lab.forwarders http --to UPSTREAM_PORT   # READY {"port": ...}
+    python -m tether_lab.forwarders grpc --to UPSTREAM_PORT
+
+Why: the bare reader (`direct`) only reads; the byte relay (`relay`) reads and writes without
+looking at the bytes. A server that speaks the Responses API must also parse each chunk and
+write an event in the client's protocol, and on gRPC that write goes through grpcio. These
+forwarders do exactly that and nothing else, on asyncio, with the same minimal SSE reader as
+`direct`, so their CPU per token is what any Python implementation of the path pays:
+
+- **`ws-floor`, `sse-floor`** (`HttpForwarder`): an HTTP server written by hand. A WebSocket
+  (the upgrade, frames in and out; no extension is negotiated, so nothing is compressed) takes
+  `response.create` messages; any other request is a streamed `POST /v1/responses` answered in
+  chunked SSE. Either way it POSTs the chat request on the upstream connection it opened when
+  the client connected (as Tether keeps a warm pool), and writes each token as a
+  `response.output_text.delta` event (one `orjson.dumps`, one frame or SSE chunk, one write),
+  then `response.completed` with the usage.
+- **`grpc-floor`** (`GrpcForwarder`): the `ResponsesService/Session` method on `grpc.aio`
+  (generic handler, the real messages), one `SessionResponse` with one `output_text_delta`
+  event per token, then `completed`: the client is the lab's gRPC client, unchanged.
+
+Neither numbers, stores, validates, routes or keeps anything: no response object, no output
+items, no log. What Tether pays above them is its own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import signal
+import socket
+import struct
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from tether import eventloop
+from tether_lab.upstream import _chat_body, _Dechunk, _sse_texts
+
+_WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Upstream:
+    """One kept-alive connection to the paced upstream: a streamed chat request, its tokens."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> _Upstream:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        _nodelay(self.writer)
+        return self
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    async def stream(self, model: str) -> AsyncIterator[list[str]]:
+        """Yield each read's token texts (a list), as the minimal reader takes them."""
+        assert self.reader is not None and self.writer is not None
+        body = _chat_body(model)
+        self.writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: upstream\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if b" 200 " not in head.split(b"\r\n", 1)[0]:
+            raise ConnectionError(head.split(b"\r\n", 1)[0].decode())
+        dechunk, sse, texts = _Dechunk(), bytearray(), list[str]()
+        while not dechunk.ended:
+            data = await self.reader.read(65536)
+            if not data:
+                raise ConnectionError("upstream closed")
+            dechunk.feed(data, sse)
+            _sse_texts(sse, texts)
+            if texts:
+                yield texts
+                texts = []
+
+
+# --- WebSocket ----------------------------------------------------------------------------------------
+
+
+def _ws_frame(payload: bytes, opcode: int = 0x1) -> bytes:
+    n = len(payload)
+    if n < 126:
+        return bytes((0x80 | opcode, n)) + payload
+    if n < 1 << 16:
+        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
+    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
+
+
+async def _ws_read(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One client frame (masked, unfragmented): its opcode and unmasked payload."""
+    b0, b1 = await reader.readexactly(2)
+    n = b1 & 0x7F
+    if n == 126:
+        (n,) = struct.unpack("!H", await reader.readexactly(2))
+    elif n == 127:
+        (n,) = struct.unpack("!Q", await reader.readexactly(8))
+    mask = await reader.readexactly(4) if b1 & 0x80 else b"\0\0\0\0"
+    data = await reader.readexactly(n)
+    key = (mask * (n // 4 + 1))[:n]
+    return b0 & 0x0F, (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+
+
+def _sse_event(obj: dict) -> bytes:
+    data = b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), orjson.dumps(obj))
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _ws_event(obj: dict) -> bytes:
+    return _ws_frame(orjson.dumps(obj))
+
+
+class HttpForwarder:
+    """The floor of WebSocket mode and of a streamed `POST /v1/responses` (module docstring):
+    a request with an `upgrade` header is a WebSocket, any other POST is answered in SSE."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, port: int = 0) -> HttpForwarder:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _nodelay(writer)
+        upstream = await _Upstream(self.upstream_port).open()
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in head[1:] if ln)}
+                if "sec-websocket-key" in headers:
+                    await self._websocket(headers["sec-websocket-key"], reader, writer, upstream)
+                    return
+                body = await reader.readexactly(int(headers.get("content-length") or 0))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+                await self._create(orjson.loads(body), writer, upstream, _sse_event)
+                writer.write(b"0\r\n\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            upstream.close()
+            writer.close()
+
+    async def _websocket(self, key: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         upstream: _Upstream) -> None:  # fmt: skip
+        accept = base64.b64encode(hashlib.sha1(key.encode() + _WS_GUID).digest())
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                     b"sec-websocket-accept: %s\r\n\r\n" % accept)
+        while True:
+            opcode, payload = await _ws_read(reader)
+            if opcode == 0x8:  # close
+                writer.write(_ws_frame(b"", 0x8))
+                return
+            if opcode == 0x1:
+                await self._create(orjson.loads(payload), writer, upstream, _ws_event)
+
+    async def _create(self, create: dict, writer: asyncio.StreamWriter, upstream: _Upstream,
+                      event: Callable[[dict], bytes]) -> None:  # fmt: skip
+        seq, tokens = 0, 0
+        async for texts in upstream.stream(str(create.get("model") or "paced")):
+            for text in texts:
+                seq += 1
+                tokens += 1
+                writer.write(event({"type": "response.output_text.delta", "sequence_number": seq,
+                                    "item_id": "msg_floor", "output_index": 0, "content_index": 0,
+                                    "delta": text, "logprobs": []}))
+        writer.write(event({"type": "response.completed", "sequence_number": seq + 1,
+                            "response": {"id": "resp_floor", "object": "response", "status": "completed",
+                                         "usage": {"output_tokens": tokens}}}))
+
+
+# --- gRPC ---------------------------------------------------------------------------------------------
+
+
+class GrpcForwarder:
+    """The floor of a gRPC Session server (module docstring)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: Any = None
+
+    async def start(self, port: int = 0) -> GrpcForwarder:
+        import grpc
+
+        from tether.responses.v1 import service_pb2
+
+        handler = grpc.method_handlers_generic_handler("tether.responses.v1.ResponsesService", {
+            "Session": grpc.stream_stream_rpc_method_handler(
+                self._session, request_deserializer=service_pb2.SessionRequest.FromString,
+                response_serializer=service_pb2.SessionResponse.SerializeToString)})
+        self._server = grpc.aio.server()
+        self._server.add_generic_rpc_handlers((handler,))
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        await self._server.start()
+        return self
+
+    async def stop(self) -> None:
+        await self._server.stop(0)
+
+    async def _session(self, requests: Any, context: Any) -> None:
+        from tether.responses.v1 import events_pb2, service_pb2
+
+        upstream = await _Upstream(self.upstream_port).open()
+        try:
+            async for request in requests:
+                if not request.HasField("create"):
+                    continue
+                seq, tokens = 0, 0
+                async for texts in upstream.stream(request.create.model or "paced"):
+                    for text in texts:
+                        seq += 1
+                        tokens += 1
+                        ev = events_pb2.ServerEvent(sequence_number=seq)
+                        delta = ev.output_text_delta
+                        delta.item_id, delta.delta = "msg_floor", text
+                        await context.write(service_pb2.SessionResponse(events=[ev]))
+                done = events_pb2.ServerEvent(sequence_number=seq + 1)
+                done.completed.response.id, done.completed.response.status = "resp_floor", "completed"
+                done.completed.response.usage.output_tokens = tokens
+                await context.write(service_pb2.SessionResponse(events=[done]))
+        finally:
+            upstream.close()
+
+
+# --- CLI ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tether_lab.forwarders", description=__doc__.split("\n\n")[0])
+    p.add_argument("transport", choices=("http", "grpc"), help="http: WebSocket mode and SSE; grpc: the Session")
+    p.add_argument("--to", type=int, required=True, help="the paced upstream's port (127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="this server's port (0: any free one)")
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        cls = HttpForwarder if args.transport == "http" else GrpcForwarder
+        server = await cls(args.to).start(args.port)
+        print("READY " + json.dumps({"port": server.port}), flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    eventloop.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
