@@ -299,6 +299,23 @@ def test_sse_decoder_any_split():
     assert dec.feed(b"data: [DONE]") == [] and dec.flush() == [(None, b"[DONE]")]
 
 
+def test_sse_decoder_reads_of_one_whole_event_decode_as_lines_do():
+    """A read that is one whole `data:` event (the common one, decoded without the line loop)
+    gives what the same bytes give a byte at a time, whatever came before it."""
+    reads = [b'data: {"a":1}\n\n', b"data: \n\n", b"data:  two spaces\n\n", b"data: cr\r\n\n",
+             b"event: error\n", b'data: {"error":{}}\n\n', b"data: pa", b"rt\n\n", b": ping\n\n",
+             b"data: a\ndata: b\n\n", b"data: x\n", b"data: y\n\n", b"data: [DONE]\n\n"]
+    whole, bytewise = SSEDecoder(), SSEDecoder()
+    for read in reads:
+        expected = [event for i in range(len(read)) for event in bytewise.feed(read[i : i + 1])]
+        assert whole.feed(read) == expected, read
+    limit = 100
+    at_edge = b"data: " + b"z" * (limit - 6) + b"\n\n"  # a line of exactly `limit` bytes
+    assert SSEDecoder(max_event_bytes=limit).feed(at_edge) == [(None, at_edge[6:-2])]
+    with pytest.raises(BackendError):
+        SSEDecoder(max_event_bytes=limit).feed(b"data: " + b"z" * (limit - 5) + b"\n\n")
+
+
 def test_sse_decoder_is_linear_in_a_long_line():
     """A 16 MiB line fed in 4 KiB reads: the old decoder joined the whole pending line to every
     read (tens of GB copied, many seconds); this one keeps the pieces and joins them once."""

@@ -16,7 +16,8 @@ class SSEDecoder:
 
     Handles frames split anywhere across reads, CRLF or LF line ends, comment lines (`: keep-alive`),
     multi-line data. `event` is None for plain `data:` frames. llama.cpp's `error: {...}` lines are
-    reported as event "error".
+    reported as event "error". A read that is one whole `data:` event (a streaming server's usual
+    write: one chunk per token) is decoded without the line loop.
 
     Linear in the bytes fed however the stream is split: a line that is still incomplete is kept
     as a list of its pieces (joined once, when its end comes), and each read is searched for line
@@ -36,8 +37,19 @@ class SSEDecoder:
         self._data_bytes = 0
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, bytes]]:
-        out: list[tuple[str | None, bytes]] = []
         end = chunk.find(b"\n")
+        if (
+            end == len(chunk) - 2  # the common read: one whole `data: ...` event, LF line ends
+            and chunk[end + 1 :] == b"\n"
+            and chunk[:6] == b"data: "
+            and not self._parts
+            and not self._data
+            and self._event is None
+            and chunk[end - 1 : end] != b"\r"
+            and end <= self.max_event_bytes
+        ):
+            return [(None, chunk[6:end])]  # what the lines below make of it, without them
+        out: list[tuple[str | None, bytes]] = []
         if end < 0:
             self._hold(chunk)
             return out

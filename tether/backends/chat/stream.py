@@ -247,7 +247,8 @@ class StreamParser:
                     break
             c = delta.get("content")
             if c:
-                out.append(TextDelta(c, _logprobs(choice.get("logprobs"))))
+                lp = choice.get("logprobs")  # null on most chunks: no call for it
+                out.append(TextDelta(c, _logprobs(lp) if lp else None))
             refusal = delta.get("refusal")
             if refusal:
                 out.append(RefusalDelta(refusal))
