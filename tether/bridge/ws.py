@@ -167,12 +167,14 @@ class WsConnection:
             await self._close(CLOSE_GOING_AWAY if end is PumpEnd.SHUTTING_DOWN else CLOSE_NORMAL)
 
     async def write(self, batch: Sequence[Outgoing]) -> bool:
-        """One batch of the pump: a text frame per event. False: the client is gone."""
+        """One batch of the pump: a text frame per event, written together. False: the client is gone."""
         frames = [common.encode_event(ev, ws=True) for ev in batch]
         send, protocol = self._send, self._protocol
         async with self._send_lock:
             if self._closed:
                 return False
+            if protocol is not None and protocol.send_texts_now(frames):
+                return True  # one write for the batch
             for data in frames:
                 if protocol is None or not protocol.send_text_now(data):
                     await send({"type": "websocket.send", "text": data.decode()})

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from uvicorn.protocols.utils import ClientDisconnected
@@ -193,17 +194,40 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
             header = struct.pack("!BBQ", first, 127, size)
         return header + data
 
+    def _open_for_writes(self) -> bool:
+        """Open, past the handshake, and writes not paused (the client reads)."""
+        return (self.handshake_complete and self.initial_response is None and not self.disconnected
+                and self.writable.is_set())  # fmt: skip
+
     def send_text_now(self, data: bytes) -> bool:
         """Write one text message (its UTF-8 `data`) at once when the framing above applies and
         writes are not paused; False: nothing was written (the caller takes `send`'s path)."""
-        if not self.handshake_complete or self.initial_response is not None or self.disconnected:
-            return False
-        if not self.writable.is_set():
+        if not self._open_for_writes():
             return False
         frame = self._text_frame(data)
         if frame is None:
             return False
         self.transport.write(frame)
+        return True
+
+    def send_texts_now(self, messages: Sequence[bytes]) -> bool:
+        """Write text messages (each its UTF-8 bytes) at once, in one write (one system call for
+        a batch of events), when the framing above applies and writes are not paused; False:
+        nothing was written. All or nothing: whether a message can be framed here depends only
+        on the connection's state, which framing does not change, so it is decided by the first."""
+        if len(messages) < 2:
+            return bool(messages) and self.send_text_now(messages[0])
+        if not self._open_for_writes():
+            return False
+        first = self._text_frame(messages[0])
+        if first is None:
+            return False
+        frames = [first]
+        for data in messages[1:]:
+            frame = self._text_frame(data)
+            assert frame is not None  # the same state as the first's
+            frames.append(frame)
+        self.transport.write(b"".join(frames))
         return True
 
     async def send(self, message: Any) -> None:
