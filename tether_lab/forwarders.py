@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import base64
 import hashlib
-import json
-import signal
 import socket
 import struct
 import sys
@@ -42,6 +40,7 @@ from typing import Any
 import orjson
 
 from tether import eventloop
+from tether_lab.processes import announce_and_wait
 from tether_lab.upstream import _chat_body, _Dechunk, _sse_texts
 
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -258,12 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     async def serve() -> None:
         cls = HttpForwarder if args.transport == "http" else GrpcForwarder
         server = await cls(args.to).start(args.port)
-        print("READY " + json.dumps({"port": server.port}), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await announce_and_wait({"port": server.port})
         await server.stop()
 
     eventloop.run(serve())

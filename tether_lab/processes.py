@@ -12,6 +12,7 @@ routed to it (`model_name(workload, speed)`), so every transport asks for the sa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,6 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -104,6 +106,18 @@ def write_config(
 
 
 # -- ports and /proc ---------------------------------------------------------------------------------
+
+
+async def announce_and_wait(ready: dict[str, Any]) -> None:
+    """A helper process's life once it listens (the paced upstream, the relay, the forwarders,
+    the delay proxy): `READY <json>` on stdout, which its launcher reads, then until SIGTERM or
+    SIGINT."""
+    print("READY " + json.dumps(ready), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

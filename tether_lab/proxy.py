@@ -23,10 +23,11 @@ import argparse
 import asyncio
 import contextlib
 import json
-import signal
 import socket
 import sys
 from dataclasses import dataclass, field
+
+from tether_lab.processes import announce_and_wait
 
 _CHUNK = 64 * 1024
 
@@ -201,13 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         proxy = DelayProxy(args.route, args.delay_ms, args.bandwidth_mbps)
         await proxy.start(control=True)
-        ready = {"routes": [r.as_dict() for r in proxy.routes], "control": proxy.control_port}
-        print("READY " + json.dumps(ready), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await announce_and_wait({"routes": [r.as_dict() for r in proxy.routes], "control": proxy.control_port})
         await proxy.stop()
 
     asyncio.run(run())

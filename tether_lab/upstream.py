@@ -1102,13 +1102,10 @@ def _serve(args: argparse.Namespace) -> int:
     pacing = Pacing(args.tokens, args.interval_ms / 1000, args.burst, args.ttft_ms / 1000, not args.no_stamp)
 
     async def main() -> None:
+        from tether_lab.processes import announce_and_wait
+
         server = await PacedUpstream(pacing).start(args.port)
-        print("READY " + json.dumps({"port": server.port}), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await announce_and_wait({"port": server.port})
         await server.stop()
 
     asyncio.run(main())
@@ -1117,13 +1114,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _relay(args: argparse.Namespace) -> int:
     async def main() -> None:
+        from tether_lab.processes import announce_and_wait
+
         relay = await ByteRelay(args.to).start(args.port)
-        print("READY " + json.dumps({"port": relay.port}), flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await announce_and_wait({"port": relay.port})
+        await relay.stop()
 
     eventloop.run(main())
     return 0
