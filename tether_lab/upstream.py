@@ -3,6 +3,7 @@ the floor measured in the same run.
 
     python -m tether_lab.upstream                          # the default run, ~2 minutes (below)
     python -m tether_lab.upstream --streams 1,10 --tokens 100 --interval-ms 10 --burst 4
+    python -m tether_lab.upstream --streams 1,100 --burst 1 --passes 3   # interleaved passes: paired ratios
     python -m tether_lab.upstream --llama                  # + a phase through llama-cpp-python (CI model)
     python -m tether_lab.upstream serve --interval-ms 20   # only the paced upstream (READY <json>)
     tether bench upstream                                  # the same default run
@@ -755,6 +756,13 @@ def run_round(mode: str, target: str, model: str, streams: int, measured_pid: in
     """One round: `repeat` times a fresh client process streaming `streams` at once (the traces
     and CPU of all together); `measured_pid`: the process whose CPU the row reports (None: the
     client's own, for the direct readers)."""
+    raws, cpu = _clients(mode, target, model, streams, measured_pid, repeat)
+    return _row(mode, streams, raws, cpu if measured_pid else None)
+
+
+def _clients(mode: str, target: str, model: str, streams: int, measured_pid: int | None,
+             repeat: int) -> tuple[list[dict], float]:  # fmt: skip
+    """`repeat` client processes in a row: their results, and the CPU `measured_pid` used meanwhile."""
     raws, cpu = [], 0.0
     for _ in range(repeat):
         client = ClientProcess(mode, target, model, streams)
@@ -766,10 +774,15 @@ def run_round(mode: str, target: str, model: str, streams: int, measured_pid: in
             cpu += cpu_seconds(measured_pid) - cpu0 if measured_pid else 0.0
         finally:
             client.kill()
+    return raws, cpu
+
+
+def _row(mode: str, streams: int, raws: list[dict], measured_cpu_s: float | None) -> dict:
+    """The row of client results taken together (`summarize`); `repeat`: how many clients."""
     raw = {"mode": mode, "streams": streams, "cpu_s": sum(r["cpu_s"] for r in raws),
            "wall_s": sum(r["wall_s"] for r in raws), "traces": [t for r in raws for t in r["traces"]]}
-    row = summarize(raw, cpu if measured_pid else None)
-    row["repeat"] = repeat
+    row = summarize(raw, measured_cpu_s)
+    row["repeat"] = len(raws)
     return row
 
 
@@ -871,10 +884,15 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *, upstream_url: str,
                    tether: Any, model: str, litellm_port: int | None, litellm_pid: int | None,
                    log: Callable[[str], None], relay: tuple[int, int] | None = None,
-                   forwarders: dict[str, tuple[int, str]] | None = None, single_repeat: int = 3) -> list[dict]:
+                   forwarders: dict[str, tuple[int, str]] | None = None, single_repeat: int = 3,
+                   passes: int = 1) -> list[dict]:
     """Every (concurrency, mode) round against one upstream; `relay`: (pid, port) of a ByteRelay;
     `forwarders`: (pid, target) of the forwarder serving each floor mode (`tether_lab.forwarders`);
     a single stream is streamed `single_repeat` times in a row (TTFT p50 over more than one).
+    `passes` > 1: each concurrency's rounds run that many times, the modes interleaved (every
+    mode once, then again), and a row takes all its passes together; `pass_cpu_us_per_token` keeps
+    each pass's figure, for ratios taken pass by pass (`_add_ratios`: the machine's drift between
+    minutes moves a path and its floor together within a pass).
 
     Tether's upstream connections are warm when a round starts, as the readers' are (a reader
     connects before the clock starts): the first of Tether's rounds at each concurrency above one
@@ -883,6 +901,7 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
     rows = []
     warmed: set[tuple[int, int]] = set()
     for n in concurrency:
+        paths: list[tuple[str, str, int | None]] = []
         for mode in modes:
             if mode in DIRECT_MODES:
                 target, pid = upstream_url, None
@@ -906,12 +925,26 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                 target, pid = f"http://127.0.0.1:{litellm_port}/v1", litellm_pid
             else:
                 raise ValueError(mode)
-            cold = None
-            if mode in TETHER_MODES and n > 1 and (pid, n) not in warmed:
-                warmed.add((pid, n))
-                cold = run_round(mode, target, model, n, pid)["ttft_p50_ms"]
-            row = run_round(mode, target, model, n, pid, repeat=single_repeat if n == 1 else 1)
-            row["cold_ttft_p50_ms"] = cold
+            paths.append((mode, target, pid))
+        taken: dict[str, tuple[list[dict], float, list[float | None]]] = {m: ([], 0.0, []) for m, _, _ in paths}
+        cold: dict[str, float | None] = {}
+        for p in range(passes):
+            for mode, target, pid in paths:
+                if mode in TETHER_MODES and n > 1 and (pid, n) not in warmed:
+                    warmed.add((pid, n))
+                    cold[mode] = run_round(mode, target, model, n, pid)["ttft_p50_ms"]
+                raws, cpu = _clients(mode, target, model, n, pid, single_repeat if n == 1 else 1)
+                so_far, total, per_pass = taken[mode]
+                measured = cpu if pid is not None else None
+                per_pass.append(_row(mode, n, raws, measured)["cpu_us_per_token"])
+                taken[mode] = (so_far + raws, total + cpu, per_pass)
+                if passes > 1:
+                    log(f"  pass {p + 1}/{passes} {mode} x{n}: cpu {_f(per_pass[-1])} us/token")
+        for mode, _, pid in paths:
+            raws, cpu, per_pass = taken[mode]
+            row = _row(mode, n, raws, cpu if pid is not None else None)
+            row["pass_cpu_us_per_token"] = per_pass
+            row["cold_ttft_p50_ms"] = cold.get(mode)
             row["pacing"] = pacing_tag
             rows.append(row)
             log(_row_line(row))
@@ -924,7 +957,11 @@ def _add_ratios(rows: list[dict]) -> None:
     litellm = {(r["pacing"], r["streams"]): r["cpu_us_per_token"] for r in rows if r["mode"] == "litellm"}
     forwarded = {(r["pacing"], r["streams"], FLOOR_MODES[r["mode"]]): r["cpu_us_per_token"]
                  for r in rows if r["mode"] in FLOOR_MODES}
+    passes = {(r["pacing"], r["streams"]): r.get("pass_cpu_us_per_token") or [] for r in rows if r["mode"] == "direct"}
     for r in rows:
+        floor_passes, own = passes.get((r["pacing"], r["streams"]), []), r.get("pass_cpu_us_per_token") or []
+        paired = [a / b for a, b in zip(own, floor_passes, strict=False) if a and b]
+        r["x_floor_paired"] = statistics.median(paired) if len(paired) > 1 and len(own) == len(floor_passes) else None
         fw = forwarded.get((r["pacing"], r["streams"], r["mode"]))
         r["x_forwarder"] = r["cpu_us_per_token"] / fw if fw and r["cpu_us_per_token"] else None
         key = (r["pacing"], r["streams"])
@@ -953,13 +990,15 @@ def _row_line(r: dict) -> str:
 
 def render(rows: list[dict], header: str) -> str:
     lines = [header, "",
-             "| upstream | streams | path | ok | tokens | CPU µs/token | of | × direct | × its forwarder | × LiteLLM | TTFT p50 ms "
+             "| upstream | streams | path | ok | tokens | CPU µs/token | of | × direct | × direct, median of passes "
+             "| × its forwarder | × LiteLLM | TTFT p50 ms "
              "| cold TTFT p50 ms | added lag p50 / p99 ms | lag p50 vs direct ms | ITL p50 ms | reads/stream | client CPU s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['pacing']} | {r['streams']} | {r['mode']} | {r['ok']}/{r['streams'] * r.get('repeat', 1)} | {r['tokens']:,} "
-            f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r.get('x_forwarder'), 2)} "
+            f"| {_f(r['cpu_us_per_token'])} | {_WHO[r['mode']]} | {_f(r['x_floor'], 2)} | {_f(r.get('x_floor_paired'), 2)} "
+            f"| {_f(r.get('x_forwarder'), 2)} "
             f"| {_f(r['x_litellm'], 2)} "
             f"| {_f(r['ttft_p50_ms'], 1)} | {_f(r.get('cold_ttft_p50_ms'), 1)} | {_f(r['lag_p50_ms'], 2)} / {_f(r['lag_p99_ms'], 2)} "
             f"| {_f(r['lag_p50_ms_vs_direct'], 2)} | {_f(r['itl_p50_ms'], 1)} | {_f(r['reads_per_stream'], 0)} "
@@ -1069,7 +1108,7 @@ def run(args: argparse.Namespace) -> int:
             phase_streams = concurrency if pacing.burst == 1 else [int(x) for x in args.burst_streams.split(",")]
             rows += rounds_against(tag, phase_streams, phase_modes, upstream_url=url, tether=tether, model=pacing.model,
                                    litellm_port=litellm_port, litellm_pid=litellm.pid if litellm else None, log=log,
-                                   relay=relay, forwarders=forwarders, single_repeat=args.repeat)
+                                   relay=relay, forwarders=forwarders, single_repeat=args.repeat, passes=args.passes)
         finally:
             tether.stop()
             _stop(relay_proc)
@@ -1158,6 +1197,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="direct,relay,direct-httpx,ws,sse,grpc,litellm",
                    help=f"run: paths to measure, of {', '.join(MODES)} (direct is always run)")
     p.add_argument("--llama", action="store_true", help="run: also the llama-cpp-python phase (real-model extra)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="run: every concurrency's rounds this many times, the paths interleaved; a ratio to the reader "
+                        "is also given as the median of its passes' (default 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run: a Tether setting (repeatable)")
     p.add_argument("--litellm-python", metavar="PATH",
                    help="run: a Python with litellm[proxy] installed (e.g. a separate venv's; default: this one's)")
@@ -1177,6 +1219,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     if args.burst is None:
         args.burst = 1 if args.what == "serve" else 4
+    if args.passes < 1:
+        parser().error("--passes must be at least 1")
     if args.what == "serve":
         return _serve(args)
     if args.what == "client":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.fakes.chat_server import FakeChatServer, paced
 from tether_lab import forwarders, upstream
@@ -105,6 +106,33 @@ def test_lab_module_smoke(tmp_path: Path) -> None:
     assert "| upstream | streams | path |" in (out / "upstream.md").read_text()
     if "litellm" not in modes:
         assert any("LiteLLM" in n for n in data["notes"])
+
+
+def test_interleaved_passes_give_each_path_its_median_ratio_to_the_reader(tmp_path: Path) -> None:
+    """`--passes 2`: every path streamed twice, interleaved with the reader; a row takes both
+    passes together and gives the median of its per-pass ratios beside the ratio of totals."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tether_lab.upstream", "--streams", "2", "--tokens", "6", "--interval-ms", "5",
+         "--ttft-ms", "5", "--burst", "1", "--modes", "direct,sse", "--passes", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("pass 2/2") == 2
+    rows = {r["mode"]: r for r in json.loads((out / "upstream.json").read_text())["rows"]}
+    for r in rows.values():
+        assert r["ok"] == 4 and r["tokens"] == 24 and len(r["pass_cpu_us_per_token"]) == 2, r
+    sse, direct = rows["sse"], rows["direct"]
+    ratios = [a / b for a, b in zip(sse["pass_cpu_us_per_token"], direct["pass_cpu_us_per_token"], strict=True)]
+    assert sse["x_floor_paired"] == pytest.approx(sum(ratios) / 2)  # the median of two
+    assert sse["x_floor"] == pytest.approx(sse["cpu_us_per_token"] / direct["cpu_us_per_token"])
+
+
+def test_one_pass_gives_no_paired_ratio() -> None:
+    rows = [{"pacing": "p", "streams": 1, "mode": m, "cpu_us_per_token": c, "pass_cpu_us_per_token": [c],
+             "ttft_p50_ms": 1.0, "lag_p50_ms": 1.0, "itl_p50_ms": 1.0} for m, c in (("direct", 10.0), ("ws", 15.0))]
+    upstream._add_ratios(rows)
+    assert rows[1]["x_floor"] == 1.5 and rows[1]["x_floor_paired"] is None
 
 
 def test_pacing_refuses_nonsense() -> None:
