@@ -14,12 +14,15 @@ forwarders do exactly that and nothing else, on asyncio, with the same minimal S
   (the upgrade, frames in and out; no extension is negotiated, so nothing is compressed) takes
   `response.create` messages; any other request is a streamed `POST /v1/responses` answered in
   chunked SSE. Either way it POSTs the chat request on the upstream connection it opened when
-  the client connected (as Tether keeps a warm pool), and writes each token as a
+  the client connected (as Tether keeps a warm pool), and writes the events a Responses stream
+  has: `response.created` and `response.in_progress` (a response object of the usual fields),
+  the message and its text part added with the first token, each token as a
   `response.output_text.delta` event (one `orjson.dumps`, one frame or SSE chunk, one write),
-  then `response.completed` with the usage.
+  then the done events and `response.completed` with the output and the usage.
 - **`grpc-floor`** (`GrpcForwarder`): the `ResponsesService/Session` method on `grpc.aio`
-  (generic handler, the real messages), one `SessionResponse` with one `output_text_delta`
-  event per token, then `completed`: the client is the lab's gRPC client, unchanged.
+  (generic handler, the real messages): the same events as protobuf, one `SessionResponse` per
+  token (the first also carries the item and part added); the client is the lab's gRPC client,
+  unchanged.
 
 Neither numbers, stores, validates, routes or keeps anything: no response object, no output
 items, no log. What Tether pays above them is its own work.
@@ -34,6 +37,8 @@ import hashlib
 import socket
 import struct
 import sys
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -177,17 +182,79 @@ class HttpForwarder:
 
     async def _create(self, create: dict, writer: asyncio.StreamWriter, upstream: _Upstream,
                       event: Callable[[dict], bytes]) -> None:  # fmt: skip
-        seq, tokens = 0, 0
-        async for texts in upstream.stream(str(create.get("model") or "paced")):
+        stream = _JsonStream(str(create.get("model") or "paced"))
+        writer.write(event(stream.created()) + event(stream.in_progress()))
+        async for texts in upstream.stream(stream.model):
             for text in texts:
-                seq += 1
-                tokens += 1
-                writer.write(event({"type": "response.output_text.delta", "sequence_number": seq,
-                                    "item_id": "msg_floor", "output_index": 0, "content_index": 0,
-                                    "delta": text, "logprobs": []}))
-        writer.write(event({"type": "response.completed", "sequence_number": seq + 1,
-                            "response": {"id": "resp_floor", "object": "response", "status": "completed",
-                                         "usage": {"output_tokens": tokens}}}))
+                for obj in stream.delta(text):
+                    writer.write(event(obj))
+        writer.write(b"".join(event(obj) for obj in stream.done()))
+
+
+class _JsonStream:
+    """The events of one streamed response, as a Responses server words them: `created` and
+    `in_progress` (a response object of the usual fields), the message and its text part added
+    with the first token, a delta per token, the done events and `completed` with the output."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.seq = -1
+        self.pieces: list[str] = []
+        self.response = {
+            "id": "resp_" + uuid.uuid4().hex, "object": "response", "created_at": int(time.time()),
+            "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
+            "instructions": None, "max_output_tokens": None, "max_tool_calls": None, "model": model,
+            "output": [], "parallel_tool_calls": True, "previous_response_id": None,
+            "prompt_cache_key": None, "reasoning": {"effort": None, "summary": None},
+            "safety_identifier": None, "service_tier": "default", "store": False, "temperature": 1.0,
+            "text": {"format": {"type": "text"}, "verbosity": "medium"}, "tool_choice": "auto", "tools": [],
+            "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled", "usage": None, "user": None, "metadata": {},
+        }
+        self.item_id = "msg_" + uuid.uuid4().hex
+
+    def _next(self, obj: dict) -> dict:
+        self.seq += 1
+        obj["sequence_number"] = self.seq
+        return obj
+
+    def created(self) -> dict:
+        return self._next({"type": "response.created", "response": self.response})
+
+    def in_progress(self) -> dict:
+        return self._next({"type": "response.in_progress", "response": self.response})
+
+    def delta(self, text: str) -> list[dict]:
+        out = []
+        if not self.pieces:
+            out.append(self._next({"type": "response.output_item.added", "output_index": 0, "item": {
+                "id": self.item_id, "type": "message", "status": "in_progress", "content": [], "role": "assistant"}}))
+            out.append(self._next({"type": "response.content_part.added", "item_id": self.item_id, "output_index": 0,
+                                   "content_index": 0, "part": _text_part("")}))
+        self.pieces.append(text)
+        out.append(self._next({"type": "response.output_text.delta", "item_id": self.item_id, "output_index": 0,
+                               "content_index": 0, "delta": text, "logprobs": []}))
+        return out
+
+    def done(self) -> list[dict]:
+        text = "".join(self.pieces)
+        item = {"id": self.item_id, "type": "message", "status": "completed", "content": [_text_part(text)],
+                "role": "assistant"}
+        response = {**self.response, "status": "completed", "output": [item],
+                    "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": len(self.pieces), "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": 10 + len(self.pieces)}}
+        return [
+            self._next({"type": "response.output_text.done", "item_id": self.item_id, "output_index": 0,
+                        "content_index": 0, "text": text, "logprobs": []}),
+            self._next({"type": "response.content_part.done", "item_id": self.item_id, "output_index": 0,
+                        "content_index": 0, "part": _text_part(text)}),
+            self._next({"type": "response.output_item.done", "output_index": 0, "item": item}),
+            self._next({"type": "response.completed", "response": response}),
+        ]
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
 
 
 # --- gRPC ---------------------------------------------------------------------------------------------
@@ -220,28 +287,83 @@ class GrpcForwarder:
         await self._server.stop(0)
 
     async def _session(self, requests: Any, context: Any) -> None:
-        from tether.responses.v1 import events_pb2, service_pb2
+        from tether.responses.v1 import service_pb2
 
         upstream = await _Upstream(self.upstream_port).open()
         try:
             async for request in requests:
                 if not request.HasField("create"):
                     continue
-                seq, tokens = 0, 0
-                async for texts in upstream.stream(request.create.model or "paced"):
+                stream = _ProtoStream(request.create.model or "paced")
+                await context.write(service_pb2.SessionResponse(events=[stream.event("created"), stream.event("in_progress")]))
+                async for texts in upstream.stream(stream.model):
                     for text in texts:
-                        seq += 1
-                        tokens += 1
-                        ev = events_pb2.ServerEvent(sequence_number=seq)
-                        delta = ev.output_text_delta
-                        delta.item_id, delta.delta = "msg_floor", text
-                        await context.write(service_pb2.SessionResponse(events=[ev]))
-                done = events_pb2.ServerEvent(sequence_number=seq + 1)
-                done.completed.response.id, done.completed.response.status = "resp_floor", "completed"
-                done.completed.response.usage.output_tokens = tokens
-                await context.write(service_pb2.SessionResponse(events=[done]))
+                        await context.write(service_pb2.SessionResponse(events=stream.delta(text)))
+                await context.write(service_pb2.SessionResponse(events=stream.done()))
         finally:
             upstream.close()
+
+
+class _ProtoStream:
+    """`_JsonStream`'s events as the gRPC Session's protobuf events."""
+
+    def __init__(self, model: str) -> None:
+        from tether.responses.v1 import response_pb2
+
+        self.model = model
+        self.seq = -1
+        self.pieces: list[str] = []
+        self.response = response_pb2.Response(id="resp_" + uuid.uuid4().hex, created_at=int(time.time()),
+                                              status="in_progress", model=model, temperature=1.0, top_p=1.0)
+        self.response.text.format.type = "text"
+        self.item_id = "msg_" + uuid.uuid4().hex
+
+    def event(self, arm: str) -> Any:
+        from tether.responses.v1 import events_pb2
+
+        self.seq += 1
+        ev = events_pb2.ServerEvent(sequence_number=self.seq, response_id=self.response.id)
+        if arm in ("created", "in_progress", "completed"):
+            getattr(ev, arm).response.CopyFrom(self.response)
+        return ev
+
+    def _message(self, status: str) -> Any:
+        from tether.responses.v1 import items_pb2
+
+        item = items_pb2.Item()
+        item.message.id, item.message.role, item.message.status = self.item_id, "assistant", status
+        return item
+
+    def delta(self, text: str) -> list[Any]:
+        out = []
+        if not self.pieces:
+            added = self.event("output_item_added")
+            added.output_item_added.item.CopyFrom(self._message("in_progress"))
+            part = self.event("content_part_added")
+            part.content_part_added.item_id = self.item_id
+            part.content_part_added.part.output_text.SetInParent()
+            out += [added, part]
+        self.pieces.append(text)
+        ev = self.event("output_text_delta")
+        ev.output_text_delta.item_id, ev.output_text_delta.delta = self.item_id, text
+        out.append(ev)
+        return out
+
+    def done(self) -> list[Any]:
+        text = "".join(self.pieces)
+        item = self._message("completed")
+        item.message.content.add().output_text.text = text
+        text_done = self.event("output_text_done")
+        text_done.output_text_done.item_id, text_done.output_text_done.text = self.item_id, text
+        part_done = self.event("content_part_done")
+        part_done.content_part_done.item_id = self.item_id
+        part_done.content_part_done.part.output_text.text = text
+        item_done = self.event("output_item_done")
+        item_done.output_item_done.item.CopyFrom(item)
+        self.response.status = "completed"
+        self.response.output.append(item)
+        self.response.usage.input_tokens, self.response.usage.output_tokens = 10, len(self.pieces)
+        return [text_done, part_done, item_done, self.event("completed")]
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
