@@ -926,7 +926,7 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
             else:
                 raise ValueError(mode)
             paths.append((mode, target, pid))
-        taken: dict[str, tuple[list[dict], float, list[float | None]]] = {m: ([], 0.0, []) for m, _, _ in paths}
+        taken: dict[str, list[tuple[list[dict], float, float | None]]] = {m: [] for m, _, _ in paths}  # per pass
         cold: dict[str, float | None] = {}
         for p in range(passes):
             for mode, target, pid in paths:
@@ -934,16 +934,14 @@ def rounds_against(pacing_tag: str, concurrency: list[int], modes: list[str], *,
                     warmed.add((pid, n))
                     cold[mode] = run_round(mode, target, model, n, pid)["ttft_p50_ms"]
                 raws, cpu = _clients(mode, target, model, n, pid, single_repeat if n == 1 else 1)
-                so_far, total, per_pass = taken[mode]
-                measured = cpu if pid is not None else None
-                per_pass.append(_row(mode, n, raws, measured)["cpu_us_per_token"])
-                taken[mode] = (so_far + raws, total + cpu, per_pass)
+                figure = _row(mode, n, raws, cpu if pid is not None else None)["cpu_us_per_token"]
+                taken[mode].append((raws, cpu, figure))
                 if passes > 1:
-                    log(f"  pass {p + 1}/{passes} {mode} x{n}: cpu {_f(per_pass[-1])} us/token")
+                    log(f"  pass {p + 1}/{passes} {mode} x{n}: cpu {_f(figure)} us/token")
         for mode, _, pid in paths:
-            raws, cpu, per_pass = taken[mode]
-            row = _row(mode, n, raws, cpu if pid is not None else None)
-            row["pass_cpu_us_per_token"] = per_pass
+            cpu = sum(c for _, c, _ in taken[mode])
+            row = _row(mode, n, [r for raws, _, _ in taken[mode] for r in raws], cpu if pid is not None else None)
+            row["pass_cpu_us_per_token"] = [figure for _, _, figure in taken[mode]]
             row["cold_ttft_p50_ms"] = cold.get(mode)
             row["pacing"] = pacing_tag
             rows.append(row)
