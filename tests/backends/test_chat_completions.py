@@ -361,6 +361,29 @@ async def test_an_upstream_line_over_the_cap_fails_the_call(fake_chat_server):
     assert info.value.code == "backend_error" and "200000" in info.value.message
 
 
+def test_a_text_only_delta_reads_as_any_delta_does():
+    """A token's usual chunk (a delta that is its text alone) skips the checks for reasoning,
+    refusals and tool calls; its log probabilities and finish reason are still read, and a delta
+    with anything beside its text goes the whole way."""
+    p = StreamParser(reasoning_fields=("reasoning_content",))
+    lp = {"content": [{"token": "Hi", "logprob": -0.5, "top_logprobs": []}]}
+    frames = [
+        {"choices": [{"index": 0, "delta": {"content": "Hi"}, "logprobs": lp, "finish_reason": None}]},
+        {"choices": [{"index": 1, "delta": {"content": "other choice"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "!", "reasoning_content": "hm"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "", "refusal": "no"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "."}, "finish_reason": "length"}]},
+    ]
+    out = []
+    for f in frames:
+        out += p.feed(None, orjson.dumps(f))
+    assert [type(c).__name__ for c in out] == ["TextDelta", "ReasoningDelta", "TextDelta", "RefusalDelta", "TextDelta"]
+    assert [getattr(c, "text", None) for c in out] == ["Hi", "hm", "!", "no", "."]
+    assert out[0].logprobs == [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}]
+    assert out[2].logprobs is None
+    assert p.finish().reason == "length"
+
+
 def test_stream_parser_tool_fragments_and_usage_chunk():
     p = StreamParser()
     frames = [

@@ -66,6 +66,29 @@ async def test_a_chunked_stream_read_whole_however_it_is_split() -> None:
     assert body == b"".join(SSE_BODY) and conn.released == [True]
 
 
+async def test_reads_of_one_whole_chunk_each_deliver_it_as_any_split_does() -> None:
+    """A streaming server's usual read is one whole chunk (skips the chunk loop); a read that is
+    anything else (an extension, a chunk and part of the next, the last chunk) goes the loop's way."""
+    response = Response(FakeConnection())  # type: ignore[arg-type]
+    response._feed(SSE_HEAD)
+    await response._head_done
+    for piece in [*SSE_BODY, b"a" * 300, b"\r\n"]:
+        response._feed(b"%x\r\n%s\r\n" % (len(piece), piece))
+        assert response.read_nowait() == piece
+    response._feed(b"00A\r\n0123456789\r\n")  # leading zeros, upper case
+    assert response.read_nowait() == b"0123456789"
+    response._feed(b"5;ext=1\r\nhello\r\n")
+    assert response.read_nowait() == b"hello"
+    response._feed(b"3\r\nabc\r\n2\r\nde")
+    assert response.read_nowait() == b"abcde"
+    response._feed(b"\r\n")
+    assert response.read_nowait() == b""
+    response._feed(b"3\r\nxyzXX")  # a chunk without its CRLF: the loop skips two bytes, as before
+    assert response.read_nowait() == b"xyz"
+    response._feed(b"0\r\n\r\n")
+    assert response.read_nowait() is None  # the body ended
+
+
 async def test_chunk_extensions_and_trailers_are_read_past() -> None:
     raw = SSE_HEAD + b"5;name=value\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"
     _, conn, body = await _feed(raw, [len(SSE_HEAD) + 3])

@@ -797,8 +797,11 @@ def _env_proxy(url: str) -> str | None:
     return proxies.get(parts.scheme) or proxies.get("all") or None
 
 
+_GENERATED_TEXT = (TextDelta, ReasoningDelta, RefusalDelta)  # the chunks whose `text` the model generated
+
+
 def _note_generated(chunk: Chunk, generated: list[str]) -> None:
-    if isinstance(chunk, TextDelta | ReasoningDelta | RefusalDelta):
+    if isinstance(chunk, _GENERATED_TEXT):
         generated.append(chunk.text)
     elif isinstance(chunk, ToolCallDelta):
         generated.append((chunk.name or "") + chunk.arguments)

@@ -276,6 +276,18 @@ class Response:
 
     def _dechunk(self, data: bytes) -> None:
         buf = self._cbuf
+        if self._chunk_left == -1 and not buf:
+            # The common read: one whole chunk (a streaming server writes each event as one),
+            # delivered as the loop below would deliver it, without the loop.
+            end = data.find(b"\r\n")
+            if 0 < end <= 16 and data.endswith(b"\r\n"):
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:
+                    size = 0  # the loop below says what is wrong with it
+                if size > 0 and len(data) == end + size + 4:
+                    self._deliver(data[end + 2 : -2])
+                    return
         if buf:
             buf += data
             data = bytes(buf)

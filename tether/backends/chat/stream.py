@@ -239,15 +239,22 @@ class StreamParser:
         for choice in obj.get("choices") or ():
             if choice.get("index") or 0:
                 continue
+            fr = choice.get("finish_reason")
+            if fr:
+                self.finish_reason = fr
             delta = choice.get("delta") or choice.get("message") or {}
+            c = delta.get("content")
+            if c and len(delta) == 1:  # a streamed token's usual delta: its text and nothing else
+                lp = choice.get("logprobs")  # null on most chunks: no call for it
+                out.append(TextDelta(c, _logprobs(lp) if lp else None))
+                continue
             for f in self.reasoning_fields:
                 r = delta.get(f)
                 if r:
                     out.append(ReasoningDelta(r))
                     break
-            c = delta.get("content")
             if c:
-                lp = choice.get("logprobs")  # null on most chunks: no call for it
+                lp = choice.get("logprobs")
                 out.append(TextDelta(c, _logprobs(lp) if lp else None))
             refusal = delta.get("refusal")
             if refusal:
@@ -258,9 +265,6 @@ class StreamParser:
                     d = self._tool_delta(tc, pos if "message" in choice else None)
                     if d is not None:
                         out.append(d)
-            fr = choice.get("finish_reason")
-            if fr:
-                self.finish_reason = fr
         return out
 
     def _tool_delta(self, tc: Mapping[str, Any], default_index: int | None) -> ToolCallDelta | None:
