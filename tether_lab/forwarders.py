@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import base64
 import hashlib
-import socket
 import struct
 import sys
 import time
@@ -46,13 +45,9 @@ import orjson
 
 from tether import eventloop
 from tether_lab.processes import announce_and_wait
-from tether_lab.upstream import _chat_body, _Dechunk, _sse_texts
+from tether_lab.upstream import _chat_body, _Dechunk, _http_chunk, _nodelay, _sse_texts
 
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-
-
-def _nodelay(writer: asyncio.StreamWriter) -> None:
-    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _Upstream:
@@ -120,8 +115,7 @@ async def _ws_read(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 def _sse_event(obj: dict) -> bytes:
-    data = b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), orjson.dumps(obj))
-    return b"%x\r\n%s\r\n" % (len(data), data)
+    return _http_chunk(b"event: %s\ndata: %s\n\n" % (obj["type"].encode(), orjson.dumps(obj)))
 
 
 def _ws_event(obj: dict) -> bytes:

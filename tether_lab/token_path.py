@@ -46,7 +46,7 @@ from tether.core.intake import Intake
 from tether.core.outbox import CoalesceWindow, Outbox
 from tether.core.outcome import TurnControl
 from tether.core.run import ResponseRun
-from tether_lab.upstream import sse_chunk
+from tether_lab.upstream import _http_chunk, sse_chunk
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -75,13 +75,14 @@ class _Writer:
         return True
 
 
+def _text(i: int) -> str:
+    """Token `i`'s text, as the paced upstream stamps it (its send time)."""
+    return f" {1000 + i * 0.02:.6f}"
+
+
 def upstream_reads(tokens: int) -> list[bytes]:
     """The paced upstream's reads of one answer: one chunk per token, each its own read."""
-    reads = []
-    for i in range(tokens):
-        event = sse_chunk("paced", {"content": f" {1000 + i * 0.02:.6f}"})
-        reads.append(b"%x\r\n%s\r\n" % (len(event), event))
-    return reads
+    return [_http_chunk(sse_chunk("paced", {"content": _text(i)})) for i in range(tokens)]
 
 
 class _Turn:
@@ -129,7 +130,7 @@ def _payloads(reads: list[bytes]) -> list[bytes]:
 def _deltas(count: int) -> list[Delta]:
     deltas = []
     for i in range(count):
-        d = Delta("output_text_delta", "msg_0123456789abcdef0123456789abcdef", 0, f" {1000 + i * 0.02:.6f}")
+        d = Delta("output_text_delta", "msg_0123456789abcdef0123456789abcdef", 0, _text(i))
         d.response_id, d.sequence_number = "resp_lab", i + 3
         deltas.append(d)
     return deltas
@@ -165,7 +166,7 @@ async def _intake(reads: list[bytes]) -> Stage:
     writer = _Writer(encode=False)
     turn = _Turn(writer)
     await turn.open()
-    runs: list[list[Chunk]] = [[TextDelta(f" {1000 + i * 0.02:.6f}")] for i in range(len(reads))]
+    runs: list[list[Chunk]] = [[TextDelta(_text(i))] for i in range(len(reads))]
     intake = turn.intake
 
     def run() -> int:

@@ -116,6 +116,10 @@ def _http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class PacedUpstream:
     """A minimal OpenAI-compatible streaming server on asyncio (HTTP/1.1, keep-alive, chunked SSE).
 
@@ -262,7 +266,7 @@ class ByteRelay:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
         for w in (writer, up_writer):
-            w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _nodelay(w)
         await splice(reader, writer, up_reader, up_writer)
 
 

@@ -244,18 +244,18 @@ class StreamParser:
                 self.finish_reason = fr
             delta = choice.get("delta") or choice.get("message") or {}
             c = delta.get("content")
-            if c and len(delta) == 1:  # a streamed token's usual delta: its text and nothing else
+            text_only = c and len(delta) == 1  # a streamed token's usual delta: no other part to look for
+            if not text_only:
+                for f in self.reasoning_fields:
+                    r = delta.get(f)
+                    if r:
+                        out.append(ReasoningDelta(r))
+                        break
+            if c:
                 lp = choice.get("logprobs")  # null on most chunks: no call for it
                 out.append(TextDelta(c, _logprobs(lp) if lp else None))
+            if text_only:
                 continue
-            for f in self.reasoning_fields:
-                r = delta.get(f)
-                if r:
-                    out.append(ReasoningDelta(r))
-                    break
-            if c:
-                lp = choice.get("logprobs")
-                out.append(TextDelta(c, _logprobs(lp) if lp else None))
             refusal = delta.get("refusal")
             if refusal:
                 out.append(RefusalDelta(refusal))
